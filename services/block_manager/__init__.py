@@ -1,0 +1,1 @@
+"""pagedserve block_manager service."""

@@ -1,0 +1,1 @@
+"""Model definitions of the Llama family, one file each plus a register."""

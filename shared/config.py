@@ -1,0 +1,114 @@
+"""Configuration: one validated model, settable from defaults, `PAGEDSERVE_*` variables and CLI flags.
+
+Precedence: CLI flag > environment variable > default. Every service reads the fields it needs
+from the same `ServeConfig`, so a deployment is configured in one vocabulary.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+class ServeConfig(BaseSettings):
+    """Every knob of a pagedserve deployment. Field docs become the CLI help."""
+
+    model_config = SettingsConfigDict(env_prefix="PAGEDSERVE_", extra="forbid", validate_assignment=True)
+
+    # --- model and worker
+    model: str = Field("smollm2-135m", description="checkpoint folder, or the bundled name 'smollm2-135m'")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights and activations")
+    device: str = Field("cpu", description="torch device of the worker: cpu or cuda[:N]")
+    attention_backend: Literal["auto", "torch", "triton"] = Field(
+        "auto", description="auto = triton on CUDA, torch on the CPU"
+    )
+    num_threads: int | None = Field(None, ge=1, description="torch intra-op threads of a CPU worker")
+
+    # --- KV cache
+    block_size: int = Field(16, description="tokens per KV block: a power of two, 8 to 128")
+    num_blocks: int | None = Field(None, ge=1, description="KV blocks per worker (overrides kv_cache_memory)")
+    kv_cache_memory: int = Field(256 * 1024**2, ge=1, description="bytes of KV cache per worker on the CPU")
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="fraction of free GPU memory for KV")
+    enable_prefix_caching: bool = Field(True, description="reuse full KV blocks of identical prefixes")
+
+    # --- scheduling
+    max_num_seqs: int = Field(64, ge=1, le=4096, description="requests running at once per worker")
+    max_num_batched_tokens: int = Field(2048, ge=1, le=1 << 20, description="tokens per step (chunked prefill)")
+    max_model_len: int | None = Field(None, ge=1, description="longest prompt + output; default: the model's")
+    aging_s: float = Field(5.0, ge=0.0, description="a request waiting longer than this moves ahead of newer ones")
+    pipeline_depth: int = Field(2, ge=1, le=3, description="steps in flight per worker (1, 2 or 3)")
+    request_timeout_s: float = Field(600.0, gt=0.0, description="a request still unfinished after this ends in error")
+    max_inflight_per_client: int = Field(256, ge=1, description="requests one client may have live at once")
+
+    # --- leases and liveness
+    lease_ttl_s: float = Field(10.0, gt=0.0, description="a request's blocks are reclaimed this long after the last renewal")
+    lease_renew_interval_s: float = Field(2.0, gt=0.0, description="how often the scheduler renews its live leases")
+    reap_interval_s: float = Field(1.0, gt=0.0, description="how often the block manager reaps expired leases")
+    heartbeat_interval_s: float = Field(0.5, gt=0.0, description="worker and client heartbeat period")
+    worker_timeout_s: float = Field(2.0, gt=0.0, description="a worker silent this long is declared lost")
+    step_timeout_s: float = Field(120.0, gt=0.0, description="a step unanswered this long declares its worker lost")
+
+    # --- endpoints
+    front_endpoint: str = Field("tcp://127.0.0.1:5555", description="scheduler ROUTER for clients")
+    worker_endpoint: str = Field("tcp://127.0.0.1:5556", description="scheduler ROUTER for workers")
+    block_manager_endpoint: str = Field("tcp://127.0.0.1:5557", description="block-manager ROUTER")
+    ops_host: str = Field("127.0.0.1", description="address the ops HTTP servers bind")
+    scheduler_ops_port: int = Field(8080, ge=0, le=65535, description="scheduler ops HTTP port (0 = off)")
+    block_manager_ops_port: int = Field(8081, ge=0, le=65535, description="block-manager ops HTTP port (0 = off)")
+    max_message_bytes: int = Field(64 * 1024**2, ge=1024, description="largest frame any socket accepts")
+
+    # --- security
+    curve_keys_dir: str | None = Field(None, description="folder of CURVE keys from `pagedserve keys`; None = off")
+    admin_token: str | None = Field(None, description="token required by admin actions on the ops endpoints")
+
+    # --- logging
+    log_format: Literal["auto", "json", "pretty"] = Field("auto", description="auto = pretty on a terminal")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="lowest level logged")
+
+    @field_validator("block_size")
+    @classmethod
+    def _block_size_is_power_of_two(cls, v: int) -> int:
+        if not (8 <= v <= 128 and _power_of_two(v)):
+            raise ValueError(f"block_size must be a power of two from 8 to 128, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _intervals_fit(self) -> ServeConfig:
+        if self.lease_renew_interval_s >= self.lease_ttl_s:
+            raise ValueError(
+                f"lease_renew_interval_s ({self.lease_renew_interval_s}) must be shorter than "
+                f"lease_ttl_s ({self.lease_ttl_s}), or live leases expire between renewals"
+            )
+        if self.heartbeat_interval_s >= self.worker_timeout_s:
+            raise ValueError(
+                f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be shorter than "
+                f"worker_timeout_s ({self.worker_timeout_s})"
+            )
+        return self
+
+
+def add_config_args(parser: argparse.ArgumentParser, fields: list[str] | None = None) -> None:
+    """Add one `--flag` per config field (or per name in `fields`); unset flags stay None."""
+    for name, info in ServeConfig.model_fields.items():
+        if fields is not None and name not in fields:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if info.annotation is bool:
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
+                                help=info.description)
+        else:
+            parser.add_argument(flag, dest=name, default=None, help=f"{info.description} (default: {info.default})")
+
+
+def config_from_args(args: argparse.Namespace, **overrides: Any) -> ServeConfig:
+    """Environment and defaults, then every flag the user actually gave, then explicit overrides."""
+    given = {k: v for k, v in vars(args).items() if k in ServeConfig.model_fields and v is not None}
+    given.update(overrides)
+    return ServeConfig(**given)

@@ -1,0 +1,33 @@
+"""structlog set-up: JSON lines for machines, pretty lines on a terminal."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def configure_logging(service: str, fmt: str = "auto", level: str = "info") -> structlog.stdlib.BoundLogger:
+    """Configure structlog for this process and return a logger bound to `service`.
+
+    Every request-scoped line should be emitted with `request_id=...` bound, so one grep
+    follows a request through scheduler, block manager and worker logs.
+    """
+    pretty = sys.stderr.isatty() if fmt == "auto" else fmt == "pretty"
+    renderer = structlog.dev.ConsoleRenderer() if pretty else structlog.processors.JSONRenderer()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.dict_tracebacks if not pretty else structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    return structlog.get_logger().bind(service=service)

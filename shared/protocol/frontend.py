@@ -1,0 +1,151 @@
+"""Client SDK <-> scheduler messages. A trust boundary: every field is validated on arrival.
+
+Requests: Submit, Abort, Ping. Replies: Accepted, Delta, Finished, Error, Pong.
+Unknown fields are errors (extra="forbid"), so a typo in a sampling field is never silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+MAX_STOP_STRINGS = 16
+MAX_LOGPROBS = 20
+MAX_N = 16
+
+RequestId = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SamplingParams(_Strict):
+    """How to sample one request. `temperature=0` is greedy. Higher `priority` runs first."""
+
+    n: int = Field(1, ge=1, le=MAX_N, description="completions of the same prompt (share its KV blocks)")
+    max_tokens: int = Field(16, ge=1, le=1 << 20, description="most tokens to generate")
+    min_tokens: int = Field(0, ge=0, description="EOS and stop ids are masked until this many are generated")
+    temperature: float = Field(1.0, ge=0.0, le=100.0)
+    top_k: int = Field(0, ge=0, description="0 = off")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, lt=1 << 63, description="same seed, same tokens, whatever the batch")
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    stop: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] = Field(
+        default_factory=list, max_length=MAX_STOP_STRINGS
+    )
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=64)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="top-n logprobs per token")
+    priority: int = Field(0, ge=-1000, le=1000, description="higher runs first; victims of preemption are lowest")
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> SamplingParams:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+# ---------------------------------------------------------------- client -> scheduler
+
+
+class Submit(_Strict):
+    type: Literal["submit"] = "submit"
+    request_id: RequestId
+    prompt: str | None = Field(None, max_length=1 << 20)
+    prompt_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(None, max_length=1 << 20)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    stream: bool = True
+    timeout_s: float | None = Field(None, gt=0.0, le=86400.0)
+
+    @model_validator(mode="after")
+    def _exactly_one_prompt(self) -> Submit:
+        if (self.prompt is None) == (self.prompt_token_ids is None):
+            raise ValueError("give exactly one of 'prompt' or 'prompt_token_ids'")
+        if self.prompt_token_ids is not None and not self.prompt_token_ids:
+            raise ValueError("'prompt_token_ids' must not be empty")
+        if self.prompt is not None and not self.prompt:
+            raise ValueError("'prompt' must not be empty")
+        return self
+
+
+class Abort(_Strict):
+    type: Literal["abort"] = "abort"
+    request_id: RequestId
+
+
+class Ping(_Strict):
+    """Client heartbeat: its live requests stay alive while pings arrive."""
+
+    type: Literal["ping"] = "ping"
+
+
+# ---------------------------------------------------------------- scheduler -> client
+
+
+class Accepted(_Strict):
+    type: Literal["accepted"] = "accepted"
+    request_id: str
+    num_prompt_tokens: int
+
+
+class Delta(_Strict):
+    """New tokens of one completion (`index` < n) and the text they add."""
+
+    type: Literal["delta"] = "delta"
+    request_id: str
+    index: int = 0
+    token_ids: list[int]
+    text: str
+    logprobs: list[Any] | None = None
+
+
+class CompletionOutput(_Strict):
+    index: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    logprobs: list[Any] | None = None
+
+
+class Usage(_Strict):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+class Finished(_Strict):
+    type: Literal["finished"] = "finished"
+    request_id: str
+    outputs: list[CompletionOutput]
+    usage: Usage
+
+
+class Error(_Strict):
+    """Any refusal or failure. `code` is stable and machine-readable; `message` names the field and limit."""
+
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+    request_id: str | None = None
+
+
+class Pong(_Strict):
+    type: Literal["pong"] = "pong"
+
+
+CLIENT_MESSAGES: dict[str, type[_Strict]] = {"submit": Submit, "abort": Abort, "ping": Ping}
+SERVER_MESSAGES: dict[str, type[_Strict]] = {
+    m.model_fields["type"].default: m for m in (Accepted, Delta, Finished, Error, Pong)
+}
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
