@@ -1,0 +1,5 @@
+"""The in-process engine: scheduler, block manager and model runner cores wired in one process."""
+
+from services.engine.llm import LLM, RequestOutput
+
+__all__ = ["LLM", "RequestOutput"]

@@ -1,0 +1,146 @@
+"""`LLM`: offline batch generation on the in-process engine.
+
+    from pagedserve import LLM, SamplingParams
+    llm = LLM(model="smollm2-135m")
+    out = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=16))
+    print(out[0].text)
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from services.block_manager.manager import BlockManager
+from services.engine.engine import Engine
+from services.scheduler.admission import check_request
+from services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
+from shared.protocol.frontend import CompletionOutput, SamplingParams
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    num_cached_tokens: int = 0
+    error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def finish_reason(self) -> str:
+        return self.outputs[0].finish_reason
+
+
+def load_tokenizer(model_path: Path) -> Any | None:
+    """The checkpoint's tokenizer, or None for a checkpoint without one (tiny test models)."""
+    if not any((model_path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_path))
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        *,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        kv_cache_memory: int = 256 * 1024**2,
+        pipeline_depth: int = 2,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 2048,
+        max_model_len: int | None = None,
+        aging_s: float = 5.0,
+        dtype: str = "float32",
+        device: str = "cpu",
+        attention_backend: str = "auto",
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        from services.worker.bundled import resolve_model
+        from services.worker.runner import ModelRunner
+        from shared.config import ServeConfig
+
+        # Validate through the same model the services use: one vocabulary, one set of limits.
+        ServeConfig(model=model, block_size=block_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
+                    pipeline_depth=pipeline_depth, max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                    aging_s=aging_s, dtype=dtype, device=device, attention_backend=attention_backend,
+                    enable_prefix_caching=enable_prefix_caching)
+        path = resolve_model(model)
+        self.tokenizer = load_tokenizer(path)
+        self.runner = ModelRunner(path, dtype=dtype, device=device, block_size=block_size, num_blocks=num_blocks,
+                                  kv_cache_memory=kv_cache_memory, attention_backend=attention_backend)
+        self.max_model_len = min(max_model_len or self.runner.max_model_len, self.runner.max_model_len)
+        limits = SchedulerLimits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                 aging_s=aging_s, pipeline_depth=pipeline_depth, max_model_len=self.max_model_len)
+        self.block_manager = BlockManager(enable_prefix_caching=enable_prefix_caching)
+        self.scheduler = Scheduler(limits, self.runner.eos_token_ids, self.tokenizer, owner="llm")
+        self.engine = Engine(self.scheduler, self.block_manager, self.runner)
+        self._ids = itertools.count()
+
+    def encode(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
+        return self.tokenizer.encode(prompt)
+
+    def generate(
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in the order of `prompts`."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            raise TypeError("prompts must be a list of strings or a list of token-id lists")
+        if params is None:
+            params = SamplingParams()
+        per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(per_prompt) != len(prompts):
+            raise ValueError(f"got {len(per_prompt)} SamplingParams for {len(prompts)} prompts")
+        ids: list[str] = []
+        token_lists: dict[str, list[int]] = {}
+        now = time.monotonic()
+        for prompt, sp in zip(prompts, per_prompt, strict=True):
+            tokens = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            check_request(tokens, sp, self.max_model_len, self.runner.vocab_size, self.tokenizer is not None)
+            rid = f"llm-{next(self._ids)}"
+            self.scheduler.add_request(rid, tokens, sp, now)
+            ids.append(rid)
+            token_lists[rid] = tokens
+        done: dict[str, RequestOutput] = {}
+        show = use_tqdm if use_tqdm is not None else len(prompts) >= 8
+        with tqdm(total=len(ids), desc="generate", disable=not show, unit="req") as bar:
+            while len(done) < len(ids):
+                for event in self.engine.step():
+                    if isinstance(event, RequestDone):
+                        done[event.request_id] = self._to_output(event, token_lists[event.request_id])
+                        bar.update(1)
+        self.engine.flush()
+        return [done[rid] for rid in ids]
+
+    @staticmethod
+    def _to_output(done: RequestDone, prompt: list[int]) -> RequestOutput:
+        outputs = [
+            CompletionOutput(index=r.index, token_ids=list(r.output_token_ids), text=text,
+                             finish_reason=r.finish_reason or "error", logprobs=lps)
+            for r, text, lps in zip(done.completions, done.texts, done.logprobs, strict=True)
+        ]
+        return RequestOutput(done.request_id, prompt, outputs, done.num_cached_tokens, done.error_code)

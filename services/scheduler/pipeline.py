@@ -1,0 +1,50 @@
+"""The pipeline window: at most `depth` steps in flight per worker, answered in order."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class InFlightStep:
+    step: int
+    request_ids: list[str]
+    sent_at: float
+    num_tokens: int
+
+
+@dataclass(slots=True)
+class PipelineWindow:
+    """Steps sent to one worker and not yet answered. A worker runs steps in order, so results
+    arrive in order; anything else means the worker (or the wire) is broken."""
+
+    depth: int
+    steps: deque[InFlightStep] = field(default_factory=deque)
+    next_step: int = 0
+
+    def has_room(self) -> bool:
+        return len(self.steps) < self.depth
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def open(self, request_ids: list[str], now: float, num_tokens: int) -> int:
+        step = self.next_step
+        self.next_step += 1
+        self.steps.append(InFlightStep(step, request_ids, now, num_tokens))
+        return step
+
+    def close(self, step: int) -> InFlightStep:
+        if not self.steps or self.steps[0].step != step:
+            expected = self.steps[0].step if self.steps else None
+            raise ValueError(f"result for step {step} out of order: expected step {expected}")
+        return self.steps.popleft()
+
+    def oldest_sent_at(self) -> float | None:
+        return self.steps[0].sent_at if self.steps else None
+
+    def clear(self) -> list[InFlightStep]:
+        lost = list(self.steps)
+        self.steps.clear()
+        return lost

@@ -1,0 +1,64 @@
+"""A request as the scheduler sees it: what is known, what is computed or in flight, who holds it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from shared.protocol.frontend import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # queued on a worker; holds no blocks
+    RUNNING = "running"  # holds blocks, scheduled step by step
+    PREEMPTED = "preempted"  # leaving: blocks freed once no step in flight names it, then WAITING again
+    FINISHED = "finished"  # done; blocks freed once no step in flight names it
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    arrival: float
+    worker_id: str
+    parent_id: str | None = None  # n > 1: children name the request the client submitted
+    index: int = 0  # which completion of the parent this is
+    seed: int | None = None  # the seed this completion samples with (children derive their own)
+    output_token_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    # --- KV bookkeeping (mirrors the worker's state one pipeline window ahead)
+    on_worker: bool = False  # the worker holds its state (sent as NewRequest, not yet told to forget)
+    num_scheduled: int = 0  # tokens whose KV is computed or being computed: the table's slots
+    num_known_sent: int = 0  # known tokens already told to the block manager (for prefix hashing)
+    pending: int = 0  # tokens sampled by steps in flight, not yet seen
+    in_flight: int = 0  # steps in flight that name this request
+    num_cached_tokens: int = 0  # prefix-cache hit of the last allocation
+    shares_last_block: bool = False  # forked: the next write may copy-on-write
+    fork_children: int = 0  # n - 1 children still to fork when the prompt completes
+    # --- timing (for metrics)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    deadline: float | None = None
+
+    @property
+    def num_known(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def known_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def prefilling(self) -> bool:
+        """Still computing tokens that are already known (prompt, or recompute after preemption)."""
+        return self.num_scheduled < self.num_known
+
+    @property
+    def wants_more(self) -> bool:
+        """Would another decode produce a token the client may still need?"""
+        return len(self.output_token_ids) + self.pending < self.sampling.max_tokens
+
+    @property
+    def freeable(self) -> bool:
+        return self.status in (Status.FINISHED, Status.PREEMPTED) and self.in_flight == 0
