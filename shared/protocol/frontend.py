@@ -66,6 +66,9 @@ class Submit(_Strict):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     stream: bool = True
     timeout_s: float | None = Field(None, gt=0.0, le=86400.0)
+    # A reconnecting client re-submits with attach=True: a live request streams to the new connection
+    # (from token 0 again: the client drops what it has by `offset`); a finished one returns its result.
+    attach: bool = False
 
     @model_validator(mode="after")
     def _exactly_one_prompt(self) -> Submit:
@@ -99,11 +102,16 @@ class Accepted(_Strict):
 
 
 class Delta(_Strict):
-    """New tokens of one completion (`index` < n) and the text they add."""
+    """New tokens of one completion (`index` < n) and the text they add.
+
+    `offset` / `text_offset`: where they start in the completion's output, so a client that was sent
+    a replay after reconnecting keeps exactly what it did not have."""
 
     type: Literal["delta"] = "delta"
     request_id: str
     index: int = 0
+    offset: int = 0
+    text_offset: int = 0
     token_ids: list[int]
     text: str
     logprobs: list[Any] | None = None
