@@ -30,6 +30,7 @@ class ServeConfig(BaseSettings):
         "auto", description="auto = triton on CUDA, torch on the CPU"
     )
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads of a CPU worker")
+    worker_id: str | None = Field(None, max_length=64, description="this worker's name; default host-pid")
 
     # --- KV cache
     block_size: int = Field(16, description="tokens per KV block: a power of two, 8 to 128")
@@ -52,7 +53,9 @@ class ServeConfig(BaseSettings):
     lease_renew_interval_s: float = Field(2.0, gt=0.0, description="how often the scheduler renews its live leases")
     reap_interval_s: float = Field(1.0, gt=0.0, description="how often the block manager reaps expired leases")
     heartbeat_interval_s: float = Field(0.5, gt=0.0, description="worker and client heartbeat period")
-    worker_timeout_s: float = Field(2.0, gt=0.0, description="a worker silent this long is declared lost")
+    worker_timeout_s: float = Field(1.5, gt=0.0, description="a worker silent this long is declared lost")
+    client_timeout_s: float = Field(10.0, gt=0.0, description="a client silent this long has its requests aborted")
+    rpc_timeout_s: float = Field(2.0, gt=0.0, description="a block-manager reply later than this marks it down")
     step_timeout_s: float = Field(120.0, gt=0.0, description="a step unanswered this long declares its worker lost")
 
     # --- endpoints
