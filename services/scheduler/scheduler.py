@@ -140,14 +140,18 @@ class Scheduler:
         self.orphans = WaitingQueue(limits.aging_s)  # waiting while no worker is live
         self.rejected: list[Request] = []  # ended at admission (too big for the pool); see take_rejected
         self.stats = SchedulerStats()
+        self._window_base = 0
 
     # ------------------------------------------------------------------ workers
 
     def add_worker(self, worker_id: str, num_blocks: int, block_size: int) -> None:
         if worker_id in self.workers:
             self.remove_worker(worker_id)
+        # Step numbers never repeat across a worker's comings and goings, so a late result of a
+        # dropped incarnation can never be taken for a step of the new one.
+        self._window_base += 1 << 32
         self.workers[worker_id] = WorkerState(
-            worker_id, num_blocks, block_size, PipelineWindow(self.limits.pipeline_depth),
+            worker_id, num_blocks, block_size, PipelineWindow(self.limits.pipeline_depth, next_step=self._window_base),
             WaitingQueue(self.limits.aging_s), free_blocks=num_blocks,
         )
         while len(self.orphans):

@@ -1,0 +1,208 @@
+"""The block-manager process: the core behind a ROUTER socket, a reaper timer and the ops endpoint.
+
+    worker    --register / heartbeat {pool_id, incarnation, num_blocks, block_size}-->  (pool kept fresh)
+    scheduler --block_ops {seq, ops}-->  block_reply {seq, results, free_blocks, instance}
+    scheduler --renew_owner {owner}-->   (every live lease of that scheduler pushed out)
+    scheduler --pools {seq}-->           pools_reply {seq, pools: {id: [num_blocks, block_size, incarnation]}}
+
+Heartbeats carry the registration, so a restarted block manager learns every pool again within one
+heartbeat, and a restarted worker (new incarnation) gets a fresh pool. `instance` changes on every
+start: a scheduler that sees it change knows every table it held is gone.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import zmq
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from services.block_manager.manager import BlockManager
+from shared.config import ServeConfig
+from shared.log import configure_logging
+from shared.ops_http import OpsServer, json_response
+from shared.protocol.blocks import BLOCK_OPS, BLOCK_REPLY
+from shared.transport import CurveKeys, RouterFrameError, make_socket, recv_router, send, start_authenticator
+
+
+class BlockManagerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.blocks = Gauge("pagedserve_bm_blocks", "KV blocks by state", ["state"], registry=r)
+        self.kv_usage = Gauge("pagedserve_bm_kv_usage_ratio", "used / total blocks", registry=r)
+        self.leases = Gauge("pagedserve_bm_leases", "live leases", registry=r)
+        self.pools = Gauge("pagedserve_bm_pools", "registered worker pools", registry=r)
+        self.reclaimed_blocks = Counter("pagedserve_bm_reclaimed_blocks", "blocks taken back", ["reason"], registry=r)
+        self.reclaimed_requests = Counter("pagedserve_bm_reclaimed_requests", "tables taken back", ["reason"],
+                                          registry=r)
+        self.bad_frames = Counter("pagedserve_bm_bad_frames", "frames that did not decode", ["code"], registry=r)
+        self.batches = Counter("pagedserve_bm_batches", "block-op batches applied", registry=r)
+
+    def observe(self, snap: dict[str, Any]) -> None:
+        totals = snap["totals"]
+        for state in ("free", "used", "cached", "leaked"):
+            self.blocks.labels(state).set(totals[state])
+        self.kv_usage.set(totals["used"] / totals["total"] if totals["total"] else 0.0)
+        self.leases.set(len(snap["leases"]))
+        self.pools.set(len(snap["pools"]))
+
+
+class BlockManagerService:
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.log = configure_logging("block-manager", config.log_format, config.log_level)
+        self.core = BlockManager(config.lease_ttl_s, config.enable_prefix_caching)
+        self.lock = threading.Lock()  # the ops thread reads the core while the loop changes it
+        self.instance = uuid.uuid4().hex
+        self.incarnations: dict[str, str] = {}
+        self.last_heartbeat: dict[str, float] = {}
+        self.metrics = BlockManagerMetrics()
+        self.ctx = zmq.Context()
+        keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
+        self.auth = start_authenticator(self.ctx, keys) if keys else None
+        self.sock = make_socket(self.ctx, zmq.ROUTER, max_message_bytes=config.max_message_bytes, curve_server=keys)
+        self.sock.bind(config.block_manager_endpoint)
+        self.ops: OpsServer | None = None
+        if config.block_manager_ops_port:
+            self.ops = OpsServer(config.ops_host, config.block_manager_ops_port, {
+                "/healthz": lambda: json_response({"ok": True, "instance": self.instance}),
+                "/blocks": lambda: json_response(self.snapshot()),
+                "/metrics": self._metrics_text,
+            }, {"/admin/reap": lambda: json_response({"reclaimed": self.reap(time.monotonic())})},
+                admin_token=config.admin_token).start()
+        self.stopping = False
+
+    # ------------------------------------------------------------------ ops
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            snap = self.core.snapshot(time.monotonic())
+        snap["instance"] = self.instance
+        return snap
+
+    def _metrics_text(self) -> tuple[int, str, bytes]:
+        self.metrics.observe(self.snapshot())
+        return 200, "text/plain; version=0.0.4", generate_latest(self.metrics.registry)
+
+    # ------------------------------------------------------------------ loop
+
+    def serve(self) -> None:
+        self.log.info("block_manager_started", endpoint=self.config.block_manager_endpoint,
+                      ops_port=self.ops.port if self.ops else None, instance=self.instance)
+        next_reap = time.monotonic() + self.config.reap_interval_s
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        while not self.stopping:
+            if poller.poll(timeout=100):
+                for _ in range(256):  # drain a burst, then let the timers run
+                    try:
+                        identity, msg = recv_router(self.sock, self.config.max_message_bytes)
+                    except zmq.Again:
+                        break
+                    except RouterFrameError as exc:
+                        code = getattr(exc.error, "code", "bad_frame")
+                        self.metrics.bad_frames.labels(code).inc()
+                        self.log.warning("bad_frame", code=code, error=str(exc.error))
+                        send(self.sock, "error", {"code": code, "message": str(exc.error)}, to=exc.identity)
+                        continue
+                    self.handle(identity, msg)
+            now = time.monotonic()
+            if now >= next_reap:
+                next_reap = now + self.config.reap_interval_s
+                self.reap(now)
+                self.drop_silent_workers(now)
+        self.close()
+
+    def handle(self, identity: bytes, msg: dict[str, Any]) -> None:
+        kind = msg["type"]
+        now = time.monotonic()
+        try:
+            if kind == BLOCK_OPS:
+                with self.lock:
+                    reply = self.core.apply(msg["ops"], now)
+                self.metrics.batches.inc()
+                reply["seq"] = msg.get("seq")
+                reply["instance"] = self.instance
+                send(self.sock, BLOCK_REPLY, reply, to=identity)
+            elif kind in ("register", "heartbeat"):
+                self.register(msg, now)
+                if kind == "register":
+                    send(self.sock, "registered", {"pool_id": msg["pool_id"], "instance": self.instance}, to=identity)
+            elif kind == "renew_owner":
+                with self.lock:
+                    self.core.renew_owner(msg["owner"], now)
+            elif kind == "pools":
+                with self.lock:
+                    pools = {pid: [nb, bs, self.incarnations.get(pid, "")] for pid, (nb, bs) in self.core.pools().items()}
+                send(self.sock, "pools_reply", {"seq": msg.get("seq"), "pools": pools, "instance": self.instance},
+                     to=identity)
+            else:
+                send(self.sock, "error", {"code": "unknown_type", "message": f"unknown message type {kind!r}"},
+                     to=identity)
+        except (KeyError, TypeError, ValueError) as exc:
+            self.metrics.bad_frames.labels("bad_fields").inc()
+            self.log.warning("bad_message", type=kind, error=repr(exc))
+            send(self.sock, "error", {"code": "bad_fields", "message": f"{kind}: {exc!r}"}, to=identity)
+
+    def register(self, msg: dict[str, Any], now: float) -> None:
+        pool_id, incarnation = str(msg["pool_id"]), str(msg["incarnation"])
+        num_blocks, block_size = int(msg["num_blocks"]), int(msg["block_size"])
+        self.last_heartbeat[pool_id] = now
+        if self.incarnations.get(pool_id) == incarnation:
+            return
+        with self.lock:
+            dropped = self.core.remove_pool(pool_id) if self.core.has_pool(pool_id) else []
+            self.core.add_pool(pool_id, num_blocks, block_size)
+        self.incarnations[pool_id] = incarnation
+        self.log.info("pool_registered", worker_id=pool_id, incarnation=incarnation, num_blocks=num_blocks,
+                      block_size=block_size, dropped_requests=len(dropped))
+
+    def reap(self, now: float) -> int:
+        with self.lock:
+            reclaimed = self.core.reap_expired(now)
+        for r in reclaimed:
+            self.metrics.reclaimed_blocks.labels("lease_expired").inc(r.num_blocks)
+            self.metrics.reclaimed_requests.labels("lease_expired").inc()
+            self.log.warning("lease_expired_blocks_reclaimed", request_id=r.request_id, owner=r.owner,
+                             worker_id=r.pool_id, num_blocks=r.num_blocks)
+        return len(reclaimed)
+
+    def drop_silent_workers(self, now: float) -> None:
+        for pool_id, seen in list(self.last_heartbeat.items()):
+            if now - seen <= self.config.worker_timeout_s:
+                continue
+            with self.lock:
+                free_before = self.core.num_free_blocks(pool_id) if self.core.has_pool(pool_id) else 0
+                total = self.core.pools().get(pool_id, (0, 0))[0]
+                dropped = self.core.remove_pool(pool_id) if self.core.has_pool(pool_id) else []
+            del self.last_heartbeat[pool_id]
+            self.incarnations.pop(pool_id, None)
+            self.metrics.reclaimed_blocks.labels("worker_lost").inc(total - free_before)
+            self.metrics.reclaimed_requests.labels("worker_lost").inc(len(dropped))
+            self.log.warning("worker_lost_pool_dropped", worker_id=pool_id, silent_s=round(now - seen, 2),
+                             dropped_requests=len(dropped))
+
+    def close(self) -> None:
+        if self.ops:
+            self.ops.stop()
+        if self.auth:
+            self.auth.stop()
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def run(config: ServeConfig) -> None:
+    service = BlockManagerService(config)
+
+    def _stop(*_: Any) -> None:
+        service.stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    service.serve()

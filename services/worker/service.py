@@ -1,0 +1,148 @@
+"""The worker process: the model runner behind a DEALER socket, heartbeats from a side thread.
+
+    worker --register-->  block manager (waits for "registered": the pool exists before any step)
+    worker <--execute {Execute}--  scheduler;  worker --step_result {StepResult}--> scheduler
+    worker <--reset--  scheduler (the block manager lost every table: forget all request state)
+    heartbeat thread: every heartbeat_interval_s, {worker_id, incarnation, num_blocks, ...} to both.
+
+A step runs on the main thread and may take a second on a CPU; the heartbeats must not wait for
+it, so they go from their own thread with their own sockets (ZeroMQ sockets are single-threaded).
+A step that raises leaves the runner's state unknown: the worker exits and is restarted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from shared.config import ServeConfig
+from shared.log import configure_logging
+from shared.protocol.codec import decode
+from shared.protocol.step import Execute
+from shared.transport import CurveKeys, make_socket, send
+
+
+class WorkerService:
+    def __init__(self, config: ServeConfig) -> None:
+        from services.worker.bundled import resolve_model
+        from services.worker.runner import ModelRunner
+
+        self.config = config
+        self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.incarnation = uuid.uuid4().hex
+        self.log = configure_logging("worker", config.log_format, config.log_level).bind(worker_id=self.worker_id)
+        if config.num_threads:
+            import torch
+
+            torch.set_num_threads(config.num_threads)
+        self.model_path = resolve_model(config.model)
+        self.runner = ModelRunner(self.model_path, dtype=config.dtype, device=config.device,
+                                  block_size=config.block_size, num_blocks=config.num_blocks,
+                                  kv_cache_memory=config.kv_cache_memory,
+                                  attention_backend=config.attention_backend,
+                                  gpu_memory_utilization=config.gpu_memory_utilization)
+        self.keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
+        self.ctx = zmq.Context()
+        self.stopping = threading.Event()
+
+    def announcement(self) -> dict[str, Any]:
+        """Who this worker is: sent with every heartbeat so a restarted peer learns it at once."""
+        return {
+            "worker_id": self.worker_id, "pool_id": self.worker_id, "incarnation": self.incarnation,
+            "num_blocks": self.runner.num_blocks, "block_size": self.runner.block_size,
+            "vocab_size": self.runner.vocab_size, "max_model_len": self.runner.max_model_len,
+            "eos_token_ids": list(self.runner.eos_token_ids), "model": str(self.model_path),
+        }
+
+    def _dealer(self, endpoint: str, identity: str | None = None) -> zmq.Socket:
+        sock = make_socket(self.ctx, zmq.DEALER, max_message_bytes=self.config.max_message_bytes,
+                           identity=identity, curve_client=self.keys)
+        sock.connect(endpoint)
+        return sock
+
+    def register_pool(self) -> None:
+        """Block until the block manager holds our pool: a step must never name an unknown pool."""
+        bm = self._dealer(self.config.block_manager_endpoint)
+        try:
+            while not self.stopping.is_set():
+                send(bm, "register", self.announcement())
+                if bm.poll(1000):
+                    reply = decode(bm.recv())
+                    if reply["type"] == "registered":
+                        self.log.info("pool_registered", num_blocks=self.runner.num_blocks,
+                                      block_size=self.runner.block_size, bm_instance=reply.get("instance"))
+                        return
+                self.log.info("waiting_for_block_manager", endpoint=self.config.block_manager_endpoint)
+        finally:
+            bm.close(0)
+
+    def heartbeat_loop(self) -> None:
+        bm = self._dealer(self.config.block_manager_endpoint)
+        sched = self._dealer(self.config.worker_endpoint, identity=f"{self.worker_id}/hb")
+        body = self.announcement()
+        try:
+            while not self.stopping.is_set():
+                send(bm, "heartbeat", body)
+                send(sched, "heartbeat", body)
+                self.stopping.wait(self.config.heartbeat_interval_s)
+        finally:
+            bm.close(0)
+            sched.close(0)
+
+    def serve(self) -> None:
+        self.register_pool()
+        sched = self._dealer(self.config.worker_endpoint, identity=self.worker_id)
+        beat = threading.Thread(target=self.heartbeat_loop, name="heartbeat", daemon=True)
+        beat.start()
+        self.log.info("worker_started", endpoint=self.config.worker_endpoint, num_blocks=self.runner.num_blocks)
+        last_sent = time.monotonic()
+        try:
+            while not self.stopping.is_set():
+                if not sched.poll(100):
+                    continue
+                msg = decode(sched.recv(), self.config.max_message_bytes)
+                if msg["type"] == "reset":
+                    self.runner.reset()
+                    self.log.info("worker_state_reset")
+                    continue
+                if msg["type"] != "execute":
+                    self.log.warning("unexpected_message", type=msg["type"])
+                    continue
+                idle_s = time.monotonic() - last_sent
+                execute = Execute.from_wire(msg["execute"])
+                try:
+                    result = self.runner.execute(execute)
+                except Exception:
+                    self.log.exception("step_failed", step=execute.step)
+                    raise
+                result.timings["idle_s"] = idle_s
+                send(sched, "step_result", {"worker_id": self.worker_id, "result": result.to_wire()})
+                last_sent = time.monotonic()
+        finally:
+            self.stopping.set()
+            beat.join(timeout=2)
+            sched.close(0)
+            self.ctx.term()
+
+
+def run(config: ServeConfig) -> None:
+    service = WorkerService(config)
+
+    def _stop(*_: Any) -> None:
+        service.stopping.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        service.serve()
+    except Exception:
+        sys.exit(1)
