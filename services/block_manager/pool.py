@@ -1,0 +1,102 @@
+"""One worker's KV blocks: ref counts, the LRU free list and the prefix cache.
+
+The pool knows blocks, never requests (the manager knows those). Block ids index the worker's
+KV tensors directly, so a pool of N blocks owns exactly the ids 0..N-1.
+
+Prefix caching keys a full block by `(parent prefix id, its token ids)`. A prefix id names a
+*content* (the exact tokens from position 0 to the end of that block), handed out once when
+the content is first cached. Because the key holds the tokens themselves and the parent's id
+is unique, a dict lookup is an exact match: two different prefixes can never collide, so a
+hit never serves another prompt's KV. `block_hash` is only the display form of the key.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+ROOT_PREFIX = 0  # prefix id of the empty prefix: the parent of every first block
+NO_PREFIX = -1  # a table whose chain broke (conflicting content) caches nothing further
+
+CacheKey = tuple[int, tuple[int, ...]]
+
+
+@dataclass(slots=True)
+class Block:
+    id: int
+    ref_count: int = 0
+    cache_key: CacheKey | None = None  # set only while the block is full and cached
+    prefix_id: int = ROOT_PREFIX  # the content this block ends; meaningful while cache_key is set
+
+
+def block_hash(key: CacheKey) -> str:
+    """Hex form of a cache key for the health dump (stable across runs: ints hash to themselves)."""
+    return format(hash(key) & 0xFFFF_FFFF_FFFF_FFFF, "016x")
+
+
+class BlockPool:
+    """Blocks of one worker. Every method is O(1) except construction."""
+
+    __slots__ = ("pool_id", "num_blocks", "block_size", "blocks", "free", "cached", "_next_prefix_id")
+
+    def __init__(self, pool_id: str, num_blocks: int, block_size: int) -> None:
+        self.pool_id = pool_id
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # LRU free list: the front is the least recently freed block, handed out first, so the
+        # most recently freed cached prefixes survive longest. OrderedDict gives O(1) removal of
+        # a cached free block revived by a prefix hit.
+        self.free: OrderedDict[int, Block] = OrderedDict((b.id, b) for b in self.blocks)
+        self.cached: dict[CacheKey, Block] = {}
+        self._next_prefix_id = ROOT_PREFIX + 1
+
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def take_free(self) -> Block:
+        """The least recently freed block, now referenced once; its cached content is evicted."""
+        block = self.free.popitem(last=False)[1]
+        if block.cache_key is not None:
+            del self.cached[block.cache_key]
+            block.cache_key = None
+        block.ref_count = 1
+        return block
+
+    def share(self, block: Block) -> None:
+        """One more reference; a free cached block revived by a prefix hit leaves the free list."""
+        if block.ref_count == 0:
+            del self.free[block.id]
+        block.ref_count += 1
+
+    def release(self, block: Block) -> bool:
+        """Drop one reference; True when it was the last (the block is free again, hash kept)."""
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free[block.id] = block
+            return True
+        return False
+
+    def lookup(self, parent_prefix: int, token_ids: tuple[int, ...]) -> Block | None:
+        return self.cached.get((parent_prefix, token_ids))
+
+    def cache(self, block: Block, parent_prefix: int, token_ids: tuple[int, ...]) -> int:
+        """Record that `block` holds `token_ids` after the prefix `parent_prefix`; returns the
+        prefix id of the content now ending at this block.
+
+        If that content is already cached in another block, the existing entry wins (the same
+        content needs one cached copy) and this block stays uncached. A block already cached
+        under a different key holds other content: NO_PREFIX tells the caller to stop.
+        """
+        key = (parent_prefix, token_ids)
+        existing = self.cached.get(key)
+        if existing is not None:
+            return existing.prefix_id
+        if block.cache_key is not None:
+            return NO_PREFIX
+        prefix_id = self._next_prefix_id
+        self._next_prefix_id = prefix_id + 1
+        block.cache_key = key
+        block.prefix_id = prefix_id
+        self.cached[key] = block
+        return prefix_id

@@ -1,0 +1,33 @@
+"""A request's block table: the physical blocks behind its logical blocks 0..n, and what they hold."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from services.block_manager.leases import Lease
+from services.block_manager.pool import BlockPool
+
+NEVER = sys.maxsize  # next_cache_at of a table that caches nothing more
+
+
+@dataclass(slots=True)
+class BlockTable:
+    """Slots are KV positions the request has been given to write: always exactly
+    ceil(num_slots / block_size) blocks. Known tokens may run ahead of the slots (a prompt
+    prefilled in chunks) or behind them (a decode scheduled before its input token is known);
+    a block is cached only once both its slots and its tokens are complete."""
+
+    request_id: str
+    pool: BlockPool
+    lease: Lease
+    block_ids: list[int]
+    num_slots: int
+    capacity: int  # len(block_ids) * block_size: slots that fit without a fresh block
+    token_ids: list[int]
+    num_hashed_blocks: int  # leading blocks already offered to the prefix cache
+    prefix_id: int  # content id of those leading blocks; NO_PREFIX once the chain broke
+    next_cache_at: int  # slots and tokens both reaching this mean one more block to cache
+    # Set by fork: the partly filled last block may be shared, so the next write into it must
+    # check for copy-on-write. Cleared once the last block is known to be this table's alone.
+    tail_maybe_shared: bool = False

@@ -1,0 +1,183 @@
+"""Scheduler <-> block manager: one batch of ops per engine step, one reply.
+
+Hot path, so plain lists (no field names, no per-field validation beyond the frame's version):
+
+    op                                                          result (None: not enough free blocks)
+    ["alloc", pool_id, request_id, owner, token_ids, max_new]   [block_ids, num_cached_tokens, num_new_tokens] | None
+    ["grow", request_id, num_new_tokens, new_token_ids]         [new_block_ids, [[idx, id]...], [[src, dst]...]] | None
+    ["fork", parent_id, child_id, owner]                        True | None
+    ["free", request_id]                                        blocks whose ref count hit 0
+    ["renew", [request_ids]]                                    how many leases existed
+
+    reply: {"results": [one per op, in order], "free_blocks": {pool_id: n}}
+
+An op naming an unknown pool or request, or with malformed arguments, has `{"error": message}`
+as its result; the other ops of the batch still run. Frames carry a `seq` so a caller that timed
+out can tell a late reply from the one it waits for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shared.protocol.codec import ProtocolError, encode
+
+BLOCK_OPS = "block_ops"  # frame type: scheduler -> block manager
+BLOCK_REPLY = "block_reply"  # frame type: block manager -> scheduler
+
+OP_ALLOC = "alloc"
+OP_GROW = "grow"
+OP_FORK = "fork"
+OP_FREE = "free"
+OP_RENEW = "renew"
+OP_ARITY = {OP_ALLOC: 6, OP_GROW: 4, OP_FORK: 4, OP_FREE: 2, OP_RENEW: 2}  # list length, name included
+
+
+class BlockOpError(Exception):
+    """The block manager refused one op (unknown pool or request, malformed arguments)."""
+
+
+@dataclass(slots=True)
+class Allocation:
+    """A new block table: the first num_cached_tokens slots are prefix-cache hits (already
+    computed); the next num_new_tokens slots are this step's to compute."""
+
+    block_ids: list[int]
+    num_cached_tokens: int
+    num_new_tokens: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.block_ids, self.num_cached_tokens, self.num_new_tokens]
+
+    @classmethod
+    def from_wire(cls, w: list[Any]) -> Allocation:
+        return cls(w[0], w[1], w[2])
+
+
+@dataclass(slots=True)
+class Growth:
+    """What one grow changed: blocks appended to the table, blocks replaced in it by
+    copy-on-write (logical index, new id), and the copies the worker must make (src, dst)
+    before it writes.
+
+    A read-only value (tuples): most decode steps change no block, and they all share one
+    UNCHANGED instance instead of building three fresh lists per request per step.
+    """
+
+    new_block_ids: tuple[int, ...] = ()
+    replaced: tuple[tuple[int, int], ...] = ()
+    copies: tuple[tuple[int, int], ...] = ()
+
+    def to_wire(self) -> list[Any]:
+        return [list(self.new_block_ids), [list(p) for p in self.replaced], [list(c) for c in self.copies]]
+
+    @classmethod
+    def from_wire(cls, w: list[Any]) -> Growth:
+        if not (w[0] or w[1] or w[2]):
+            return UNCHANGED
+        return cls(
+            tuple(w[0]), tuple((int(i), int(b)) for i, b in w[1]), tuple((int(s), int(d)) for s, d in w[2])
+        )
+
+
+UNCHANGED = Growth()
+
+
+# ---------------------------------------------------------------- building a batch
+
+
+def alloc_op(
+    pool_id: str, request_id: str, owner: str, token_ids: Sequence[int], max_new_tokens: int
+) -> list[Any]:
+    return [OP_ALLOC, pool_id, request_id, owner, list(token_ids), max_new_tokens]
+
+
+def grow_op(request_id: str, num_new_tokens: int, new_token_ids: Sequence[int] = ()) -> list[Any]:
+    return [OP_GROW, request_id, num_new_tokens, list(new_token_ids)]
+
+
+def fork_op(parent_id: str, child_id: str, owner: str) -> list[Any]:
+    return [OP_FORK, parent_id, child_id, owner]
+
+
+def free_op(request_id: str) -> list[Any]:
+    return [OP_FREE, request_id]
+
+
+def renew_op(request_ids: Iterable[str]) -> list[Any]:
+    return [OP_RENEW, list(request_ids)]
+
+
+# ---------------------------------------------------------------- frames
+
+
+def encode_batch(seq: int, ops: list[list[Any]]) -> bytes:
+    return encode(BLOCK_OPS, {"seq": seq, "ops": ops})
+
+
+def batch_from_message(message: dict[str, Any]) -> tuple[int, list[list[Any]]]:
+    """(seq, ops) of a decoded `block_ops` frame; each op is checked later, one by one."""
+    seq, ops = message.get("seq"), message.get("ops")
+    if type(seq) is not int:
+        raise ProtocolError(
+            "bad_frame", f"field 'seq' of {BLOCK_OPS} must be an int, got {type(seq).__name__}"
+        )
+    if type(ops) is not list:
+        raise ProtocolError(
+            "bad_frame", f"field 'ops' of {BLOCK_OPS} must be a list, got {type(ops).__name__}"
+        )
+    return seq, ops
+
+
+def encode_reply(seq: int, reply: dict[str, Any]) -> bytes:
+    return encode(BLOCK_REPLY, {"seq": seq, "results": reply["results"], "free_blocks": reply["free_blocks"]})
+
+
+def reply_from_message(message: dict[str, Any]) -> tuple[int, list[Any], dict[str, int]]:
+    """(seq, results, free_blocks) of a decoded `block_reply` frame."""
+    seq, results, free_blocks = message.get("seq"), message.get("results"), message.get("free_blocks")
+    if type(seq) is not int or type(results) is not list or type(free_blocks) is not dict:
+        raise ProtocolError(
+            "bad_frame", f"{BLOCK_REPLY} needs 'seq' (int), 'results' (list), 'free_blocks' (map)"
+        )
+    return seq, results, free_blocks
+
+
+# ---------------------------------------------------------------- reading results
+
+
+def error_result(message: str) -> dict[str, str]:
+    return {"error": message}
+
+
+def is_error(result: Any) -> bool:
+    return type(result) is dict
+
+
+def _raise_if_error(result: Any) -> None:
+    if type(result) is dict:
+        raise BlockOpError(str(result.get("error", result)))
+
+
+def alloc_result(result: Any) -> Allocation | None:
+    """The Allocation, or None when the pool had too few free blocks; raises BlockOpError."""
+    _raise_if_error(result)
+    return None if result is None else Allocation.from_wire(result)
+
+
+def grow_result(result: Any) -> Growth | None:
+    _raise_if_error(result)
+    return None if result is None else Growth.from_wire(result)
+
+
+def fork_result(result: Any) -> bool:
+    _raise_if_error(result)
+    return result is True
+
+
+def count_result(result: Any) -> int:
+    """Result of free (blocks freed) or renew (leases renewed)."""
+    _raise_if_error(result)
+    return int(result)
