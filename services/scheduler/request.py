@@ -49,6 +49,13 @@ class Request:
     def known_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def known_since(self, start: int) -> list[int]:
+        """Known tokens from index `start` on, without copying the whole prompt (hot path)."""
+        np = len(self.prompt_token_ids)
+        if start >= np:
+            return self.output_token_ids[start - np :]
+        return self.prompt_token_ids[start:] + self.output_token_ids
+
     @property
     def prefilling(self) -> bool:
         """Still computing tokens that are already known (prompt, or recompute after preemption)."""

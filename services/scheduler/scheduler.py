@@ -277,9 +277,11 @@ class Scheduler:
     def _schedulable(req: Request) -> bool:
         if req.status is not Status.RUNNING:
             return False
-        if req.prefilling:
-            return True
-        return req.wants_more and req.num_scheduled < req.num_known + req.pending
+        num_output = len(req.output_token_ids)
+        known = len(req.prompt_token_ids) + num_output
+        if req.num_scheduled < known:
+            return True  # prefilling
+        return num_output + req.pending < req.sampling.max_tokens and req.num_scheduled < known + req.pending
 
     def _blocks_to_grow(self, req: Request, num_tokens: int, block_size: int) -> int:
         have = -(-req.num_scheduled // block_size)
@@ -302,14 +304,17 @@ class Scheduler:
         free = state.free_blocks
         state.starving = False
         # Decodes first (one token each), then prompts already being prefilled in chunks.
-        for want_prefill in (False, True):
-            for req in list(state.running):
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        for req in state.running:
+            if self._schedulable(req):
+                (prefills if req.num_scheduled < req.num_known else decodes).append(req)
+        for want_prefill, queue in ((False, decodes), (True, prefills)):
+            for req in queue:
                 if budget <= 0:
                     break
-                if req.status is not Status.RUNNING or req.prefilling is not want_prefill:
-                    continue
-                if not self._schedulable(req):
-                    continue
+                if req.status is not Status.RUNNING:
+                    continue  # preempted a moment ago, for someone earlier in this loop
                 n = min(budget, req.num_known - req.num_scheduled) if want_prefill else 1
                 need = self._blocks_to_grow(req, n, bs)
                 if need > free and want_prefill:
@@ -320,7 +325,7 @@ class Scheduler:
                     state.starving = True
                     self._preempt_for(req, state, entries, ops)
                     continue
-                new_known = req.known_token_ids()[req.num_known_sent :] if req.num_known_sent < req.num_known else []
+                new_known = req.known_since(req.num_known_sent) if req.num_known_sent < req.num_known else []
                 entry = PlanEntry(req, len(ops), n, new=False)
                 ops.append(["grow", req.request_id, n, new_known])
                 if want_prefill and req.num_scheduled + n == req.num_known:
