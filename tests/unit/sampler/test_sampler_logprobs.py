@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import MakeRequest
+from sampling_requests import make_request
 
 from services.worker.sampler import Sampler
 
@@ -14,7 +14,7 @@ def _logits(rows: int) -> torch.Tensor:
     return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(0)) * 3
 
 
-def test_logprobs_match_log_softmax_and_are_sorted(make_request: MakeRequest) -> None:
+def test_logprobs_match_log_softmax_and_are_sorted() -> None:
     logits = _logits(2)
     requests = [make_request(temperature=0.0, logprobs=5), make_request(temperature=0.6, top_k=4, logprobs=3)]
     tokens, logprobs = Sampler(VOCAB, eos_token_ids=[]).sample(logits, requests)
@@ -27,7 +27,7 @@ def test_logprobs_match_log_softmax_and_are_sorted(make_request: MakeRequest) ->
         assert [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)
 
 
-def test_rows_that_did_not_ask_get_none(make_request: MakeRequest) -> None:
+def test_rows_that_did_not_ask_get_none() -> None:
     requests = [make_request(temperature=0.0), make_request(temperature=0.0, logprobs=0)]
     tokens, logprobs = Sampler(VOCAB, eos_token_ids=[]).sample(_logits(2), requests)
     assert logprobs is not None and logprobs[0] is None
@@ -35,7 +35,7 @@ def test_rows_that_did_not_ask_get_none(make_request: MakeRequest) -> None:
     assert top == [] and sampled == _logits(2).log_softmax(dim=1)[1, tokens[1]].item()
 
 
-def test_logprobs_see_penalties(make_request: MakeRequest) -> None:
+def test_logprobs_see_penalties() -> None:
     logits = _logits(1)
     best = int(logits.argmax())
     request = make_request(temperature=0.0, output=[best], presence_penalty=2.0, logprobs=1)

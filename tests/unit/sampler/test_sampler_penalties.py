@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import MakeRequest
+from sampling_requests import make_request
 
 from services.worker.penalties import apply_penalties
 from services.worker.sampler import Sampler
@@ -16,7 +16,13 @@ def _logits() -> torch.Tensor:
     return torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5, -0.5, 3.0, -3.0, 0.0, 4.0, -4.0, 1.5]])
 
 
-def _penalise(prompt, output, repetition=1.0, presence=0.0, frequency=0.0) -> torch.Tensor:
+def _penalise(
+    prompt: list[int],
+    output: list[int],
+    repetition: float = 1.0,
+    presence: float = 0.0,
+    frequency: float = 0.0,
+) -> torch.Tensor:
     return apply_penalties(_logits(), [prompt], [output], [repetition], [presence], [frequency])
 
 
@@ -65,14 +71,14 @@ def test_penalties_are_per_row_in_a_batch() -> None:
     assert torch.equal(logits[2], base)  # presence without output tokens changes nothing
 
 
-def test_sampler_applies_penalties_before_greedy_choice(make_request: MakeRequest) -> None:
+def test_sampler_applies_penalties_before_greedy_choice() -> None:
     # Token 9 is the best, but the output repeats it: a repetition penalty moves greedy to token 6.
     request = make_request(temperature=0.0, output=[9], repetition_penalty=2.0)
     tokens, _ = Sampler(VOCAB, eos_token_ids=[]).sample(_logits(), [request])
     assert tokens == [6]
 
 
-def test_min_tokens_masks_eos_and_stop_ids_until_reached(make_request: MakeRequest) -> None:
+def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
     logits = torch.zeros(3, VOCAB)
     logits[:, 9] = 10.0  # EOS would win
     logits[:, 6] = 9.0  # then the stop id
@@ -86,7 +92,7 @@ def test_min_tokens_masks_eos_and_stop_ids_until_reached(make_request: MakeReque
     assert tokens == [0, 9, 0]
 
 
-def test_min_tokens_masks_stops_for_sampled_rows_too(make_request: MakeRequest) -> None:
+def test_min_tokens_masks_stops_for_sampled_rows_too() -> None:
     logits = torch.zeros(500, VOCAB)
     logits[:, 9] = 3.0
     requests = [make_request(temperature=1.0, min_tokens=1, stop_token_ids=[4, 5])] * 500
@@ -94,7 +100,7 @@ def test_min_tokens_masks_stops_for_sampled_rows_too(make_request: MakeRequest) 
     assert not {4, 5, 9} & set(tokens)
 
 
-def test_sampling_leaves_the_callers_logits_unchanged(make_request: MakeRequest) -> None:
+def test_sampling_leaves_the_callers_logits_unchanged() -> None:
     logits = _logits()
     request = make_request(temperature=0.7, top_k=3, output=[9], repetition_penalty=2.0, min_tokens=3)
     Sampler(VOCAB, eos_token_ids=[6]).sample(logits, [request])
