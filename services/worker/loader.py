@@ -1,0 +1,123 @@
+"""Load a Hugging Face checkpoint folder (config.json + *.safetensors) into our model modules."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from kernels.attention import AttentionBackend
+from services.worker.models.llama import LlamaForCausalLM
+from services.worker.models.registry import ModelConfig, resolve
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: LlamaForCausalLM
+    config: ModelConfig
+    eos_token_ids: tuple[int, ...]  # generation_config.json's when present, else config.json's
+
+
+def read_hf_config(path: str | Path) -> dict[str, Any]:
+    folder = Path(path)
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{folder} is not a Hugging Face checkpoint folder: no config.json")
+    return json.loads(config_file.read_text())
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {name!r}")
+    return DTYPES[name]
+
+
+def load_model(
+    path: str | Path, backend: AttentionBackend, *, dtype: str = "float32", device: str | torch.device = "cpu"
+) -> LoadedModel:
+    folder = Path(path)
+    model_class, config = resolve(read_hf_config(folder))
+    # Built on the meta device: no memory and no random init for weights about to be overwritten.
+    with torch.device("meta"):
+        model = model_class(config, backend).to(dtype=torch_dtype(dtype))
+    model.to_empty(device=torch.device(device))
+    _fill_parameters(model, folder)
+    model.eval().requires_grad_(False)
+    return LoadedModel(model, config, read_eos_token_ids(folder, config))
+
+
+def read_eos_token_ids(folder: Path, config: ModelConfig) -> tuple[int, ...]:
+    generation_file = folder / "generation_config.json"
+    if generation_file.is_file():
+        eos = json.loads(generation_file.read_text()).get("eos_token_id")
+        if eos is not None:
+            return (eos,) if isinstance(eos, int) else tuple(int(e) for e in eos)
+    return config.eos_token_ids
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The safetensors shards: those the index names when there is one, else every *.safetensors."""
+    index_file = folder / "model.safetensors.index.json"
+    if index_file.is_file():
+        weight_map: dict[str, str] = json.loads(index_file.read_text())["weight_map"]
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        absent = [str(f) for f in files if not f.is_file()]
+        if absent:
+            raise FileNotFoundError(f"{index_file.name} names shards that are missing: {', '.join(absent)}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {folder}")
+    return files
+
+
+def checkpoint_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    for file in checkpoint_files(folder):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                yield name, f.get_tensor(name)
+
+
+def _fill_parameters(model: LlamaForCausalLM, folder: Path) -> None:
+    params = dict(model.named_parameters())
+    seen: set[str] = set()
+    unexpected: list[str] = []
+    for name, tensor in checkpoint_tensors(folder):
+        target = model.checkpoint_target(name)
+        if target is None:
+            continue
+        param_name, rows = target
+        param = params.get(param_name)
+        if param is None:
+            unexpected.append(name)
+            continue
+        dest = param.data if rows is None else param.data[rows]
+        if dest.shape != tensor.shape:
+            raise ValueError(
+                f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, the model expects {tuple(dest.shape)}"
+            )
+        dest.copy_(tensor)  # converts to the model's dtype and device
+        seen.add(name)
+    if unexpected:
+        raise ValueError(
+            f"checkpoint in {folder} has {len(unexpected)} unexpected tensors: {_some(unexpected)}"
+        )
+    missing = [n for n in model.checkpoint_names() if n not in seen]
+    if missing:
+        raise ValueError(f"checkpoint in {folder} lacks {len(missing)} tensors: {_some(missing)}")
+
+
+def _some(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(sorted(names)[:limit])
+    return shown + (f" (and {len(names) - limit} more)" if len(names) > limit else "")

@@ -1,0 +1,192 @@
+"""The Llama decoder (and its close kin Mistral, Qwen2, Qwen3) over a paged KV cache.
+
+One forward takes every scheduled token of every request packed into one flat batch
+(`input_ids [T]`, `positions [T]`) and returns hidden states [T, hidden]; logits are computed
+separately, only for the rows that sample. The projections that read the same input are fused
+(q/k/v into one matrix, gate/up into another): one GEMM each instead of three and two.
+
+Sliding-window attention (Mistral, some Qwen2) is not implemented: the registry caps max_model_len
+at the window, so the context never exceeds it and full causal attention is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.attention import AttentionBackend, AttentionMetadata
+from services.worker.models.rope import RotaryEmbedding, apply_rotary
+
+if TYPE_CHECKING:
+    from services.worker.models.registry import ModelConfig
+
+KVCaches = Sequence[tuple[torch.Tensor, torch.Tensor]]  # per layer (k_cache, v_cache)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 whatever the model dtype: bf16 sums of squares lose too much.
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        self.backend = backend
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        self.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = self.backend.forward(q, k_cache, v_cache, meta, self.scale)
+        return self.o_proj(out.view(num_tokens, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate_size = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, backend)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    # Checkpoint projections that live inside one of our fused matrices: name -> (ours, shard index).
+    fused_projections = {
+        "q_proj": ("qkv_proj", 0),
+        "k_proj": ("qkv_proj", 1),
+        "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = (
+            None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        )
+        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: KVCaches,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Packed tokens -> final (normalised) hidden states [T, hidden]; writes this step's K/V."""
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, cos, sin, k_cache, v_cache, meta)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] of the rows that sample -> logits [N, vocab]."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight)
+
+    def checkpoint_target(self, hf_name: str) -> tuple[str, slice | None] | None:
+        """A checkpoint tensor's name -> (our parameter, the rows it fills; None = all of it).
+
+        None: a tensor the checkpoint may carry that we do not use. KeyError: a tensor we do not know.
+        """
+        name = hf_name.removeprefix("model.")
+        if name.endswith("rotary_emb.inv_freq"):
+            return None  # recomputed from the config
+        if name == "lm_head.weight" and self.lm_head is None:
+            return None  # tied: some checkpoints store the copy anyway
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in self.fused_projections:
+            fused, shard = self.fused_projections[parts[-2]]
+            target = ".".join([*parts[:-2], fused, parts[-1]])
+            return target, self._shard_rows(fused, shard)
+        return name, None
+
+    def checkpoint_names(self) -> list[str]:
+        """Every checkpoint tensor this model needs, by its Hugging Face name."""
+        split = {v: k for k, v in self.fused_projections.items()}
+        names = []
+        for name, _ in self.named_parameters():
+            parts = name.split(".")
+            fused = parts[-2] if len(parts) >= 2 else ""
+            prefix = "" if name.startswith("lm_head.") else "model."
+            if fused in ("qkv_proj", "gate_up_proj"):
+                shards = 3 if fused == "qkv_proj" else 2
+                for shard in range(shards):
+                    names.append(prefix + ".".join([*parts[:-2], split[(fused, shard)], parts[-1]]))
+            else:
+                names.append(prefix + name)
+        return names
+
+    def _shard_rows(self, fused: str, shard: int) -> slice:
+        cfg = self.config
+        if fused == "gate_up_proj":
+            size = cfg.intermediate_size
+            return slice(shard * size, (shard + 1) * size)
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        starts = (0, q, q + kv, q + 2 * kv)
+        return slice(starts[shard], starts[shard + 1])
