@@ -1,0 +1,114 @@
+"""What the worker remembers per request between steps, and the packed batch of one step.
+
+Hot path: run once per step over every scheduled request. Bookkeeping is plain Python lists; the
+tensors are built once at the end, one per field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kernels.attention import AttentionMetadata
+
+
+@dataclass(slots=True)
+class RequestState:
+    request_id: str
+    token_ids: list[int]  # prompt, then every token sampled so far (the last may be uncomputed)
+    num_prompt_tokens: int
+    num_computed_tokens: int  # leading tokens whose K/V is in the cache
+    block_ids: list[int]  # the block table
+    sampling: dict[str, Any]
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+
+@dataclass(slots=True)
+class PackedBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    meta: AttentionMetadata
+    sample_rows: list[int]  # indices into the scheduled list of the requests that sample this step
+    logits_indices: torch.Tensor  # [len(sample_rows)] int64: their last token in the packed batch
+
+
+def pack_batch(
+    scheduled: list[tuple[RequestState, int]], block_size: int, device: torch.device
+) -> PackedBatch:
+    """One flat batch from (request, tokens to compute now) pairs, in the given order.
+
+    Request r's inputs are token_ids[num_computed : num_computed + n]: for a decode that is the
+    token the worker itself sampled last step, which the scheduler never had to send.
+    """
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    query_start_loc = [0]
+    query_lens: list[int] = []
+    seq_lens: list[int] = []
+    tables: list[list[int]] = []
+    sample_rows: list[int] = []
+    logits_indices: list[int] = []
+    for row, (state, n) in enumerate(scheduled):
+        start = state.num_computed_tokens
+        end = start + n
+        known = len(state.token_ids)
+        if end > known:
+            raise ValueError(
+                f"request {state.request_id!r}: {n} tokens scheduled from {start}, but the worker knows "
+                f"only {known} tokens (was its previous step's token never sampled?)"
+            )
+        blocks = state.block_ids
+        num_blocks = -(-end // block_size)
+        if num_blocks > len(blocks):
+            raise ValueError(
+                f"request {state.request_id!r}: {end} tokens need {num_blocks} blocks of {block_size}, "
+                f"its block table has {len(blocks)}"
+            )
+        input_ids += state.token_ids[start:end]
+        positions += range(start, end)
+        if n == 1:
+            slots.append(blocks[start // block_size] * block_size + start % block_size)
+        else:
+            slots += [blocks[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        query_start_loc.append(query_start_loc[-1] + n)
+        query_lens.append(n)
+        seq_lens.append(end)
+        tables.append(blocks[:num_blocks])
+        if end == known:
+            sample_rows.append(row)
+            logits_indices.append(query_start_loc[-1] - 1)
+
+    width = max(len(t) for t in tables)
+    padded = [t + [0] * (width - len(t)) if len(t) < width else t for t in tables]
+    meta = AttentionMetadata(
+        slot_mapping=_tensor(slots, torch.int64, device),
+        query_start_loc=_tensor(query_start_loc, torch.int32, device),
+        seq_lens=_tensor(seq_lens, torch.int32, device),
+        block_tables=_tensor(padded, torch.int32, device),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        query_lens_cpu=query_lens,
+        seq_lens_cpu=seq_lens,
+    )
+    return PackedBatch(
+        input_ids=_tensor(input_ids, torch.int64, device),
+        positions=_tensor(positions, torch.int64, device),
+        meta=meta,
+        sample_rows=sample_rows,
+        logits_indices=_tensor(logits_indices, torch.int64, device),
+    )
+
+
+def _tensor(values: list[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    t = torch.tensor(values, dtype=dtype)
+    return t if device.type == "cpu" else t.to(device, non_blocking=True)

@@ -1,0 +1,210 @@
+"""The model runner: owns the model, the KV pool and every request's state; runs one Execute at a time.
+
+No sockets here: the worker service loop feeds it decoded `Execute` messages and sends back the
+`StepResult` it returns. The six steps of one Execute are defined in shared/protocol/step.py.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernels.attention import get_backend
+from services.worker.batch import PackedBatch, RequestState, pack_batch
+from services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
+from services.worker.loader import load_model, torch_dtype
+from services.worker.models.registry import ModelConfig
+from services.worker.sampler import Sampler, SamplingRequest
+from shared.protocol.step import Execute, Fork, StepResult
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        kv_cache_memory: int = 256 * 1024**2,
+        attention_backend: str = "auto",
+        gpu_memory_utilization: float = 0.85,
+        num_threads: int | None = None,
+    ) -> None:
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self.device = torch.device(device)
+        backend = get_backend(attention_backend, self.device)
+        self.attention_backend = backend.name
+        loaded = load_model(model_path, backend, dtype=dtype, device=self.device)
+        self.model = loaded.model
+        self._config = loaded.config
+        self._eos_token_ids = list(loaded.eos_token_ids)
+        cfg = loaded.config
+        shape = KVCacheShape(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, torch_dtype(dtype))
+        if num_blocks is None:
+            budget = (
+                cuda_budget(self.device, gpu_memory_utilization)
+                if self.device.type == "cuda"
+                else kv_cache_memory
+            )
+            num_blocks = num_blocks_for_budget(shape, budget)
+        self.kv_cache = KVCache(shape, num_blocks, self.device)
+        self.sampler = Sampler(cfg.vocab_size, self._eos_token_ids)
+        self.requests: dict[str, RequestState] = {}
+
+    # ------------------------------------------------------------------ what the worker reports
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.kv_cache.block_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self._config.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self._config.max_model_len
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return list(self._eos_token_ids)
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self._config
+
+    # ------------------------------------------------------------------ one step
+
+    def execute(self, step: Execute) -> StepResult:
+        return self._execute(step, keep_logits=False)[0]
+
+    def execute_with_logits(self, step: Execute) -> tuple[StepResult, torch.Tensor | None]:
+        """For tests: also the logits [sampled rows, vocab] (parents' rows; forks reuse them)."""
+        return self._execute(step, keep_logits=True)
+
+    @torch.inference_mode()
+    def _execute(self, step: Execute, keep_logits: bool) -> tuple[StepResult, torch.Tensor | None]:
+        t_start = time.perf_counter()
+        scheduled = self._update_states(step)
+        self.kv_cache.copy_blocks(step.copies)
+        if not scheduled:
+            if step.forks:
+                raise ValueError(f"step {step.step} forks requests but computes no tokens")
+            return StepResult(step.step, timings={"step_s": time.perf_counter() - t_start}), None
+        batch = pack_batch(scheduled, self.block_size, self.device)
+        t_forward = time.perf_counter()
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_cache.layers(), batch.meta)
+        for state, n in scheduled:
+            state.num_computed_tokens += n
+        logits = self.model.compute_logits(hidden[batch.logits_indices]) if batch.sample_rows else None
+        t_sample = time.perf_counter()
+        result = self._sample(step, scheduled, batch, logits)
+        t_end = time.perf_counter()
+        result.timings = {
+            "prepare_s": t_forward - t_start,
+            "forward_s": t_sample - t_forward,
+            "sample_s": t_end - t_sample,
+            "step_s": t_end - t_start,
+        }
+        return result, logits if keep_logits else None
+
+    def _update_states(self, step: Execute) -> list[tuple[RequestState, int]]:
+        """Steps 1-2: forget finished requests, add new ones, extend running ones."""
+        for request_id in step.finished_ids:
+            self.requests.pop(request_id, None)
+        scheduled: list[tuple[RequestState, int]] = []
+        for new in step.new_requests:
+            self._check_blocks(new.request_id, new.block_ids)
+            state = RequestState(
+                request_id=new.request_id,
+                token_ids=list(new.token_ids),
+                num_prompt_tokens=new.num_prompt_tokens,
+                num_computed_tokens=new.num_computed_tokens,
+                block_ids=list(new.block_ids),
+                sampling=new.sampling,
+            )
+            self.requests[new.request_id] = state
+            if new.num_scheduled_tokens:
+                scheduled.append((state, new.num_scheduled_tokens))
+        for cached in step.cached_requests:
+            state = self.requests.get(cached.request_id)
+            if state is None:
+                raise KeyError(
+                    f"step {step.step} names request {cached.request_id!r}, which this worker does not hold"
+                )
+            if cached.new_block_ids:
+                self._check_blocks(cached.request_id, cached.new_block_ids)
+                state.block_ids += cached.new_block_ids
+            for index, block_id in cached.replaced_blocks:
+                self._check_blocks(cached.request_id, [block_id])
+                state.block_ids[index] = block_id
+            if cached.num_scheduled_tokens:
+                scheduled.append((state, cached.num_scheduled_tokens))
+        return scheduled
+
+    def _sample(
+        self,
+        step: Execute,
+        scheduled: list[tuple[RequestState, int]],
+        batch: PackedBatch,
+        logits: torch.Tensor | None,
+    ) -> StepResult:
+        """Steps 5-6: one token per request that reached its end, then one per fork child."""
+        states = [scheduled[row][0] for row in batch.sample_rows]
+        requests = [SamplingRequest(s.sampling, s.prompt_token_ids, s.output_token_ids) for s in states]
+        children = [self._fork(step, fork, states) for fork in step.forks]
+        if logits is None:
+            return StepResult(step.step)
+        rows = logits
+        if children:
+            # A child samples from its parent's logits row with its own params (seed), before
+            # either has the parent's new token appended.
+            parent_rows = [row for _child, row in children]
+            rows = torch.cat([logits, logits[torch.tensor(parent_rows, device=logits.device)]])
+            states += [child for child, _row in children]
+            requests += [
+                SamplingRequest(c.sampling, c.prompt_token_ids, c.output_token_ids) for c, _ in children
+            ]
+        tokens, logprobs = self.sampler.sample(rows, requests)
+        for state, token in zip(states, tokens, strict=True):
+            state.token_ids.append(token)
+        for child, _row in children:
+            self.requests[child.request_id] = child
+        return StepResult(step.step, [s.request_id for s in states], list(tokens), logprobs)
+
+    def _fork(self, step: Execute, fork: Fork, sampled: list[RequestState]) -> tuple[RequestState, int]:
+        """A copy of the parent as it stands before this step's token, and the parent's logits row."""
+        rows = [i for i, s in enumerate(sampled) if s.request_id == fork.parent_id]
+        if not rows:
+            raise ValueError(
+                f"step {step.step} forks {fork.child_id!r} from {fork.parent_id!r}, which samples nothing this step"
+            )
+        row = rows[0]
+        parent = sampled[row]
+        sampling: dict[str, Any] = {**parent.sampling, "seed": fork.seed}
+        child = RequestState(
+            request_id=fork.child_id,
+            token_ids=list(parent.token_ids),
+            num_prompt_tokens=parent.num_prompt_tokens,
+            num_computed_tokens=parent.num_computed_tokens,
+            block_ids=list(parent.block_ids),  # shared with the parent; copy-on-write comes later
+            sampling=sampling,
+        )
+        return child, row
+
+    def _check_blocks(self, request_id: str, block_ids: list[int]) -> None:
+        # An out-of-range id would be a silent wrong read on the CPU and a device assert on CUDA.
+        if block_ids and (min(block_ids) < 0 or max(block_ids) >= self.num_blocks):
+            raise ValueError(
+                f"request {request_id!r}: block ids must be in [0, {self.num_blocks}); got {block_ids}"
+            )
