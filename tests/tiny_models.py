@@ -1,0 +1,107 @@
+"""Tiny random Hugging Face checkpoints (Llama, Qwen2, Qwen3, Mistral) for tests: a few MB, built in ~1 s.
+
+`make_tiny_model("llama", folder)` writes config.json, generation_config.json, safetensors weights and a
+byte-level tokenizer (every byte is one token, ids 3..258; <pad>=0, <s>=1, </s>=2) into `folder`.
+The four architectures differ on purpose (tied or not, GQA ratio 1/2/4, qkv bias, q/k norm, a
+head_dim that is not hidden/heads), so together they cover every switch of our model code.
+transformers is imported only when a model is built: conftest imports this module for everyone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+VOCAB_SIZE = 320  # > the tokenizer's 259 tokens, as in real models whose embedding is padded
+BOS_ID, EOS_ID, PAD_ID = 1, 2, 0
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "initializer_range": 0.2,  # large enough that greedy outputs vary instead of repeating one token
+    "bos_token_id": BOS_ID,
+    "eos_token_id": EOS_ID,
+    "pad_token_id": PAD_ID,
+}
+_PER_ARCH: dict[str, dict[str, Any]] = {
+    "llama": {"num_hidden_layers": 3, "tie_word_embeddings": True},
+    "qwen2": {"tie_word_embeddings": False},
+    "qwen3": {"num_key_value_heads": 1, "head_dim": 32, "tie_word_embeddings": True},
+    "mistral": {"num_key_value_heads": 4, "tie_word_embeddings": False},
+}
+
+
+def tiny_config(arch: str, **overrides: Any) -> Any:
+    """The transformers config of a tiny `arch` model; `overrides` replace any field (e.g. rope_scaling)."""
+    import transformers
+
+    classes = {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+        "mistral": transformers.MistralConfig,
+    }
+    if arch not in classes:
+        raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}; got {arch!r}")
+    return classes[arch](**{**_COMMON, **_PER_ARCH[arch], **overrides})
+
+
+def make_tiny_model(
+    arch: str,
+    path: str | Path,
+    *,
+    seed: int = 0,
+    max_shard_size: str | None = None,
+    with_tokenizer: bool = True,
+    **config_overrides: Any,
+) -> Path:
+    """Build a random tiny `arch` model and save it as a Hugging Face checkpoint folder -> the folder.
+
+    Norm weights and biases are randomised too (transformers initialises them to 1 and 0, which
+    would hide a norm or bias loaded into the wrong place). `max_shard_size` (e.g. "40KB") splits
+    the weights into several files with a model.safetensors.index.json.
+    """
+    import torch
+    import transformers
+
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config(arch, **config_overrides))
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if "norm" in name:
+                param.copy_(1.0 + 0.2 * noise)
+            elif name.endswith("bias"):
+                param.copy_(0.1 * noise)
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(folder, **kwargs)
+    if with_tokenizer:
+        save_byte_tokenizer(folder)
+    return folder
+
+
+def save_byte_tokenizer(folder: Path) -> None:
+    """A byte-level tokenizer with no merges: any text round-trips, one token per byte."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": PAD_ID, "<s>": BOS_ID, "</s>": EOS_ID}
+    for i, char in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet())):
+        vocab[char] = 3 + i
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    fast.save_pretrained(folder)
