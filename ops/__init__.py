@@ -1,0 +1,1 @@
+"""Operating pagedserve: the `pagedserve` command, the local process supervisor, health views."""

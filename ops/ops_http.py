@@ -1,0 +1,35 @@
+"""GET from a pagedserve ops endpoint (the read-only HTTP side of the scheduler and block manager)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+# Proxies off: ops endpoints are on loopback or the cluster network, and an http_proxy variable
+# must not send /blocks to some gateway.
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
+    """Status and body; an HTTP error status is returned, not raised. Network errors raise OSError."""
+    try:
+        with _opener.open(url, timeout=timeout_s) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def get_json(url: str, timeout_s: float = 5.0) -> Any:
+    status, body = get(url, timeout_s)
+    if status != 200:
+        raise OSError(f"GET {url}: HTTP {status}: {body[:200].decode(errors='replace')}")
+    return json.loads(body)
+
+
+def is_ok(url: str, timeout_s: float = 1.0) -> bool:
+    try:
+        return get(url, timeout_s)[0] == 200
+    except (OSError, ValueError):
+        return False

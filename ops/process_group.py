@@ -1,0 +1,266 @@
+"""A group of child processes kept alive: restarted with backoff when they die, stopped as one.
+
+Knows nothing about pagedserve: a child is a name, an argv and an environment. `Supervisor`
+builds the specs; tests drive this with tiny `python -c` children.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import functools
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import structlog
+
+log = structlog.get_logger("supervisor")
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSpec:
+    name: str
+    argv: Sequence[str]
+    env: Mapping[str, str] | None = None  # None: inherit ours
+    restart: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """Exponential backoff between restarts, and a cap on restarts in any 60 s window.
+
+    The cap turns a crash loop (bad flag, port taken) into one clear failure instead of a child
+    that flaps forever."""
+
+    backoff_s: float = 0.5
+    max_backoff_s: float = 10.0
+    max_restarts_per_minute: int = 5
+    stable_after_s: float = 30.0  # a child that ran this long starts its backoff over
+
+    def delay(self, consecutive_failures: int) -> float:
+        return min(self.backoff_s * 2 ** max(consecutive_failures - 1, 0), self.max_backoff_s)
+
+
+@dataclass(slots=True)
+class _Child:
+    spec: ChildSpec
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restart_at: float | None = None  # set while waiting out a backoff
+    consecutive_failures: int = 0
+    restarts: collections.deque[float] = field(default_factory=collections.deque)
+    total_restarts: int = 0
+    given_up: bool = False
+    last_exit: int | None = None
+    log_file: IO[bytes] | None = None
+
+
+class ProcessGroup:
+    def __init__(
+        self,
+        specs: Sequence[ChildSpec],
+        policy: RestartPolicy | None = None,
+        log_dir: Path | None = None,
+        poll_interval_s: float = 0.05,
+        on_exit: Callable[[str, int], None] | None = None,
+    ) -> None:
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"child names must be unique, got {names}")
+        self.policy = policy or RestartPolicy()
+        self.log_dir = log_dir
+        self.poll_interval_s = poll_interval_s
+        self.on_exit = on_exit
+        self._children = {s.name: _Child(s) for s in specs}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._spawn_error: OSError | None = None
+        self._grace_s = 10.0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Spawn every child. Children are spawned and stopped by the watcher thread only: the
+        kernel's parent-death signal is tied to the spawning thread, so it must outlive them."""
+        if self._watcher is not None:
+            raise RuntimeError("process group already started")
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        spawned = threading.Event()
+        self._watcher = threading.Thread(
+            target=self._watch, args=(spawned,), name="process-group", daemon=True
+        )
+        self._watcher.start()
+        spawned.wait()
+        if self._spawn_error is not None:
+            self.stop()
+            raise self._spawn_error
+
+    def stop(self, grace_s: float = 10.0) -> dict[str, int | None]:
+        """SIGTERM every child (last started first), wait up to `grace_s`, SIGKILL the rest.
+
+        Returns each child's exit code. Safe to call twice and before start()."""
+        self._grace_s = grace_s
+        self._stopping.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join()
+        with self._lock:
+            return {n: None if c.proc is None else c.proc.returncode for n, c in self._children.items()}
+
+    # ------------------------------------------------------------------ queries and chaos
+
+    def pid(self, name: str) -> int | None:
+        with self._lock:
+            proc = self._children[name].proc
+            return proc.pid if proc is not None and proc.poll() is None else None
+
+    def restarts(self, name: str) -> int:
+        with self._lock:
+            return self._children[name].total_restarts
+
+    def alive(self, name: str) -> bool:
+        return self.pid(name) is not None
+
+    def given_up(self) -> list[str]:
+        """Children that died more often than the restart policy allows (or may not restart)."""
+        with self._lock:
+            return [n for n, c in self._children.items() if c.given_up]
+
+    def log_path(self, name: str) -> Path | None:
+        return None if self.log_dir is None else self.log_dir / f"{name}.log"
+
+    def send_signal(self, name: str, sig: int = signal.SIGKILL) -> int:
+        """Signal one child (chaos): the watcher sees it die and restarts it. Returns the pid hit."""
+        with self._lock:
+            proc = self._children[name].proc
+            if proc is None or proc.poll() is not None:
+                raise ProcessLookupError(f"child {name!r} is not running")
+            _signal(proc, sig)
+            return proc.pid
+
+    # ------------------------------------------------------------------ internals
+
+    def _spawn(self, child: _Child) -> None:
+        stdout: IO[bytes] | None = None
+        if self.log_dir is not None:
+            if child.log_file is None:
+                child.log_file = open(self.log_dir / f"{child.spec.name}.log", "ab")  # noqa: SIM115 - closed in stop()
+            stdout = child.log_file
+        env = None if child.spec.env is None else dict(child.spec.env)
+        child.proc = subprocess.Popen(
+            list(child.spec.argv),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.STDOUT if stdout is not None else None,
+            # Own session: a Ctrl-C in the terminal reaches only us, and we stop children in order.
+            start_new_session=True,
+            preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+        )
+        child.started_at = time.monotonic()
+        child.restart_at = None
+        log.info("child_started", child=child.spec.name, pid=child.proc.pid)
+
+    def _watch(self, spawned: threading.Event) -> None:
+        try:
+            with self._lock:
+                for child in self._children.values():
+                    self._spawn(child)
+        except OSError as e:
+            self._spawn_error = e
+        spawned.set()
+        while not self._stopping.wait(self.poll_interval_s):
+            with self._lock:
+                now = time.monotonic()
+                for child in self._children.values():
+                    self._tend(child, now)
+        self._terminate_all()
+
+    def _terminate_all(self) -> None:
+        with self._lock:
+            live = [
+                c for c in reversed(self._children.values()) if c.proc is not None and c.proc.poll() is None
+            ]
+            for child in live:
+                _signal(child.proc, signal.SIGTERM)
+            deadline = time.monotonic() + self._grace_s
+            for child in live:
+                assert child.proc is not None
+                try:
+                    child.proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+                except subprocess.TimeoutExpired:
+                    log.warning(
+                        "child_killed", child=child.spec.name, pid=child.proc.pid, grace_s=self._grace_s
+                    )
+                    _signal(child.proc, signal.SIGKILL)
+                    child.proc.wait()
+            for child in self._children.values():
+                if child.log_file is not None:
+                    child.log_file.close()
+                    child.log_file = None
+
+    def _tend(self, child: _Child, now: float) -> None:
+        if child.given_up:
+            return
+        if child.restart_at is not None:
+            if now >= child.restart_at:
+                child.restarts.append(now)
+                child.total_restarts += 1
+                try:
+                    self._spawn(child)
+                except OSError as e:
+                    child.given_up = True
+                    log.error("child_restart_failed", child=child.spec.name, error=str(e))
+            return
+        if child.proc is None or (code := child.proc.poll()) is None:
+            return
+        child.last_exit = code
+        ran_s = now - child.started_at
+        child.consecutive_failures = (
+            1 if ran_s >= self.policy.stable_after_s else child.consecutive_failures + 1
+        )
+        while child.restarts and now - child.restarts[0] > 60.0:
+            child.restarts.popleft()
+        if self.on_exit is not None:
+            self.on_exit(child.spec.name, code)
+        if not child.spec.restart or len(child.restarts) >= self.policy.max_restarts_per_minute:
+            child.given_up = True
+            log.error(
+                "child_given_up",
+                child=child.spec.name,
+                exit_code=code,
+                restarts_last_minute=len(child.restarts),
+            )
+            return
+        delay = self.policy.delay(child.consecutive_failures)
+        child.restart_at = now + delay
+        log.warning(
+            "child_exited", child=child.spec.name, exit_code=code, ran_s=round(ran_s, 2), restart_in_s=delay
+        )
+
+
+def _signal(proc: subprocess.Popen[bytes] | None, sig: int) -> None:
+    if proc is not None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: the kernel SIGTERMs the child when the spawning thread dies without stop() (we were
+    SIGKILLed, or crashed), so no orphan keeps the ports."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    # The parent may have died between fork and prctl: then nobody would ever stop us.
+    if os.getppid() != parent_pid:
+        os._exit(1)

@@ -1,0 +1,181 @@
+"""A whole pagedserve deployment as local processes: block manager, scheduler, N workers.
+
+Each service runs as `python -m ops.cli <service>` with the deployment's config in `PAGEDSERVE_*`
+variables, so a child reads exactly the config the supervisor was given. Workers are named
+`worker-0..N-1`. Used by `pagedserve up` / `demo` and by the integration and chaos tests:
+
+    with Supervisor(config, workers=2, log_dir=tmp) as sv:
+        sv.wait_ready(timeout_s=120)
+        sv.kill_worker(0)  # it is restarted with backoff
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+from ops import ops_http
+from ops.process_group import ChildSpec, ProcessGroup, RestartPolicy
+from shared.config import ServeConfig
+
+BLOCK_MANAGER = "block-manager"
+SCHEDULER = "scheduler"
+CORE_SERVICES = (BLOCK_MANAGER, SCHEDULER)
+
+# Given a service name and a worker id (None for the core services), the argv that runs it.
+Launcher = Callable[[str, str | None], Sequence[str]]
+
+
+def service_argv(service: str, worker_id: str | None) -> list[str]:
+    argv = [sys.executable, "-m", "ops.cli", service]
+    return argv + ["--worker-id", worker_id] if worker_id is not None else argv
+
+
+def config_env(config: ServeConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`base` (default: our environment) with every PAGEDSERVE_* replaced by `config`'s values.
+
+    Inherited PAGEDSERVE_* variables are dropped first: the config already absorbed them, and a
+    stale one must not override a value the caller set in Python."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("PAGEDSERVE_")}
+    for name, value in config.model_dump(exclude={"worker_id"}).items():
+        if value is not None:
+            env[f"PAGEDSERVE_{name.upper()}"] = str(value)
+    # Children log to files or our terminal; Python must not buffer a crash's last lines.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def worker_name(index: int) -> str:
+    return f"worker-{index}"
+
+
+def ops_url(config: ServeConfig, port: int) -> str:
+    # An ops server bound to every interface is still reached on loopback.
+    host = "127.0.0.1" if config.ops_host in ("0.0.0.0", "", "::") else config.ops_host
+    return f"http://{host}:{port}"
+
+
+def resolve_model_first(config: ServeConfig) -> ServeConfig:
+    """`config` with `model` resolved to a checkpoint folder, done once here.
+
+    The bundled model is converted on first use; resolved before the children start, they all
+    find it ready instead of converting it at the same time into the same folder."""
+    from services.worker.bundled import resolve_model  # lazily: it may pull in torch
+
+    return config.model_copy(update={"model": str(resolve_model(config.model))})
+
+
+class DeploymentFailed(RuntimeError):
+    """A core service died more often than the restart policy allows."""
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: ServeConfig,
+        workers: int = 1,
+        *,
+        log_dir: Path | None = None,
+        policy: RestartPolicy | None = None,
+        launcher: Launcher = service_argv,
+        restart_core: bool = True,
+    ) -> None:
+        if workers < 0:
+            raise ValueError(f"workers must be >= 0, got {workers}")
+        self.config = config
+        self.workers = workers
+        env = config_env(config)
+        specs = [ChildSpec(s, launcher(s, None), env, restart=restart_core) for s in CORE_SERVICES]
+        specs += [ChildSpec(worker_name(i), launcher("worker", worker_name(i)), env) for i in range(workers)]
+        self.group = ProcessGroup(specs, policy=policy, log_dir=log_dir)
+
+    # ------------------------------------------------------------------ endpoints
+
+    @property
+    def front_endpoint(self) -> str:
+        return self.config.front_endpoint
+
+    @property
+    def scheduler_ops_url(self) -> str:
+        return ops_url(self.config, self.config.scheduler_ops_port)
+
+    @property
+    def block_manager_ops_url(self) -> str:
+        return ops_url(self.config, self.config.block_manager_ops_port)
+
+    def endpoints(self) -> dict[str, str]:
+        return {
+            "front": self.front_endpoint,
+            "scheduler_ops": self.scheduler_ops_url,
+            "block_manager_ops": self.block_manager_ops_url,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> Supervisor:
+        self.group.start()
+        return self
+
+    def wait_ready(self, timeout_s: float = 300.0, poll_s: float = 0.2) -> None:
+        """Block until the scheduler's /readyz says 200 (a worker has registered).
+
+        Raises DeploymentFailed as soon as a core service is down for good, TimeoutError after
+        `timeout_s`; both name the log to read."""
+        if self.config.scheduler_ops_port == 0:
+            raise ValueError("scheduler_ops_port is 0 (ops HTTP off): readiness cannot be observed")
+        url = f"{self.scheduler_ops_url}/readyz"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.check()
+            if ops_http.is_ok(url):
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s{self._log_hint(SCHEDULER)}")
+            time.sleep(poll_s)
+
+    def check(self) -> None:
+        """Raise DeploymentFailed if the block manager, the scheduler or every worker is down for good."""
+        given_up = self.group.given_up()
+        dead = [n for n in given_up if n in CORE_SERVICES]
+        if not dead and self.workers and sum(n.startswith("worker-") for n in given_up) == self.workers:
+            dead = [worker_name(0)]
+        if dead:
+            raise DeploymentFailed(f"{', '.join(dead)} exited and was not restarted{self._log_hint(dead[0])}")
+
+    def stop(self, grace_s: float = 10.0) -> dict[str, int | None]:
+        return self.group.stop(grace_s)
+
+    def __enter__(self) -> Supervisor:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ chaos
+
+    def kill_worker(self, index: int, sig: int = signal.SIGKILL) -> int:
+        """Signal worker `index`; the supervisor restarts it with backoff. Returns the pid hit."""
+        if not 0 <= index < self.workers:
+            raise IndexError(f"worker index {index} outside 0..{self.workers - 1}")
+        return self.group.send_signal(worker_name(index), sig)
+
+    def kill(self, service: str, sig: int = signal.SIGKILL) -> int:
+        """Signal any child by name: 'block-manager', 'scheduler' or 'worker-<i>'."""
+        return self.group.send_signal(service, sig)
+
+    def pid(self, service: str) -> int | None:
+        return self.group.pid(service)
+
+    def restarts(self, service: str) -> int:
+        return self.group.restarts(service)
+
+    def _log_hint(self, service: str) -> str:
+        path = self.group.log_path(service)
+        return "" if path is None else f" (see {path})"
