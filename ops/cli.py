@@ -1,0 +1,245 @@
+"""The `pagedserve` command: run one service, a whole local deployment, or talk to one.
+
+    pagedserve block-manager | scheduler | worker [config flags]   one service (docker compose runs these)
+    pagedserve up [--workers N] [config flags]                     all of them, supervised
+    pagedserve demo ["question"]                                   up + one answer from the bundled model + down
+    pagedserve generate "prompt"                                   ask a running deployment
+    pagedserve health [--url URL] [--json]                         the block manager's /blocks, readable
+    pagedserve keys --dir DIR                                      CURVE key pairs for encrypted ZeroMQ
+    pagedserve bench | chaos ...                                   benchmarks and fault injection
+
+Config flags (`--block-size 32`, ...) and `PAGEDSERVE_*` variables set the same `ServeConfig`.
+Heavy imports (torch, the SDK, rich) happen inside the subcommand that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from shared.config import ServeConfig, add_config_args, config_from_args
+
+SERVICES = {
+    "block-manager": "services.block_manager.service",
+    "scheduler": "services.scheduler.service",
+    "worker": "services.worker.service",
+}
+# Subcommands whose arguments belong to a module another part of the project owns.
+PASSTHROUGH = {"bench": "ops.bench", "chaos": "ops.chaos"}
+WORKER_ID_FILE = Path("/tmp/pagedserve-worker-id")  # read by the compose healthcheck
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagedserve", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    for name in SERVICES:
+        p = sub.add_parser(name, help=f"run the {name.replace('-', ' ')} service until SIGTERM")
+        add_config_args(p)
+        p.set_defaults(handler=_cmd_service)
+
+    p = sub.add_parser("up", help="run block manager, scheduler and workers as supervised local processes")
+    p.add_argument(
+        "--workers", type=int, default=1, help="worker processes, named worker-0..N-1 (default: 1)"
+    )
+    _add_ready_timeout(p)
+    p.add_argument(
+        "--log-dir", type=Path, default=None, help="one <service>.log per child (default: this terminal)"
+    )
+    add_config_args(p)
+    p.set_defaults(handler=_cmd_up)
+
+    p = sub.add_parser("demo", help="start everything on the bundled model, answer one question, stop")
+    p.add_argument("prompt", nargs="?", default=None, help="the question (default: a short factual one)")
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
+    _add_ready_timeout(p)
+    add_config_args(p)
+    p.set_defaults(handler=_cmd_demo)
+
+    p = sub.add_parser("generate", help="send one prompt to a running deployment and print the completion")
+    p.add_argument("prompt")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument(
+        "--endpoint", default=None, help="scheduler front endpoint (default: config front_endpoint)"
+    )
+    p.add_argument(
+        "--stream", action=argparse.BooleanOptionalAction, default=True, help="print tokens as they come"
+    )
+    p.set_defaults(handler=_cmd_generate)
+
+    p = sub.add_parser("health", help="show the block manager's /blocks: pools, blocks, leases, invariants")
+    p.add_argument(
+        "--url", default=None, help="block manager ops URL (default: from config, http://127.0.0.1:8081)"
+    )
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.add_argument("--all", action="store_true", help="one row per block, even in big pools")
+    p.add_argument("--max-rows", type=int, default=200, help="rows per table before eliding")
+    p.set_defaults(handler=_cmd_health)
+
+    p = sub.add_parser("keys", help="create CURVE key pairs (server, client, authorized/) in a folder")
+    p.add_argument("--dir", type=Path, required=True, help="folder to write; point curve_keys_dir at it")
+    p.add_argument("--force", action="store_true", help="replace existing keys")
+    p.set_defaults(handler=_cmd_keys)
+
+    for name, module in PASSTHROUGH.items():
+        p = sub.add_parser(name, help=f"{module}: its own flags (pagedserve {name} --help)", add_help=False)
+        p.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PASSTHROUGH:
+        return run_passthrough(argv[0], argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except ValidationError as e:
+        print(f"pagedserve {args.command}: invalid configuration:\n{e}", file=sys.stderr)
+        return 2
+
+
+# ---------------------------------------------------------------- services
+
+
+def _cmd_service(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    if args.command == "worker":
+        config = _with_worker_id(config)
+    module = importlib.import_module(SERVICES[args.command])
+    module.run(config)
+    return 0
+
+
+def _with_worker_id(config: ServeConfig) -> ServeConfig:
+    """In a container with no configured id, name the worker after its container (see
+    ops/worker_identity.py) and leave the name where the healthcheck can read it."""
+    from ops import worker_identity
+
+    if config.worker_id is not None or not worker_identity.in_container():
+        return config
+    config.worker_id = worker_identity.container_worker_id()
+    WORKER_ID_FILE.write_text(config.worker_id)
+    return config
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from ops.supervisor import resolve_model_first
+    from ops.up import run_up
+    from shared.log import configure_logging
+
+    config = config_from_args(args)
+    configure_logging("supervisor", config.log_format, config.log_level)
+    return run_up(resolve_model_first(config), args.workers, args.ready_timeout, args.log_dir)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ops.demo import DEFAULT_PROMPT, run_demo
+    from shared.log import configure_logging
+
+    config = config_from_args(args)
+    configure_logging("supervisor", config.log_format, "warning")  # the terminal is for the answer
+    return run_demo(config, args.prompt or DEFAULT_PROMPT, args.max_tokens, args.ready_timeout, args.stream)
+
+
+def _add_ready_timeout(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for the scheduler's /readyz (default: 300)",
+    )
+
+
+# ---------------------------------------------------------------- clients of a running deployment
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from ops.generate import generate_text
+
+    endpoint = args.endpoint or ServeConfig().front_endpoint
+    try:
+        generate_text(
+            endpoint,
+            args.prompt,
+            sys.stdout,
+            args.stream,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+        )
+    except Exception as e:  # noqa: BLE001 - the CLI boundary: one line, non-zero exit
+        print(f"pagedserve generate: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_health(args: argparse.Namespace) -> int:
+    """Exit 0 when the invariants hold, 1 when any is broken, 2 when /blocks cannot be read."""
+    from ops import ops_http
+
+    if args.url is None:
+        from ops.supervisor import ops_url
+
+        config = ServeConfig()
+        args.url = ops_url(config, config.block_manager_ops_port)
+    url = args.url.rstrip("/") + "/blocks"
+    try:
+        dump = ops_http.get_json(url)
+    except (OSError, ValueError) as e:
+        print(f"pagedserve health: cannot read {url}: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(dump, indent=2))
+    else:
+        from ops.health_view import print_blocks
+
+        print_blocks(dump, show_all=args.all, max_rows=args.max_rows)
+    return 0 if dump.get("invariants", {}).get("ok", False) else 1
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from ops.keys import create_keys
+
+    try:
+        paths = create_keys(args.dir, force=args.force)
+    except FileExistsError as e:
+        print(f"pagedserve keys: {e}", file=sys.stderr)
+        return 1
+    for role, path in paths.items():
+        print(f"{role:14} {path}")
+    print(f"set PAGEDSERVE_CURVE_KEYS_DIR={args.dir} (secrets are mode 0600: keep them off shared volumes)")
+    return 0
+
+
+# ---------------------------------------------------------------- bench, chaos
+
+
+def run_passthrough(
+    command: str, argv: list[str], import_module: Callable[[str], object] = importlib.import_module
+) -> int:
+    module_name = PASSTHROUGH[command]
+    try:
+        module = import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name not in (module_name, "ops"):
+            raise  # the module exists but one of its own imports is missing: show that
+        print(
+            f"pagedserve {command}: {module_name} is not available in this install ({module_name.replace('.', '/')}.py)",
+            file=sys.stderr,
+        )
+        return 2
+    result = module.main(argv)  # type: ignore[attr-defined]
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
