@@ -111,7 +111,7 @@ class WorkerService:
                     continue
                 msg = decode(sched.recv(), self.config.max_message_bytes)
                 if msg["type"] == "reset":
-                    self.runner.reset()
+                    self.runner.requests.clear()  # every request state; the KV tensors stay allocated
                     self.log.info("worker_state_reset")
                     continue
                 if msg["type"] != "execute":
@@ -145,4 +145,5 @@ def run(config: ServeConfig) -> None:
     try:
         service.serve()
     except Exception:
+        service.log.exception("worker_crashed")
         sys.exit(1)
