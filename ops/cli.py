@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--endpoint", default=None, help="scheduler front endpoint (default: config front_endpoint)"
     )
     p.add_argument(
+        "--keys-dir", default=None, help="CURVE keys from `pagedserve keys` (default: config curve_keys_dir)"
+    )
+    p.add_argument(
         "--stream", action=argparse.BooleanOptionalAction, default=True, help="print tokens as they come"
     )
     p.set_defaults(handler=_cmd_generate)
@@ -166,13 +169,14 @@ def _add_ready_timeout(p: argparse.ArgumentParser) -> None:
 def _cmd_generate(args: argparse.Namespace) -> int:
     from ops.generate import generate_text
 
-    endpoint = args.endpoint or ServeConfig().front_endpoint
+    config = ServeConfig()
     try:
         generate_text(
-            endpoint,
+            args.endpoint or config.front_endpoint,
             args.prompt,
             sys.stdout,
             args.stream,
+            keys_dir=args.keys_dir or config.curve_keys_dir,
             max_tokens=args.max_tokens,
             temperature=args.temperature,
         )

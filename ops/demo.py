@@ -53,7 +53,13 @@ def run_demo(
             supervisor.wait_ready(timeout_s=ready_timeout_s)
             err.write(f"demo: Q: {question}\n")
             answer = generate_text(
-                config.front_endpoint, prompt, out, stream=stream, max_tokens=max_tokens, temperature=0.0
+                config.front_endpoint,
+                prompt,
+                out,
+                stream=stream,
+                keys_dir=config.curve_keys_dir,
+                max_tokens=max_tokens,
+                temperature=0.0,
             )
             if not answer.strip():
                 err.write("demo: the model answered with no text\n")

@@ -5,12 +5,17 @@ from __future__ import annotations
 from typing import Any, TextIO
 
 
-def generate_text(endpoint: str, prompt: str, out: TextIO, stream: bool = True, **sampling: Any) -> str:
-    """Send `prompt`, write the completion to `out` (token by token when streaming), return it."""
-    from pagedserve import Client  # lazily: `pagedserve health` and friends need no SDK
+def generate_text(
+    endpoint: str, prompt: str, out: TextIO, stream: bool = True, keys_dir: str | None = None, **sampling: Any
+) -> str:
+    """Send `prompt`, write the completion to `out` (token by token when streaming), return it.
 
-    client = Client(endpoint)
-    try:
+    `keys_dir`: a `pagedserve keys` folder when the deployment speaks CURVE."""
+    from pagedserve import Client  # lazily: `pagedserve health` and friends need no SDK
+    from shared.sdk.keys import load_client_keys
+
+    keys = load_client_keys(keys_dir) if keys_dir else {}
+    with Client(endpoint, **keys) as client:
         if not stream:
             text = client.generate(prompt, **sampling).text
             out.write(text)
@@ -21,11 +26,6 @@ def generate_text(endpoint: str, prompt: str, out: TextIO, stream: bool = True, 
                 out.flush()
                 parts.append(delta.text)
             text = "".join(parts)
-        out.write("\n")
-        out.flush()
-        return text
-    finally:
-        # The SDK owns a ZeroMQ socket; close it so the process exits without lingering.
-        close = getattr(client, "close", None)
-        if close is not None:
-            close()
+    out.write("\n")
+    out.flush()
+    return text

@@ -52,12 +52,9 @@ def _pool_panel(pool: dict[str, Any], show_all: bool, max_rows: int) -> Panel:
         table.add_row(*row)
     if len(rows) > max_rows:
         table.add_row("…", "", Text(f"{len(rows) - max_rows} more rows (--max-rows)", style="dim"), "", "")
-    totals = pool.get("totals", {})
-    title = (
-        f"pool [bold]{pool.get('worker_id')}[/]  {pool.get('num_blocks')} blocks × {pool.get('block_size')} tokens"
-        f"  ·  {_totals_line(totals)}"
-    )
-    return Panel(table, title=title, title_align="left")
+    title = f"pool [bold]{pool.get('worker_id')}[/]: {pool.get('num_blocks')} blocks × {pool.get('block_size')} tokens"
+    summary = Text.from_markup(_totals_line(pool.get("totals", {})))
+    return Panel(Group(summary, table), title=title, title_align="left")
 
 
 def _rows(blocks: Sequence[dict[str, Any]], compact: bool) -> Iterator[tuple[RenderableType, ...]]:

@@ -37,11 +37,13 @@ def service_argv(service: str, worker_id: str | None) -> list[str]:
 
 
 def config_env(config: ServeConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """`base` (default: our environment) with every PAGEDSERVE_* replaced by `config`'s values.
+    """`base` (default: our environment) with every config variable set from `config`.
 
-    Inherited PAGEDSERVE_* variables are dropped first: the config already absorbed them, and a
-    stale one must not override a value the caller set in Python."""
-    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("PAGEDSERVE_")}
+    Inherited config variables are dropped first: the config already absorbed them, and a stale
+    one must not override a value the caller set in Python. Other PAGEDSERVE_* variables (the
+    model cache folder) pass through."""
+    fields = {f"PAGEDSERVE_{name.upper()}" for name in ServeConfig.model_fields}
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in fields}
     for name, value in config.model_dump(exclude={"worker_id"}).items():
         if value is not None:
             env[f"PAGEDSERVE_{name.upper()}"] = str(value)

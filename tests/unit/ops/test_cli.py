@@ -172,7 +172,7 @@ def rendered(dump: dict[str, Any], **options: Any) -> str:
 def test_health_shows_held_blocks_and_collapses_runs_of_free_ones() -> None:
     text = rendered(sample_dump())
 
-    assert "pool worker-0" in text and "100 blocks × 16 tokens" in text
+    assert "pool worker-0: 100 blocks × 16 tokens" in text
     assert "req-a, req-b" in text and "9f1c2e3d" in text and "9f1c2e3d4" not in text  # hash prefix only
     assert "expired 3.0s ago" in text
     assert "4–99" in text and "96 free, 1 hold a cached prefix" in text  # one row for the free run

@@ -181,8 +181,11 @@ def test_supervisor_names_its_children_and_passes_the_config() -> None:
         ("worker", "worker-0"),
         ("worker", "worker-1"),
     ]
-    env = config_env(config, base={"PATH": "/bin", "PAGEDSERVE_BLOCK_SIZE": "64"})
+    env = config_env(
+        config, base={"PATH": "/bin", "PAGEDSERVE_BLOCK_SIZE": "64", "PAGEDSERVE_CACHE": "/models"}
+    )
     assert env["PAGEDSERVE_BLOCK_SIZE"] == "32"  # the config wins over an inherited variable
+    assert env["PAGEDSERVE_CACHE"] == "/models"  # not a config field: passes through
     assert env["PAGEDSERVE_SCHEDULER_OPS_PORT"] == "9123"
     assert env["PATH"] == "/bin"
     assert "PAGEDSERVE_WORKER_ID" not in env  # each worker gets its own, as a flag
