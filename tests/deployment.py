@@ -1,0 +1,76 @@
+"""Start a real pagedserve deployment (block manager, scheduler, N workers as processes) on free
+loopback ports, for integration and chaos tests."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+from ops.supervisor import Supervisor
+from shared.config import ServeConfig
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def deployment_config(model: Path | str, **overrides: Any) -> ServeConfig:
+    front, workers, bm, sched_ops, bm_ops = free_ports(5)
+    fields: dict[str, Any] = {
+        "model": str(model),
+        "front_endpoint": f"tcp://127.0.0.1:{front}",
+        "worker_endpoint": f"tcp://127.0.0.1:{workers}",
+        "block_manager_endpoint": f"tcp://127.0.0.1:{bm}",
+        "scheduler_ops_port": sched_ops,
+        "block_manager_ops_port": bm_ops,
+        "num_blocks": 256,
+        "num_threads": 1,
+        "log_format": "json",
+    }
+    fields.update(overrides)
+    return ServeConfig(**fields)
+
+
+def start(model: Path | str, workers: int, log_dir: Path, **overrides: Any) -> Supervisor:
+    sup = Supervisor(deployment_config(model, **overrides), workers=workers, log_dir=log_dir)
+    sup.start()
+    try:
+        sup.wait_ready(timeout_s=120)
+    except BaseException:
+        sup.stop()
+        raise
+    return sup
+
+
+def get_json(url: str) -> Any:
+    with closing(urllib.request.urlopen(url, timeout=10)) as resp:
+        return json.loads(resp.read())
+
+
+def get_text(url: str) -> str:
+    with closing(urllib.request.urlopen(url, timeout=10)) as resp:
+        return resp.read().decode()
+
+
+def blocks(sup: Supervisor) -> dict[str, Any]:
+    return get_json(f"{sup.block_manager_ops_url}/blocks")
+
+
+def workers_ready(sup: Supervisor) -> list[str]:
+    try:
+        return get_json(f"{sup.scheduler_ops_url}/readyz")["workers"]
+    except Exception:
+        return []

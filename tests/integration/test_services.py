@@ -1,0 +1,110 @@
+"""The services as real processes over real sockets: 2 workers, the SDK, the ops endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+from deployment import blocks, get_text, start, workers_ready
+from prometheus_client.parser import text_string_to_metric_families
+
+from pagedserve import LLM, AsyncClient, SamplingParams
+
+NUM_REQUESTS = 32
+MAX_TOKENS = 10
+
+
+def workload() -> list[list[int]]:
+    rng = random.Random(7)
+    return [[rng.randrange(3, 300) for _ in range(rng.randrange(1, 60))] for _ in range(NUM_REQUESTS)]
+
+
+@pytest.fixture(scope="module")
+def model_path(tiny_model):
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def in_process(model_path) -> list[list[int]]:
+    llm = LLM(str(model_path), num_blocks=256)
+    return [o.token_ids for o in llm.generate(workload(), SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))]
+
+
+async def stream_all(endpoint: str) -> list[list[int]]:
+    async with AsyncClient(endpoint, timeout_s=120) as client:
+
+        async def one(i: int, prompt: list[int]) -> list[int]:
+            tokens: list[int] = []
+            stream = client.stream(prompt_token_ids=prompt, max_tokens=MAX_TOKENS, temperature=0.0,
+                                   request_id=f"req-{i}")
+            async for delta in stream:
+                tokens.extend(delta.token_ids)
+            assert tokens == stream.result.token_ids  # the stream and the final result agree
+            return tokens
+
+        return await asyncio.gather(*(one(i, p) for i, p in enumerate(workload())))
+
+
+def wait_pool_whole(sup, timeout_s: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        snap = blocks(sup)
+        live = [p for p in snap["pools"]]
+        if live and all(p["totals"]["free"] == p["totals"]["total"] for p in live) or time.monotonic() > deadline:
+            return snap
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_streamed_requests_through_two_workers_match_the_in_process_engine(model_path, in_process, tmp_path,
+                                                                            depth):
+    sup = start(model_path, workers=2, log_dir=tmp_path, pipeline_depth=depth)
+    try:
+        deadline = time.monotonic() + 30
+        while len(workers_ready(sup)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(workers_ready(sup)) == 2
+        got = asyncio.run(stream_all(sup.front_endpoint))
+        assert got == in_process
+        snap = wait_pool_whole(sup)
+        assert len(snap["pools"]) == 2
+        assert snap["totals"]["free"] == snap["totals"]["total"]
+        assert snap["totals"]["leaked"] == 0
+        assert snap["invariants"]["ok"], snap["invariants"]
+        requests_per_worker = [p for p in snap["pools"] if p["totals"]["cached"] > 0]
+        assert len(requests_per_worker) == 2, "both workers should have served requests"
+        families = {f.name: f for f in text_string_to_metric_families(get_text(f"{sup.scheduler_ops_url}/metrics"))}
+        assert "pagedserve_tokens" in families and "pagedserve_time_to_first_token_seconds" in families
+        bm_families = {f.name for f in text_string_to_metric_families(get_text(f"{sup.block_manager_ops_url}/metrics"))}
+        assert "pagedserve_bm_blocks" in bm_families
+    finally:
+        sup.stop()
+
+
+def test_abort_mid_stream_frees_that_requests_blocks(model_path, tmp_path):
+    sup = start(model_path, workers=1, log_dir=tmp_path, pipeline_depth=2)
+    try:
+        async def run() -> tuple[str, dict]:
+            async with AsyncClient(sup.front_endpoint, timeout_s=60) as client:
+                stream = client.stream(prompt_token_ids=list(range(3, 90)), max_tokens=400, temperature=0.0,
+                                       ignore_eos=True, request_id="to-abort")
+                seen = 0
+                during = None
+                async for delta in stream:
+                    seen += len(delta.token_ids)
+                    if seen >= 3 and during is None:
+                        during = blocks(sup)
+                        await client.abort("to-abort")
+                return stream.result.finish_reason, during
+
+        reason, during = asyncio.run(run())
+        assert reason == "abort"
+        owners = {o for p in during["pools"] for b in p["blocks"] for o in b["owners"]}
+        assert "to-abort" in owners  # it held blocks while it ran
+        snap = wait_pool_whole(sup)
+        assert not any("to-abort" in b["owners"] for p in snap["pools"] for b in p["blocks"])
+        assert snap["totals"]["free"] == snap["totals"]["total"] and snap["invariants"]["ok"]
+    finally:
+        sup.stop()
