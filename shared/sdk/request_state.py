@@ -1,0 +1,107 @@
+"""One live request as the client sees it: what it sent, when it gives up, and what the caller has.
+
+The server may send a request's output more than once (after a reconnect it replays from token 0),
+so each completion remembers how many tokens and characters the caller already has and keeps only
+what lies past them. That is what makes a reconnect invisible: no gap, no repeat.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from shared.protocol.codec import encode
+from shared.protocol.frontend import Delta, Finished, SamplingParams, Submit
+from shared.sdk.results import RequestError, Result, StreamDelta
+
+Event = StreamDelta | Result | RequestError
+
+
+class EventSink(Protocol):
+    """Where a request's events go: a queue.SimpleQueue (sync) or an asyncio.Queue (async)."""
+
+    def put_nowait(self, item: Event) -> None: ...
+
+
+def make_submit(
+    prompt: str | None,
+    prompt_token_ids: list[int] | None,
+    *,
+    request_id: str | None,
+    timeout_s: float,
+    stream: bool,
+    sampling_params: SamplingParams | None,
+    sampling: dict[str, Any],
+) -> Submit:
+    """Validate everything on the caller's side: a bad field raises pydantic's ValidationError
+    here, before anything is sent."""
+    if sampling_params is not None:
+        sampling = {**sampling_params.model_dump(), **sampling}
+    return Submit(
+        request_id=request_id or uuid.uuid4().hex,
+        prompt=prompt,
+        prompt_token_ids=prompt_token_ids,
+        sampling=SamplingParams(**sampling),
+        stream=stream,
+        timeout_s=timeout_s,
+    )
+
+
+@dataclass(slots=True)
+class LiveRequest:
+    submit: Submit
+    deadline: float  # monotonic; past it the client answers "timeout" itself
+    sink: EventSink
+    num_prompt_tokens: int | None = None
+    aborting: bool = False
+    tokens_seen: dict[int, int] = field(default_factory=dict)  # completion index -> tokens delivered
+    chars_seen: dict[int, int] = field(default_factory=dict)  # completion index -> characters delivered
+
+    @property
+    def request_id(self) -> str:
+        return self.submit.request_id
+
+    def submit_frame(self, now: float, attach: bool) -> bytes:
+        body = self.submit.model_dump(exclude={"type"})
+        if attach:
+            # A restarted scheduler counts the timeout from the re-submit: send what is left of ours.
+            body["timeout_s"] = min(body["timeout_s"], max(self.deadline - now, 0.001))
+            body["attach"] = True
+        return encode("submit", body)
+
+    def take_delta(self, delta: Delta) -> StreamDelta | None:
+        """The part of `delta` the caller has not seen, or None when it is all a repeat."""
+        tokens, logprobs = self._new_tokens(delta.index, delta.offset, delta.token_ids, delta.logprobs)
+        text = self._new_text(delta.index, delta.text_offset, delta.text)
+        if not tokens and not text:
+            return None
+        return StreamDelta(self.request_id, delta.index, tokens, text, logprobs)
+
+    def take_rest(self, finished: Finished) -> list[StreamDelta]:
+        """What the final result holds past the last delta: all of it when the request finished
+        while we were disconnected (the re-submit is answered with the stored Finished alone)."""
+        rest = []
+        for out in sorted(finished.outputs, key=lambda o: o.index):
+            tokens, logprobs = self._new_tokens(out.index, 0, out.token_ids, out.logprobs)
+            text = self._new_text(out.index, 0, out.text)
+            if tokens or text:
+                rest.append(StreamDelta(self.request_id, out.index, tokens, text, logprobs))
+        return rest
+
+    def _new_tokens(
+        self, index: int, offset: int, token_ids: list[int], logprobs: list[Any] | None
+    ) -> tuple[list[int], list[Any] | None]:
+        seen = self.tokens_seen.get(index, 0)
+        skip = max(0, seen - offset)
+        self.tokens_seen[index] = max(seen, offset + len(token_ids))
+        tokens = token_ids[skip:]
+        if logprobs is not None and len(logprobs) == len(token_ids):
+            logprobs = logprobs[skip:]  # one entry per token: trim with them
+        return tokens, (logprobs if tokens else None)
+
+    def _new_text(self, index: int, text_offset: int, text: str) -> str:
+        # Offsets count characters (code points), as Python's len() does on both ends.
+        seen = self.chars_seen.get(index, 0)
+        self.chars_seen[index] = max(seen, text_offset + len(text))
+        return text[max(0, seen - text_offset) :]

@@ -1,0 +1,150 @@
+"""The client's side of the conversation with the scheduler, without sockets: live requests,
+the heartbeat and reconnect clocks, and where each incoming message goes.
+
+Both clients drive one Session from a single I/O thread or task; nothing here is thread-safe.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+
+from pydantic import ValidationError
+
+from shared.protocol.codec import ProtocolError, decode, encode
+from shared.protocol.frontend import SERVER_MESSAGES, Accepted, Delta, Error, Finished
+from shared.sdk.request_state import LiveRequest
+from shared.sdk.results import RequestError, Result
+
+log = logging.getLogger("pagedserve.sdk")
+
+PING_FRAME = encode("ping", {})
+
+
+class Session:
+    def __init__(self, heartbeat_s: float, reconnect_after_s: float, max_message_bytes: int) -> None:
+        self.heartbeat_s = heartbeat_s
+        self.reconnect_after_s = reconnect_after_s
+        self.max_message_bytes = max_message_bytes
+        self.live: dict[str, LiveRequest] = {}
+        # Heap of (deadline, seq, request); entries of requests that already ended are skipped when popped.
+        self._deadlines: list[tuple[float, int, LiveRequest]] = []
+        self._seq = 0
+        self._last_rx = 0.0
+        self._next_ping = 0.0
+
+    # ------------------------------------------------------------------ caller -> server
+
+    def submit(self, req: LiveRequest, now: float) -> bytes:
+        """Register a request; returns the Submit frame to send."""
+        if req.request_id in self.live:
+            raise RequestError(
+                "duplicate_request_id", "this client already has a live request with this id", req.request_id
+            )
+        if not self.live:
+            # The silence clock and the heartbeat only run while something is live.
+            self._last_rx = now
+            self._next_ping = now + self.heartbeat_s
+        self.live[req.request_id] = req
+        self._seq += 1
+        heapq.heappush(self._deadlines, (req.deadline, self._seq, req))
+        return req.submit_frame(now, attach=False)
+
+    def abort(self, request_id: str) -> bytes:
+        req = self.live.get(request_id)
+        if req is not None:
+            req.aborting = True
+        return encode("abort", {"request_id": request_id})
+
+    def resubmit(self, now: float) -> list[bytes]:
+        """Frames for a fresh connection: every live request again, attached by id."""
+        self._last_rx = now
+        self._next_ping = now + self.heartbeat_s
+        frames = []
+        for req in self.live.values():
+            frames.append(req.submit_frame(now, attach=True))
+            if req.aborting:  # the abort may have died with the old connection
+                frames.append(self.abort(req.request_id))
+        return frames
+
+    # ------------------------------------------------------------------ clocks
+
+    def expire(self, now: float) -> list[bytes]:
+        """Fail requests past their deadline; returns Abort frames so the server stops them too."""
+        frames = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, req = heapq.heappop(self._deadlines)
+            rid = req.request_id
+            if self.live.get(rid) is req:  # not a request that ended, nor an older one under a reused id
+                del self.live[rid]
+                timeout = req.submit.timeout_s
+                req.sink.put_nowait(RequestError("timeout", f"no result within timeout_s={timeout}", rid))
+                frames.append(self.abort(rid))
+        return frames
+
+    def ping_due(self, now: float) -> bool:
+        if not self.live or now < self._next_ping:
+            return False
+        self._next_ping = now + self.heartbeat_s
+        return True
+
+    def reconnect_due(self, now: float) -> bool:
+        """Nothing at all (not even a Pong) for reconnect_after_s while requests are live."""
+        return bool(self.live) and now - self._last_rx >= self.reconnect_after_s
+
+    def next_wakeup(self, now: float) -> float | None:
+        """Seconds until a clock needs the I/O loop; None when nothing is live."""
+        if not self.live:
+            return None
+        due = min(self._next_ping, self._last_rx + self.reconnect_after_s)
+        if self._deadlines:
+            due = min(due, self._deadlines[0][0])
+        return max(0.0, due - now)
+
+    def fail_all(self, error_code: str, message: str) -> list[bytes]:
+        """End every live request with a RequestError; returns Abort frames for the server."""
+        frames = []
+        for rid, req in self.live.items():
+            req.sink.put_nowait(RequestError(error_code, message, rid))
+            frames.append(encode("abort", {"request_id": rid}))
+        self.live.clear()
+        self._deadlines.clear()
+        return frames
+
+    # ------------------------------------------------------------------ server -> caller
+
+    def on_frame(self, frame: bytes, now: float) -> None:
+        self._last_rx = now  # anything at all proves the connection is alive
+        try:
+            raw = decode(frame, self.max_message_bytes)
+            model = SERVER_MESSAGES.get(raw["type"])
+            if model is None:
+                raise ProtocolError("unknown_type", f"unknown message type {raw['type']!r}")
+            message = model.model_validate({k: v for k, v in raw.items() if k != "v"})
+        except (ProtocolError, ValidationError) as exc:
+            # A bad frame is the server's bug; dropping it keeps every other request going.
+            log.warning("pagedserve sdk: dropped a bad frame from the server: %s", exc)
+            return
+        if isinstance(message, Accepted):
+            req = self.live.get(message.request_id)
+            if req is not None:
+                req.num_prompt_tokens = message.num_prompt_tokens
+        elif isinstance(message, Delta):
+            req = self.live.get(message.request_id)
+            if req is not None and req.submit.stream:
+                delta = req.take_delta(message)
+                if delta is not None:
+                    req.sink.put_nowait(delta)
+        elif isinstance(message, Finished):
+            req = self.live.pop(message.request_id, None)
+            if req is not None:
+                if req.submit.stream:
+                    for delta in req.take_rest(message):
+                        req.sink.put_nowait(delta)
+                req.sink.put_nowait(Result.from_finished(message, req.num_prompt_tokens))
+        elif isinstance(message, Error):
+            req = self.live.pop(message.request_id, None) if message.request_id else None
+            if req is not None:
+                req.sink.put_nowait(RequestError(message.code, message.message, message.request_id))
+            else:
+                log.warning("pagedserve sdk: server error [%s] %s", message.code, message.message)

@@ -1,0 +1,60 @@
+"""Keeping only what the caller has not seen: the offsets arithmetic, without sockets."""
+
+from __future__ import annotations
+
+import queue
+
+from shared.protocol.codec import decode
+from shared.protocol.frontend import CompletionOutput, Delta, Finished, Submit, Usage
+from shared.sdk.request_state import LiveRequest
+
+
+def live() -> LiveRequest:
+    return LiveRequest(Submit(request_id="r", prompt="p"), deadline=1e9, sink=queue.SimpleQueue())
+
+
+def delta(
+    offset: int, tokens: list[int], text_offset: int, text: str, logprobs: list[float] | None = None
+) -> Delta:
+    return Delta(
+        request_id="r", offset=offset, text_offset=text_offset, token_ids=tokens, text=text, logprobs=logprobs
+    )
+
+
+def test_a_replay_from_zero_yields_only_the_unseen_tail() -> None:
+    req = live()
+    assert req.take_delta(delta(0, [1, 2], 0, "ab")) is not None
+    replay = req.take_delta(delta(0, [1, 2, 3], 0, "abç", logprobs=[-1.0, -2.0, -3.0]))
+    assert replay is not None
+    assert (replay.token_ids, replay.text, replay.logprobs) == ([3], "ç", [-3.0])
+    assert req.take_delta(delta(0, [1, 2, 3], 0, "abç")) is None  # a second replay adds nothing
+
+
+def test_text_and_tokens_are_tracked_apart() -> None:
+    # A token can add no text yet (half a UTF-8 character), and text can come without a token.
+    req = live()
+    first = req.take_delta(delta(0, [7], 0, ""))
+    assert first is not None and (first.token_ids, first.text) == ([7], "")
+    second = req.take_delta(delta(1, [], 0, "é"))
+    assert second is not None and (second.token_ids, second.text) == ([], "é")
+
+
+def test_finished_fills_in_what_the_deltas_did_not_bring() -> None:
+    req = live()
+    req.take_delta(delta(0, [1], 0, "a"))
+    done = Finished(
+        request_id="r",
+        outputs=[CompletionOutput(index=0, token_ids=[1, 2, 3], text="abc", finish_reason="length")],
+        usage=Usage(prompt_tokens=1, completion_tokens=3),
+    )
+    [rest] = req.take_rest(done)
+    assert (rest.token_ids, rest.text) == ([2, 3], "bc")
+
+
+def test_attach_resubmit_carries_attach_and_the_time_left() -> None:
+    req = LiveRequest(
+        Submit(request_id="r", prompt="p", timeout_s=10.0), deadline=100.0, sink=queue.SimpleQueue()
+    )
+    body = decode(req.submit_frame(now=97.0, attach=True))
+    assert (body["attach"], body["timeout_s"]) == (True, 3.0)
+    assert decode(req.submit_frame(now=97.0, attach=False))["attach"] is False
