@@ -1,0 +1,360 @@
+"""The blocking client. Safe to share between threads.
+
+One background I/O thread owns the ZeroMQ socket (sockets are not thread-safe): callers hand it
+commands through a queue and get their request's events back on a queue of their own. The thread
+also keeps the heartbeat going while callers are busy elsewhere, and reconnects when the server goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any, Literal
+
+import zmq
+
+from shared.protocol.frontend import SamplingParams
+from shared.sdk.connection import Connection, SocketOptions, Waker
+from shared.sdk.request_state import Event, LiveRequest, make_submit
+from shared.sdk.results import RequestError, Result, StreamDelta
+from shared.sdk.session import Session
+
+log = logging.getLogger("pagedserve.sdk")
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+# The server enforces the same timeout and says why it gave up (e.g. "no_workers"): the client's
+# own "timeout" comes a little later so that the server's answer wins.
+SERVER_GRACE_S = 0.5
+# A caller waits this much past the I/O thread's deadline; it only matters if that thread is gone.
+CALLER_GRACE_S = 1.0
+
+Command = tuple[Literal["submit"], LiveRequest] | tuple[Literal["abort"], str] | tuple[Literal["close"], None]
+
+
+class Client:
+    """Talks to a pagedserve scheduler. Every method may be called from any thread.
+
+        with Client("tcp://127.0.0.1:5555") as client:
+            result = client.generate("Hello", max_tokens=32, temperature=0.0)
+            print(result.text, result.usage)
+            for delta in client.stream("Once upon a time", max_tokens=64):
+                print(delta.text, end="", flush=True)
+
+    `timeout_s` is the default per-request timeout; pings go out every `heartbeat_s` while requests
+    are live; after `reconnect_after_s` of silence (or when the connection drops) the client opens
+    a new socket and re-attaches its live requests, without a gap or a repeat in their streams.
+    For CURVE encryption pass the server's public key, and optionally this client's key pair
+    (see `load_client_keys`).
+    """
+
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        *,
+        timeout_s: float = 600.0,
+        heartbeat_s: float = 0.5,
+        reconnect_after_s: float = 3.0,
+        max_message_bytes: int = 64 << 20,
+        curve_server_public_key: bytes | None = None,
+        curve_client_keys: tuple[bytes, bytes] | None = None,
+    ) -> None:
+        check_positive(
+            timeout_s=timeout_s,
+            heartbeat_s=heartbeat_s,
+            reconnect_after_s=reconnect_after_s,
+            max_message_bytes=max_message_bytes,
+        )
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        options = SocketOptions(endpoint, max_message_bytes, curve_server_public_key, curve_client_keys)
+        self._ctx = zmq.Context()
+        self._session = Session(heartbeat_s, reconnect_after_s, max_message_bytes)
+        self._conn = Connection(self._ctx, options, min_reopen_s=heartbeat_s)
+        self._waker = Waker(self._ctx)
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # orders commands against close()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="pagedserve-sdk-io", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ public API
+
+    def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+        sampling_params: SamplingParams | None = None,
+        **sampling: Any,
+    ) -> Result:
+        """Run one request to the end. `**sampling` takes any SamplingParams field.
+
+            result = client.generate("Hello", max_tokens=32, temperature=0.0)
+            result = client.generate(prompt_token_ids=[1, 2, 3], max_tokens=8, n=2, seed=7)
+            texts = [c.text for c in result.outputs]
+
+        Raises RequestError (server refusals, "timeout", "closed") and pydantic's ValidationError
+        for a bad argument, before anything is sent.
+        """
+        pending = self._start(
+            prompt, prompt_token_ids, request_id, timeout_s, sampling_params, sampling, False
+        )
+        try:
+            while True:
+                event = pending.next_event()
+                if isinstance(event, Result):
+                    return event
+        except BaseException:  # a timeout, a Ctrl-C: the server need not finish it
+            pending.abandon(self)
+            raise
+
+    def stream(
+        self,
+        prompt: str | None = None,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+        sampling_params: SamplingParams | None = None,
+        **sampling: Any,
+    ) -> Stream:
+        """Submit now; iterate the returned Stream for StreamDeltas as tokens are generated.
+
+            stream = client.stream("Hello", max_tokens=32)
+            for delta in stream:
+                print(delta.text, end="")
+            print(stream.result.finish_reason)
+
+        Leaving the loop early (break, an exception) or `stream.close()` aborts the request.
+        """
+        pending = self._start(
+            prompt, prompt_token_ids, request_id, timeout_s, sampling_params, sampling, True
+        )
+        return Stream(self, pending)
+
+    def abort(self, request_id: str) -> None:
+        """Ask the server to stop a request: its generate() returns (or its stream ends) with
+        finish_reason "abort". Does not wait for the server."""
+        self._command(("abort", request_id))
+
+    def close(self) -> None:
+        """End the I/O thread (live requests fail with RequestError("closed")) and free the sockets."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._commands.put(("close", None))
+        self._waker.wake()
+        self._thread.join(timeout=5.0)
+        if self._thread.is_alive():  # should not happen: never block the caller on a stuck thread
+            log.error("pagedserve sdk: the I/O thread did not stop; leaving its sockets open")
+            return
+        self._waker.close()
+        self._ctx.term()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ caller side
+
+    def _start(
+        self,
+        prompt: str | None,
+        prompt_token_ids: list[int] | None,
+        request_id: str | None,
+        timeout_s: float | None,
+        sampling_params: SamplingParams | None,
+        sampling: dict[str, Any],
+        stream: bool,
+    ) -> _Pending:
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        submit = make_submit(
+            prompt,
+            prompt_token_ids,
+            request_id=request_id,
+            timeout_s=timeout,
+            stream=stream,
+            sampling_params=sampling_params,
+            sampling=sampling,
+        )
+        events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        req = LiveRequest(submit, deadline=time.monotonic() + timeout + SERVER_GRACE_S, sink=events)
+        self._command(("submit", req))
+        return _Pending(req.request_id, events, req.deadline)
+
+    def _command(self, command: Command) -> None:
+        with self._lock:
+            if self._closed:
+                raise RequestError("closed", "the client is closed")
+            self._commands.put(command)
+        self._waker.wake()
+
+    # ------------------------------------------------------------------ the I/O thread
+
+    def _run(self) -> None:
+        code, message = "closed", "the client was closed"
+        try:
+            self._loop()
+        except Exception as exc:  # a bug, not a network fault: fail loudly, but fail every waiter
+            log.exception("pagedserve sdk: the I/O thread failed")
+            code, message = "internal", f"the client's I/O thread failed: {type(exc).__name__}: {exc}"
+        finally:
+            self._shutdown(code, message)
+
+    def _loop(self) -> None:
+        poller, generation = zmq.Poller(), -1
+        while True:
+            if generation != self._conn.generation:  # a reconnect made new sockets
+                poller = zmq.Poller()
+                for sock in (self._conn.dealer, self._conn.monitor, self._waker.rx):
+                    poller.register(sock, zmq.POLLIN)
+                generation = self._conn.generation
+            wait = self._session.next_wakeup(time.monotonic())
+            ready = {sock for sock, _ in poller.poll(poll_timeout_ms(wait))}
+            if self._waker.rx in ready:
+                self._waker.drain()
+                if self._run_commands():
+                    return
+            self._conn.service(self._session, ready, time.monotonic())
+
+    def _run_commands(self) -> bool:
+        """Carry out queued commands; True when one of them is close."""
+        while True:
+            try:
+                kind, arg = self._commands.get_nowait()
+            except queue.Empty:
+                return False
+            if kind == "close":
+                return True
+            if kind == "abort":
+                self._conn.send(self._session.abort(arg))
+                continue
+            try:
+                self._conn.send(self._session.submit(arg, time.monotonic()))
+            except RequestError as exc:
+                arg.sink.put_nowait(exc)
+
+    def _shutdown(self, code: str, message: str) -> None:
+        with self._lock:
+            self._closed = True  # nothing can be queued after this
+        while True:  # commands that came too late
+            try:
+                kind, arg = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "submit":
+                arg.sink.put_nowait(RequestError(code, message, arg.request_id))
+        # Tell the server now rather than let it wait for our heartbeat to lapse.
+        for frame in self._session.fail_all(code, message):
+            self._conn.send(frame)
+        self._conn.close()
+
+
+class _Pending:
+    """The caller's end of one request: its event queue and how long to wait on it."""
+
+    __slots__ = ("deadline", "done", "events", "request_id")
+
+    def __init__(self, request_id: str, events: queue.SimpleQueue[Event], deadline: float) -> None:
+        self.request_id = request_id
+        self.events = events
+        self.deadline = deadline
+        self.done = False
+
+    def next_event(self) -> StreamDelta | Result:
+        try:
+            event = self.events.get(timeout=max(0.0, self.deadline + CALLER_GRACE_S - time.monotonic()))
+        except queue.Empty:
+            raise RequestError("timeout", "no answer from the client's I/O thread", self.request_id) from None
+        if isinstance(event, Result | RequestError):
+            self.done = True
+        if isinstance(event, RequestError):
+            raise event
+        return event
+
+    def abandon(self, client: Client) -> None:
+        if not self.done:
+            self.done = True
+            # Closed: the server aborts it anyway when our heartbeat lapses.
+            with contextlib.suppress(RequestError):
+                client.abort(self.request_id)
+
+
+class Stream(Iterator[StreamDelta]):
+    """A streaming request: iterate it for StreamDeltas; `result` is the Result once it ends.
+
+    with client.stream("Hello", max_tokens=32) as stream:
+        for delta in stream:
+            print(delta.index, delta.token_ids, delta.text)
+    print(stream.result.usage)
+    """
+
+    def __init__(self, client: Client, pending: _Pending) -> None:
+        self._client = client
+        self._pending = pending
+        self.result: Result | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self._pending.request_id
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> StreamDelta:
+        if self._pending.done:
+            raise StopIteration
+        try:
+            event = self._pending.next_event()
+        except BaseException:
+            self.close()
+            raise
+        if isinstance(event, Result):
+            self.result = event
+            raise StopIteration
+        return event
+
+    def close(self) -> None:
+        """Abort the request if it has not finished."""
+        self._pending.abandon(self._client)
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # A loop left by `break` drops the stream: abort so the server stops generating for nobody.
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def poll_timeout_ms(wait_s: float | None) -> int | None:
+    """A poll timeout for a clock `wait_s` away: rounded up, and never 0 (that would spin)."""
+    return None if wait_s is None else max(1, math.ceil(wait_s * 1000))
+
+
+def check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
