@@ -1,0 +1,320 @@
+"""The asyncio client. Safe to share between tasks of one event loop.
+
+One reader task owns the clocks and the incoming side of the socket and hands each request's
+events to that request's asyncio.Queue. Callers submit and abort directly: everything runs on the
+loop's thread, so the socket is never touched by two threads at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from shared.protocol.frontend import SamplingParams
+from shared.sdk.client import (
+    CALLER_GRACE_S,
+    DEFAULT_ENDPOINT,
+    SERVER_GRACE_S,
+    check_positive,
+    poll_timeout_ms,
+)
+from shared.sdk.connection import Connection, SocketOptions, Waker
+from shared.sdk.request_state import Event, LiveRequest, make_submit
+from shared.sdk.results import RequestError, Result, StreamDelta
+from shared.sdk.session import Session
+
+log = logging.getLogger("pagedserve.sdk")
+
+
+class AsyncClient:
+    """Talks to a pagedserve scheduler from asyncio; same options as Client.
+
+    async with AsyncClient("tcp://127.0.0.1:5555") as client:
+        result = await client.generate("Hello", max_tokens=32)
+        async for delta in client.stream("Once upon a time", max_tokens=64):
+            print(delta.text, end="", flush=True)
+        results = await asyncio.gather(*(client.generate(p, max_tokens=8) for p in prompts))
+    """
+
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        *,
+        timeout_s: float = 600.0,
+        heartbeat_s: float = 0.5,
+        reconnect_after_s: float = 3.0,
+        max_message_bytes: int = 64 << 20,
+        curve_server_public_key: bytes | None = None,
+        curve_client_keys: tuple[bytes, bytes] | None = None,
+    ) -> None:
+        check_positive(
+            timeout_s=timeout_s,
+            heartbeat_s=heartbeat_s,
+            reconnect_after_s=reconnect_after_s,
+            max_message_bytes=max_message_bytes,
+        )
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        options = SocketOptions(endpoint, max_message_bytes, curve_server_public_key, curve_client_keys)
+        # Plain (blocking) sockets, read with NOBLOCK; only the waiting is asyncio's (zmq.asyncio.Poller).
+        self._ctx = zmq.Context()
+        self._session = Session(heartbeat_s, reconnect_after_s, max_message_bytes)
+        self._conn = Connection(self._ctx, options, min_reopen_s=heartbeat_s)
+        self._waker = Waker(self._ctx)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._closed = False
+        self._broken: str | None = None  # why the reader task died, if it did
+
+    # ------------------------------------------------------------------ public API
+
+    async def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+        sampling_params: SamplingParams | None = None,
+        **sampling: Any,
+    ) -> Result:
+        """Run one request to the end; see Client.generate. Cancelling the task aborts the request.
+
+        result = await client.generate("Hello", max_tokens=32, temperature=0.0)
+        """
+        pending = self._start(
+            prompt, prompt_token_ids, request_id, timeout_s, sampling_params, sampling, False
+        )
+        try:
+            while True:
+                event = await pending.next_event()
+                if isinstance(event, Result):
+                    return event
+        except BaseException:  # CancelledError included: nobody wants the result any more
+            pending.abandon(self)
+            raise
+
+    def stream(
+        self,
+        prompt: str | None = None,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+        sampling_params: SamplingParams | None = None,
+        **sampling: Any,
+    ) -> AsyncStream:
+        """Submit now (call it inside the event loop); iterate with `async for`.
+
+        stream = client.stream("Hello", max_tokens=32)
+        async for delta in stream:
+            print(delta.text, end="")
+        print(stream.result.usage)
+        """
+        pending = self._start(
+            prompt, prompt_token_ids, request_id, timeout_s, sampling_params, sampling, True
+        )
+        return AsyncStream(self, pending)
+
+    async def abort(self, request_id: str) -> None:
+        """Ask the server to stop a request (its result gets finish_reason "abort"); does not wait."""
+        self._check_usable()
+        self._abort_now(request_id)
+
+    async def close(self) -> None:
+        """Stop the reader task (live requests fail with RequestError("closed")) and free the sockets."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        for frame in self._session.fail_all("closed", "the client was closed"):
+            self._conn.send(frame)
+        self._conn.close()
+        self._waker.close()
+        # term() waits out the close linger (the final Aborts): not on the loop's thread.
+        await asyncio.to_thread(self._ctx.term)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self) -> AsyncClient:
+        self._ensure_reader()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ caller side
+
+    def _start(
+        self,
+        prompt: str | None,
+        prompt_token_ids: list[int] | None,
+        request_id: str | None,
+        timeout_s: float | None,
+        sampling_params: SamplingParams | None,
+        sampling: dict[str, Any],
+        stream: bool,
+    ) -> _AsyncPending:
+        self._check_usable()
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        submit = make_submit(
+            prompt,
+            prompt_token_ids,
+            request_id=request_id,
+            timeout_s=timeout,
+            stream=stream,
+            sampling_params=sampling_params,
+            sampling=sampling,
+        )
+        self._ensure_reader()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        now = time.monotonic()
+        req = LiveRequest(submit, deadline=now + timeout + SERVER_GRACE_S, sink=events)
+        self._conn.send(self._session.submit(req, now))
+        self._waker.wake()  # the reader's clocks changed: let it recompute its wait
+        return _AsyncPending(req.request_id, events, req.deadline)
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise RequestError("closed", "the client is closed")
+        if self._broken is not None:
+            raise RequestError("internal", self._broken)
+
+    def _ensure_reader(self) -> None:
+        if self._reader is None:
+            self._loop = asyncio.get_running_loop()
+            self._reader = self._loop.create_task(self._read(), name="pagedserve-sdk-reader")
+
+    def _abort_now(self, request_id: str) -> None:
+        if not self._closed and self._broken is None:
+            self._conn.send(self._session.abort(request_id))
+
+    def _abort_soon(self, request_id: str) -> None:
+        """Abort from anywhere, even a finalizer on another thread: the socket is used on the loop only."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not None and running is self._loop:
+            self._abort_now(request_id)
+        elif self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._abort_now, request_id)
+
+    # ------------------------------------------------------------------ the reader task
+
+    async def _read(self) -> None:
+        try:
+            poller, generation = zmq.asyncio.Poller(), -1
+            while True:
+                if generation != self._conn.generation:  # a reconnect made new sockets
+                    poller = zmq.asyncio.Poller()
+                    for sock in (self._conn.dealer, self._conn.monitor, self._waker.rx):
+                        poller.register(sock, zmq.POLLIN)
+                    generation = self._conn.generation
+                wait = self._session.next_wakeup(time.monotonic())
+                timeout_ms = poll_timeout_ms(wait)
+                ready = {sock for sock, _ in await poller.poll(-1 if timeout_ms is None else timeout_ms)}
+                if self._waker.rx in ready:
+                    self._waker.drain()
+                self._conn.service(self._session, ready, time.monotonic())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug, not a network fault: fail every waiter rather than hang them
+            log.exception("pagedserve sdk: the reader task failed")
+            self._broken = f"the client's reader task failed: {type(exc).__name__}: {exc}"
+            self._session.fail_all("internal", self._broken)
+
+
+class _AsyncPending:
+    """The caller's end of one request: its event queue and how long to wait on it."""
+
+    __slots__ = ("deadline", "done", "events", "request_id")
+
+    def __init__(self, request_id: str, events: asyncio.Queue[Event], deadline: float) -> None:
+        self.request_id = request_id
+        self.events = events
+        self.deadline = deadline
+        self.done = False
+
+    async def next_event(self) -> StreamDelta | Result:
+        if self.events.empty():
+            try:
+                async with asyncio.timeout(max(0.0, self.deadline + CALLER_GRACE_S - time.monotonic())):
+                    event = await self.events.get()
+            except TimeoutError:
+                raise RequestError(
+                    "timeout", "no answer from the client's reader task", self.request_id
+                ) from None
+        else:
+            event = self.events.get_nowait()
+        if isinstance(event, Result | RequestError):
+            self.done = True
+        if isinstance(event, RequestError):
+            raise event
+        return event
+
+    def abandon(self, client: AsyncClient) -> None:
+        if not self.done:
+            self.done = True
+            client._abort_soon(self.request_id)
+
+
+class AsyncStream(AsyncIterator[StreamDelta]):
+    """A streaming request: `async for` it for StreamDeltas; `result` is the Result once it ends.
+    Leaving the loop early, `await stream.aclose()`, or `async with` exiting aborts the request."""
+
+    def __init__(self, client: AsyncClient, pending: _AsyncPending) -> None:
+        self._client = client
+        self._pending = pending
+        self.result: Result | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self._pending.request_id
+
+    def __aiter__(self) -> AsyncStream:
+        return self
+
+    async def __anext__(self) -> StreamDelta:
+        if self._pending.done:
+            raise StopAsyncIteration
+        try:
+            event = await self._pending.next_event()
+        except BaseException:
+            self._pending.abandon(self._client)
+            raise
+        if isinstance(event, Result):
+            self.result = event
+            raise StopAsyncIteration
+        return event
+
+    async def aclose(self) -> None:
+        """Abort the request if it has not finished."""
+        self._pending.abandon(self._client)
+
+    async def __aenter__(self) -> AsyncStream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self._pending.abandon(self._client)
