@@ -17,19 +17,26 @@ from kernels.attention import AttentionMetadata
 @dataclass(slots=True)
 class RequestState:
     request_id: str
-    token_ids: list[int]  # prompt, then every token sampled so far (the last may be uncomputed)
-    num_prompt_tokens: int
+    # Prompt and outputs apart, so the sampler gets both every step without copying either.
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # every token sampled so far; the last may not be computed yet
     num_computed_tokens: int  # leading tokens whose K/V is in the cache
     block_ids: list[int]  # the block table
     sampling: dict[str, Any]
 
     @property
-    def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[: self.num_prompt_tokens]
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
+    def tokens(self, start: int, end: int) -> list[int]:
+        """token_ids[start:end] of prompt + outputs."""
+        prompt = self.prompt_token_ids
+        split = len(prompt)
+        if end <= split:
+            return prompt[start:end]
+        if start >= split:
+            return self.output_token_ids[start - split : end - split]
+        return prompt[start:] + self.output_token_ids[: end - split]
 
 
 @dataclass(slots=True)
@@ -61,7 +68,7 @@ def pack_batch(
     for row, (state, n) in enumerate(scheduled):
         start = state.num_computed_tokens
         end = start + n
-        known = len(state.token_ids)
+        known = state.num_tokens
         if end > known:
             raise ValueError(
                 f"request {state.request_id!r}: {n} tokens scheduled from {start}, but the worker knows "
@@ -74,7 +81,7 @@ def pack_batch(
                 f"request {state.request_id!r}: {end} tokens need {num_blocks} blocks of {block_size}, "
                 f"its block table has {len(blocks)}"
             )
-        input_ids += state.token_ids[start:end]
+        input_ids += state.tokens(start, end)
         positions += range(start, end)
         if n == 1:
             slots.append(blocks[start // block_size] * block_size + start % block_size)

@@ -127,8 +127,8 @@ class ModelRunner:
             self._check_blocks(new.request_id, new.block_ids)
             state = RequestState(
                 request_id=new.request_id,
-                token_ids=list(new.token_ids),
-                num_prompt_tokens=new.num_prompt_tokens,
+                prompt_token_ids=new.token_ids[: new.num_prompt_tokens],
+                output_token_ids=new.token_ids[new.num_prompt_tokens :],
                 num_computed_tokens=new.num_computed_tokens,
                 block_ids=list(new.block_ids),
                 sampling=new.sampling,
@@ -177,7 +177,7 @@ class ModelRunner:
             ]
         tokens, logprobs = self.sampler.sample(rows, requests)
         for state, token in zip(states, tokens, strict=True):
-            state.token_ids.append(token)
+            state.output_token_ids.append(token)
         for child, _row in children:
             self.requests[child.request_id] = child
         return StepResult(step.step, [s.request_id for s in states], list(tokens), logprobs)
@@ -194,8 +194,8 @@ class ModelRunner:
         sampling: dict[str, Any] = {**parent.sampling, "seed": fork.seed}
         child = RequestState(
             request_id=fork.child_id,
-            token_ids=list(parent.token_ids),
-            num_prompt_tokens=parent.num_prompt_tokens,
+            prompt_token_ids=parent.prompt_token_ids,  # never modified: shared
+            output_token_ids=list(parent.output_token_ids),
             num_computed_tokens=parent.num_computed_tokens,
             block_ids=list(parent.block_ids),  # shared with the parent; copy-on-write comes later
             sampling=sampling,
