@@ -5,10 +5,11 @@ with Client("tcp://127.0.0.1:5555") as client:
     print(client.generate("Hello", max_tokens=16).text)
 """
 
-from shared.sdk.async_client import AsyncClient, AsyncStream
-from shared.sdk.client import Client, Stream
+from shared.sdk.async_client import AsyncClient
+from shared.sdk.client import Client
 from shared.sdk.keys import load_client_keys
 from shared.sdk.results import Completion, RequestError, Result, StreamDelta, Usage
+from shared.sdk.streams import AsyncStream, Stream
 
 __all__ = [
     "AsyncClient",

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
 
@@ -20,7 +19,6 @@ import zmq.asyncio
 
 from shared.protocol.frontend import SamplingParams
 from shared.sdk.client import (
-    CALLER_GRACE_S,
     DEFAULT_ENDPOINT,
     SERVER_GRACE_S,
     check_positive,
@@ -28,8 +26,9 @@ from shared.sdk.client import (
 )
 from shared.sdk.connection import Connection, SocketOptions, Waker
 from shared.sdk.request_state import Event, LiveRequest, make_submit
-from shared.sdk.results import RequestError, Result, StreamDelta
+from shared.sdk.results import RequestError, Result
 from shared.sdk.session import Session
+from shared.sdk.streams import AsyncPendingRequest, AsyncStream
 
 log = logging.getLogger("pagedserve.sdk")
 
@@ -99,7 +98,7 @@ class AsyncClient:
                 if isinstance(event, Result):
                     return event
         except BaseException:  # CancelledError included: nobody wants the result any more
-            pending.abandon(self)
+            pending.abandon()
             raise
 
     def stream(
@@ -122,7 +121,7 @@ class AsyncClient:
         pending = self._start(
             prompt, prompt_token_ids, request_id, timeout_s, sampling_params, sampling, True
         )
-        return AsyncStream(self, pending)
+        return AsyncStream(pending)
 
     async def abort(self, request_id: str) -> None:
         """Ask the server to stop a request (its result gets finish_reason "abort"); does not wait."""
@@ -169,7 +168,7 @@ class AsyncClient:
         sampling_params: SamplingParams | None,
         sampling: dict[str, Any],
         stream: bool,
-    ) -> _AsyncPending:
+    ) -> AsyncPendingRequest:
         self._check_usable()
         timeout = self.timeout_s if timeout_s is None else timeout_s
         submit = make_submit(
@@ -187,7 +186,7 @@ class AsyncClient:
         req = LiveRequest(submit, deadline=now + timeout + SERVER_GRACE_S, sink=events)
         self._conn.send(self._session.submit(req, now))
         self._waker.wake()  # the reader's clocks changed: let it recompute its wait
-        return _AsyncPending(req.request_id, events, req.deadline)
+        return AsyncPendingRequest(req.request_id, events, req.deadline, self._abort_soon)
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -238,83 +237,3 @@ class AsyncClient:
             log.exception("pagedserve sdk: the reader task failed")
             self._broken = f"the client's reader task failed: {type(exc).__name__}: {exc}"
             self._session.fail_all("internal", self._broken)
-
-
-class _AsyncPending:
-    """The caller's end of one request: its event queue and how long to wait on it."""
-
-    __slots__ = ("deadline", "done", "events", "request_id")
-
-    def __init__(self, request_id: str, events: asyncio.Queue[Event], deadline: float) -> None:
-        self.request_id = request_id
-        self.events = events
-        self.deadline = deadline
-        self.done = False
-
-    async def next_event(self) -> StreamDelta | Result:
-        if self.events.empty():
-            try:
-                async with asyncio.timeout(max(0.0, self.deadline + CALLER_GRACE_S - time.monotonic())):
-                    event = await self.events.get()
-            except TimeoutError:
-                raise RequestError(
-                    "timeout", "no answer from the client's reader task", self.request_id
-                ) from None
-        else:
-            event = self.events.get_nowait()
-        if isinstance(event, Result | RequestError):
-            self.done = True
-        if isinstance(event, RequestError):
-            raise event
-        return event
-
-    def abandon(self, client: AsyncClient) -> None:
-        if not self.done:
-            self.done = True
-            client._abort_soon(self.request_id)
-
-
-class AsyncStream(AsyncIterator[StreamDelta]):
-    """A streaming request: `async for` it for StreamDeltas; `result` is the Result once it ends.
-    Leaving the loop early, `await stream.aclose()`, or `async with` exiting aborts the request."""
-
-    def __init__(self, client: AsyncClient, pending: _AsyncPending) -> None:
-        self._client = client
-        self._pending = pending
-        self.result: Result | None = None
-
-    @property
-    def request_id(self) -> str:
-        return self._pending.request_id
-
-    def __aiter__(self) -> AsyncStream:
-        return self
-
-    async def __anext__(self) -> StreamDelta:
-        if self._pending.done:
-            raise StopAsyncIteration
-        try:
-            event = await self._pending.next_event()
-        except BaseException:
-            self._pending.abandon(self._client)
-            raise
-        if isinstance(event, Result):
-            self.result = event
-            raise StopAsyncIteration
-        return event
-
-    async def aclose(self) -> None:
-        """Abort the request if it has not finished."""
-        self._pending.abandon(self._client)
-
-    async def __aenter__(self) -> AsyncStream:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self._pending.abandon(self._client)

@@ -13,7 +13,6 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, Literal
 
@@ -22,8 +21,9 @@ import zmq
 from shared.protocol.frontend import SamplingParams
 from shared.sdk.connection import Connection, SocketOptions, Waker
 from shared.sdk.request_state import Event, LiveRequest, make_submit
-from shared.sdk.results import RequestError, Result, StreamDelta
+from shared.sdk.results import RequestError, Result
 from shared.sdk.session import Session
+from shared.sdk.streams import PendingRequest, Stream
 
 log = logging.getLogger("pagedserve.sdk")
 
@@ -31,8 +31,6 @@ DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 # The server enforces the same timeout and says why it gave up (e.g. "no_workers"): the client's
 # own "timeout" comes a little later so that the server's answer wins.
 SERVER_GRACE_S = 0.5
-# A caller waits this much past the I/O thread's deadline; it only matters if that thread is gone.
-CALLER_GRACE_S = 1.0
 
 Command = tuple[Literal["submit"], LiveRequest] | tuple[Literal["abort"], str] | tuple[Literal["close"], None]
 
@@ -113,7 +111,7 @@ class Client:
                 if isinstance(event, Result):
                     return event
         except BaseException:  # a timeout, a Ctrl-C: the server need not finish it
-            pending.abandon(self)
+            pending.abandon()
             raise
 
     def stream(
@@ -138,7 +136,7 @@ class Client:
         pending = self._start(
             prompt, prompt_token_ids, request_id, timeout_s, sampling_params, sampling, True
         )
-        return Stream(self, pending)
+        return Stream(pending)
 
     def abort(self, request_id: str) -> None:
         """Ask the server to stop a request: its generate() returns (or its stream ends) with
@@ -183,7 +181,7 @@ class Client:
         sampling_params: SamplingParams | None,
         sampling: dict[str, Any],
         stream: bool,
-    ) -> _Pending:
+    ) -> PendingRequest:
         timeout = self.timeout_s if timeout_s is None else timeout_s
         submit = make_submit(
             prompt,
@@ -197,7 +195,12 @@ class Client:
         events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         req = LiveRequest(submit, deadline=time.monotonic() + timeout + SERVER_GRACE_S, sink=events)
         self._command(("submit", req))
-        return _Pending(req.request_id, events, req.deadline)
+        return PendingRequest(req.request_id, events, req.deadline, self._abort_quietly)
+
+    def _abort_quietly(self, request_id: str) -> None:
+        # Closed: the server aborts the request anyway when our heartbeat lapses.
+        with contextlib.suppress(RequestError):
+            self.abort(request_id)
 
     def _command(self, command: Command) -> None:
         with self._lock:
@@ -265,88 +268,6 @@ class Client:
         for frame in self._session.fail_all(code, message):
             self._conn.send(frame)
         self._conn.close()
-
-
-class _Pending:
-    """The caller's end of one request: its event queue and how long to wait on it."""
-
-    __slots__ = ("deadline", "done", "events", "request_id")
-
-    def __init__(self, request_id: str, events: queue.SimpleQueue[Event], deadline: float) -> None:
-        self.request_id = request_id
-        self.events = events
-        self.deadline = deadline
-        self.done = False
-
-    def next_event(self) -> StreamDelta | Result:
-        try:
-            event = self.events.get(timeout=max(0.0, self.deadline + CALLER_GRACE_S - time.monotonic()))
-        except queue.Empty:
-            raise RequestError("timeout", "no answer from the client's I/O thread", self.request_id) from None
-        if isinstance(event, Result | RequestError):
-            self.done = True
-        if isinstance(event, RequestError):
-            raise event
-        return event
-
-    def abandon(self, client: Client) -> None:
-        if not self.done:
-            self.done = True
-            # Closed: the server aborts it anyway when our heartbeat lapses.
-            with contextlib.suppress(RequestError):
-                client.abort(self.request_id)
-
-
-class Stream(Iterator[StreamDelta]):
-    """A streaming request: iterate it for StreamDeltas; `result` is the Result once it ends.
-
-    with client.stream("Hello", max_tokens=32) as stream:
-        for delta in stream:
-            print(delta.index, delta.token_ids, delta.text)
-    print(stream.result.usage)
-    """
-
-    def __init__(self, client: Client, pending: _Pending) -> None:
-        self._client = client
-        self._pending = pending
-        self.result: Result | None = None
-
-    @property
-    def request_id(self) -> str:
-        return self._pending.request_id
-
-    def __iter__(self) -> Stream:
-        return self
-
-    def __next__(self) -> StreamDelta:
-        if self._pending.done:
-            raise StopIteration
-        try:
-            event = self._pending.next_event()
-        except BaseException:
-            self.close()
-            raise
-        if isinstance(event, Result):
-            self.result = event
-            raise StopIteration
-        return event
-
-    def close(self) -> None:
-        """Abort the request if it has not finished."""
-        self._pending.abandon(self._client)
-
-    def __enter__(self) -> Stream:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        # A loop left by `break` drops the stream: abort so the server stops generating for nobody.
-        with contextlib.suppress(Exception):
-            self.close()
 
 
 def poll_timeout_ms(wait_s: float | None) -> int | None:
