@@ -1,7 +1,7 @@
 """Tiny random Hugging Face checkpoints (Llama, Qwen2, Qwen3, Mistral) for tests: a few MB, built in ~1 s.
 
 `make_tiny_model("llama", folder)` writes config.json, generation_config.json, safetensors weights and a
-byte-level tokenizer (every byte is one token, ids 3..258; <pad>=0, <s>=1, </s>=2) into `folder`.
+byte-level tokenizer (one token per byte, ids 3..258; <pad>=0, <s>=1, </s>=2; no BOS added) into `folder`.
 The four architectures differ on purpose (tied or not, GQA ratio 1/2/4, qkv bias, q/k norm, a
 head_dim that is not hidden/heads), so together they cover every switch of our model code.
 transformers is imported only when a model is built: conftest imports this module for everyone.

@@ -96,7 +96,9 @@ class ModelRunner:
     def _execute(self, step: Execute, keep_logits: bool) -> tuple[StepResult, torch.Tensor | None]:
         t_start = time.perf_counter()
         scheduled = self._update_states(step)
-        self.kv_cache.copy_blocks(step.copies)
+        if step.copies:
+            self._check_blocks("copy-on-write", [b for pair in step.copies for b in pair])
+            self.kv_cache.copy_blocks(step.copies)
         if not scheduled:
             if step.forks:
                 raise ValueError(f"step {step.step} forks requests but computes no tokens")
@@ -202,9 +204,7 @@ class ModelRunner:
         )
         return child, row
 
-    def _check_blocks(self, request_id: str, block_ids: list[int]) -> None:
-        # An out-of-range id would be a silent wrong read on the CPU and a device assert on CUDA.
+    def _check_blocks(self, owner: str, block_ids: list[int]) -> None:
+        # A negative id would silently read another block; past the end it is a device assert on CUDA.
         if block_ids and (min(block_ids) < 0 or max(block_ids) >= self.num_blocks):
-            raise ValueError(
-                f"request {request_id!r}: block ids must be in [0, {self.num_blocks}); got {block_ids}"
-            )
+            raise ValueError(f"{owner!r}: block ids must be in [0, {self.num_blocks}); got {block_ids}")

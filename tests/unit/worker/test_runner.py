@@ -192,3 +192,9 @@ def test_bfloat16_model_loads_and_generates(llama):
     _result, logits32 = _runner(llama).execute_with_logits(step)
     assert logits is not None and logits32 is not None and torch.isfinite(logits).all()
     assert (logits.float() - logits32).abs().max() < 0.25 * logits32.abs().max()
+
+
+def test_copies_naming_blocks_outside_the_pool_are_refused(llama):
+    runner = _runner(llama, num_blocks=4)
+    with pytest.raises(ValueError, match=r"copy-on-write.*\[0, 4\)"):
+        runner.execute(Execute(0, copies=[(1, 9)]))
