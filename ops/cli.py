@@ -124,13 +124,14 @@ def _cmd_service(args: argparse.Namespace) -> int:
 
 
 def _with_worker_id(config: ServeConfig) -> ServeConfig:
-    """In a container with no configured id, name the worker after its container (see
-    ops/worker_identity.py) and leave the name where the healthcheck can read it."""
+    """In a container: name an unnamed worker after its container (see ops/worker_identity.py),
+    and leave the name where the compose healthcheck looks for its pool."""
     from ops import worker_identity
 
-    if config.worker_id is not None or not worker_identity.in_container():
+    if not worker_identity.in_container():
         return config
-    config.worker_id = worker_identity.container_worker_id()
+    if config.worker_id is None:
+        config.worker_id = worker_identity.container_worker_id()
     WORKER_ID_FILE.write_text(config.worker_id)
     return config
 
