@@ -143,7 +143,12 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     configure_logging("supervisor", config.log_format, config.log_level)
-    return run_up(resolve_model_first(config), args.workers, args.ready_timeout, args.log_dir)
+    try:
+        config = resolve_model_first(config)
+    except ValueError as e:  # no such checkpoint folder: say so before starting anything
+        print(f"pagedserve up: {e}", file=sys.stderr)
+        return 2
+    return run_up(config, args.workers, args.ready_timeout, args.log_dir)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

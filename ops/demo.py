@@ -40,7 +40,11 @@ def run_demo(
     err: TextIO = sys.stderr,
 ) -> int:
     err.write(f"demo: preparing model {config.model!r}\n")
-    config = resolve_model_first(config)
+    try:
+        config = resolve_model_first(config)
+    except ValueError as e:  # no such checkpoint folder
+        err.write(f"demo: {e}\n")
+        return 2
     prompt = chat_prompt(config.model, question)
     with tempfile.TemporaryDirectory(prefix="pagedserve-demo-") as logs:
         # No restarts of the core services: a demo that cannot start should say so at once.

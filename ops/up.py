@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from ops.supervisor import DeploymentFailed, Supervisor
+from ops.supervisor import DeploymentFailed, Launcher, Supervisor, service_argv
 from shared.config import ServeConfig
 
 
@@ -26,8 +26,9 @@ def run_up(
     ready_timeout_s: float,
     log_dir: Path | None = None,
     out: TextIO = sys.stdout,
+    launcher: Launcher = service_argv,
 ) -> int:
-    supervisor = Supervisor(config, workers=workers, log_dir=log_dir)
+    supervisor = Supervisor(config, workers=workers, log_dir=log_dir, launcher=launcher)
     previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     code = 0
     try:

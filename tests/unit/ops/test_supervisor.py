@@ -223,3 +223,39 @@ def test_wait_ready_fails_fast_when_a_core_service_is_down_for_good(tmp_path: Pa
             supervisor.wait_ready(timeout_s=30.0)
         assert time.monotonic() - started < 10.0
     assert "port taken" in (tmp_path / "scheduler.log").read_text()
+
+
+def test_up_stops_every_child_on_sigterm_and_exits_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    script = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from ops.up import run_up
+        from shared.config import ServeConfig
+        scheduler = {fake_readyz_server(port)!r}
+        def launcher(service, worker_id):
+            return scheduler if service == "scheduler" else {SLEEPER!r}
+        config = ServeConfig(scheduler_ops_port={port}, block_manager_ops_port={free_port()})
+        sys.exit(run_up(config, workers=2, ready_timeout_s=20, log_dir=Path(sys.argv[1]), launcher=launcher))
+    """)
+    up = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert up.stdout is not None
+        lines = []
+        while not (lines and lines[-1].startswith("ready in")):
+            lines.append(up.stdout.readline())
+            assert lines[-1], "up exited before it was ready"
+        children = [
+            int(pid) for pid in subprocess.check_output(["pgrep", "-P", str(up.pid)], text=True).split()
+        ]
+        assert len(children) == 4
+
+        up.send_signal(signal.SIGTERM)
+        out, _ = up.communicate(timeout=20)
+
+        assert up.returncode == 0
+        assert "SIGTERM: stopping" in out and "stopped:" in out
+        assert all(process_gone(pid) for pid in children)
+    finally:
+        up.kill()
+        up.wait()
