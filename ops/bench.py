@@ -1,0 +1,181 @@
+"""`pagedserve bench`: output tokens/s of pagedserve against transformers, on one CPU workload.
+
+    pagedserve bench                    # 64 requests, lengths 16-256, every path (15-25 min on 2 cores)
+    pagedserve bench --quick            # 16 requests, lengths 16-64, batch sizes 8 and 16
+    pagedserve bench --peers pagedserve,hf-static --hf-batch-sizes 16,32
+    pagedserve bench --services --depths 1,2,3   # also through the real processes
+
+The workload (nano-vllm's bench.py, scaled down): seed 0, prompts of random token ids, prompt and
+output lengths uniform in [--min-len, --max-len], EOS ignored, temperature 0.6. The same requests
+go through: pagedserve in-process (`LLM.generate`), transformers `generate` in static batches (each
+batch size of --hf-batch-sizes; a batch runs to its longest request, but only each request's own
+tokens count), and transformers' continuous batching. Targets: >= 2x the best transformers path,
+KV utilisation >= 95%. Writes JSON (--out) and a PNG chart beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+PEERS = ("pagedserve", "hf-static", "hf-continuous")
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _peer_list(text: str) -> list[str]:
+    peers = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown or not peers:
+        raise argparse.ArgumentTypeError(f"--peers takes a comma list of {', '.join(PEERS)}; got {text!r}")
+    return peers
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="pagedserve bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model", default="smollm2-135m", help="checkpoint folder, or the bundled 'smollm2-135m'"
+    )
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: all cores)"
+    )
+    ap.add_argument("--num-requests", type=int, default=None, help="default 64 (16 with --quick)")
+    ap.add_argument("--min-len", type=int, default=None, help="shortest prompt and output (default 16)")
+    ap.add_argument(
+        "--max-len", type=int, default=None, help="longest prompt and output (default 256, 64 quick)"
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=0.6)
+    ap.add_argument("--peers", type=_peer_list, default=list(PEERS), help=f"comma list of {', '.join(PEERS)}")
+    ap.add_argument("--hf-batch-sizes", type=_int_list, default=None, help="default 8,16,32,64 (8,16 quick)")
+    ap.add_argument(
+        "--kv-cache-memory-mib",
+        type=int,
+        default=1024,
+        help="KV pool of pagedserve and of transformers' continuous batching, MiB",
+    )
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--pipeline-depth", type=int, default=2, help="of the in-process engine")
+    ap.add_argument("--services", action="store_true", help="also run through the real services (supervisor)")
+    ap.add_argument("--depths", type=_int_list, default=[1, 2, 3], help="pipeline depths for --services")
+    ap.add_argument("--quick", action="store_true", help="16 requests, lengths 16-64, batch sizes 8,16")
+    ap.add_argument(
+        "--out", type=Path, default=Path("bench/results/bench.json"), help="JSON; the PNG goes beside"
+    )
+    args = ap.parse_args(argv)
+    quick = args.quick
+    args.num_requests = args.num_requests or (16 if quick else 64)
+    args.min_len = args.min_len or 16
+    args.max_len = args.max_len or (64 if quick else 256)
+    args.hf_batch_sizes = args.hf_batch_sizes or ([8, 16] if quick else [8, 16, 32, 64])
+    if args.services and "pagedserve" not in args.peers:
+        args.peers.append("pagedserve")  # the services are measured against the in-process figure
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from ops.bench_peers import BenchSettings, PathResult, run_hf_continuous, run_hf_static, run_pagedserve
+    from ops.bench_report import build_report, machine_info, print_report, write_chart
+    from ops.bench_workload import make_workload, max_len_utilization
+    from services.worker.bundled import resolve_model
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    settings = BenchSettings(
+        model_path=resolve_model(args.model),
+        dtype=args.dtype,
+        block_size=args.block_size,
+        kv_cache_memory=args.kv_cache_memory_mib * 1024**2,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        pipeline_depth=args.pipeline_depth,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
+    model_config = settings.model_config()
+    workload = make_workload(
+        args.num_requests, model_config.vocab_size, seed=args.seed, min_len=args.min_len, max_len=args.max_len
+    )
+
+    paths: list[PathResult] = []
+    for peer in PEERS:  # a fixed order: every run reads the same way
+        if peer not in args.peers:
+            continue
+        print(f"bench: running {peer} ...", file=sys.stderr, flush=True)
+        if peer == "hf-static":
+            paths += run_hf_static(workload, settings, args.hf_batch_sizes)
+            continue
+        run = run_pagedserve if peer == "pagedserve" else run_hf_continuous
+        try:
+            paths.append(run(workload, settings))
+        except Exception as e:  # a path that cannot run here is reported, not fatal to the others
+            paths.append(PathResult(peer, error=f"{type(e).__name__}: {e}"))
+        print(f"bench: {peer}: {paths[-1].tokens_per_s:.1f} tok/s {paths[-1].error or ''}", file=sys.stderr)
+
+    services: list[PathResult] = []
+    if args.services:
+        from ops.bench_services import run_services
+
+        print(f"bench: running services at depths {args.depths} ...", file=sys.stderr, flush=True)
+        services = run_services(workload, settings, args.depths, args.threads)
+
+    report = build_report(
+        config=_config_json(args, settings),
+        workload=workload.summary(),
+        paths=paths,
+        services=services,
+        max_len_kv={
+            "max_model_len": model_config.max_model_len,
+            "kv_utilization": max_len_utilization(workload, model_config.max_model_len),
+        },
+    )
+    report = {"machine": machine_info(), **report}
+    print_report(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    png = args.out.with_suffix(".png")
+    write_chart(report, png)
+    print(f"wrote {args.out} and {png}")
+    return 0
+
+
+def _config_json(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
+    return {
+        "model": str(args.model),
+        "model_path": str(settings.model_path),
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "seed": args.seed,
+        "temperature": args.temperature,
+        "min_len": args.min_len,
+        "max_len": args.max_len,
+        "peers": args.peers,
+        "hf_batch_sizes": args.hf_batch_sizes,
+        "kv_cache_memory_bytes": settings.kv_cache_memory,
+        "num_blocks": settings.num_blocks(),
+        "block_size": args.block_size,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "pipeline_depth": args.pipeline_depth,
+        "services": args.services,
+        "depths": args.depths if args.services else [],
+        "quick": args.quick,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
