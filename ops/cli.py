@@ -36,7 +36,9 @@ WORKER_ID_FILE = Path("/tmp/pagedserve-worker-id")  # read by the compose health
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pagedserve", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="pagedserve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     for name in SERVICES:

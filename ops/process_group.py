@@ -15,7 +15,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -61,7 +61,6 @@ class _Child:
     restarts: collections.deque[float] = field(default_factory=collections.deque)
     total_restarts: int = 0
     given_up: bool = False
-    last_exit: int | None = None
     log_file: IO[bytes] | None = None
 
 
@@ -72,7 +71,6 @@ class ProcessGroup:
         policy: RestartPolicy | None = None,
         log_dir: Path | None = None,
         poll_interval_s: float = 0.05,
-        on_exit: Callable[[str, int], None] | None = None,
     ) -> None:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
@@ -80,7 +78,6 @@ class ProcessGroup:
         self.policy = policy or RestartPolicy()
         self.log_dir = log_dir
         self.poll_interval_s = poll_interval_s
-        self.on_exit = on_exit
         self._children = {s.name: _Child(s) for s in specs}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -225,15 +222,12 @@ class ProcessGroup:
             return
         if child.proc is None or (code := child.proc.poll()) is None:
             return
-        child.last_exit = code
         ran_s = now - child.started_at
         child.consecutive_failures = (
             1 if ran_s >= self.policy.stable_after_s else child.consecutive_failures + 1
         )
         while child.restarts and now - child.restarts[0] > 60.0:
             child.restarts.popleft()
-        if self.on_exit is not None:
-            self.on_exit(child.spec.name, code)
         if not child.spec.restart or len(child.restarts) >= self.policy.max_restarts_per_minute:
             child.given_up = True
             log.error(
