@@ -44,8 +44,8 @@ def deployment_config(model: Path | str, **overrides: Any) -> ServeConfig:
     return ServeConfig(**fields)
 
 
-def start(model: Path | str, workers: int, log_dir: Path, **overrides: Any) -> Supervisor:
-    sup = Supervisor(deployment_config(model, **overrides), workers=workers, log_dir=log_dir)
+def start(model: Path | str, workers: int, log_dir: Path, policy: Any = None, **overrides: Any) -> Supervisor:
+    sup = Supervisor(deployment_config(model, **overrides), workers=workers, log_dir=log_dir, policy=policy)
     sup.start()
     try:
         sup.wait_ready(timeout_s=120)

@@ -31,7 +31,7 @@ from shared.config import ServeConfig
 from shared.log import configure_logging
 from shared.ops_http import OpsServer, json_response
 from shared.protocol.blocks import BLOCK_OPS, BLOCK_REPLY
-from shared.protocol.codec import decode
+from shared.protocol.codec import decode, encode
 from shared.protocol.frontend import Abort, Ping, Submit
 from shared.protocol.step import StepResult
 from shared.transport import CurveKeys, RouterFrameError, make_socket, recv_router, send, start_authenticator
@@ -45,7 +45,7 @@ class WorkerLink:
     block_size: int
     last_heartbeat: float
     active: bool = False  # known to the core (its pool is registered and reachable)
-    needs_reset: bool = False  # the worker may hold request state from before a reset
+    routable: bool = False  # its step socket has spoken to us: steps sent to it arrive
 
 
 class SchedulerService:
@@ -70,6 +70,8 @@ class SchedulerService:
         self.front = make_socket(self.ctx, zmq.ROUTER, max_message_bytes=mk, curve_server=keys)
         self.front.bind(config.front_endpoint)
         self.workers_sock = make_socket(self.ctx, zmq.ROUTER, max_message_bytes=mk, curve_server=keys)
+        # A step to a worker whose socket is gone must fail loudly, not vanish: that worker is lost.
+        self.workers_sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.workers_sock.bind(config.worker_endpoint)
         self.keys = keys
         self.bm = self._bm_socket()
@@ -278,6 +280,8 @@ class SchedulerService:
         try:
             if msg["type"] == "heartbeat":
                 self.on_heartbeat(msg, now)
+            elif msg["type"] == "hello":
+                self.on_heartbeat(msg, now, step_socket=identity == str(msg["worker_id"]).encode())
             elif msg["type"] == "step_result":
                 self.on_step_result(msg["worker_id"], StepResult.from_wire(msg["result"]), now)
             else:
@@ -285,7 +289,7 @@ class SchedulerService:
         except (KeyError, TypeError, ValueError) as exc:
             self.log.warning("bad_worker_message", error=repr(exc))
 
-    def on_heartbeat(self, msg: dict[str, Any], now: float) -> None:
+    def on_heartbeat(self, msg: dict[str, Any], now: float, step_socket: bool = False) -> None:
         wid, inc = str(msg["worker_id"]), str(msg["incarnation"])
         link = self.links.get(wid)
         if link is not None and link.incarnation != inc:
@@ -295,17 +299,26 @@ class SchedulerService:
             link = self.links[wid] = WorkerLink(wid, inc, int(msg["num_blocks"]), int(msg["block_size"]), now)
             self.log.info("worker_joined", worker_id=wid, num_blocks=link.num_blocks, block_size=link.block_size)
         link.last_heartbeat = now
-        if not link.active and not self.bm_down:
+        link.routable = link.routable or step_socket
+        if not link.active and link.routable and not self.bm_down:
             self.activate(link)
 
     def activate(self, link: WorkerLink) -> None:
         # A worker we dropped may still hold request state (a late heartbeat, a block-manager
         # outage): it forgets everything before its first step. Harmless for a fresh one.
-        send(self.workers_sock, "reset", {}, to=link.worker_id.encode())
-        link.needs_reset = False
+        if not self.send_to_worker(link.worker_id, "reset", {}):
+            return
         self.core.add_worker(link.worker_id, link.num_blocks, link.block_size)
         link.active = True
         self.metrics.workers.set(sum(1 for w in self.links.values() if w.active))
+
+    def send_to_worker(self, wid: str, kind: str, body: dict[str, Any]) -> bool:
+        try:
+            self.workers_sock.send_multipart([wid.encode(), encode(kind, body)], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as exc:  # EHOSTUNREACH (ROUTER_MANDATORY) or a full queue
+            self.lose_worker(wid, f"unroutable: {exc}")
+            return False
 
     def lose_worker(self, wid: str, reason: str) -> None:
         link = self.links.pop(wid, None)
@@ -370,7 +383,6 @@ class SchedulerService:
             if link.active:
                 self.core.remove_worker(wid)
                 link.active = False
-                link.needs_reset = True
         self.log.error("block_manager_lost", reason=reason, new_owner=self.owner)
 
     def probe_block_manager(self) -> None:
@@ -385,7 +397,7 @@ class SchedulerService:
         self.bm_instance = reply.get("instance")
         self.log.info("block_manager_back", instance=self.bm_instance, pools=sorted(reply.get("pools", {})))
         for link in self.links.values():
-            if link.worker_id in reply.get("pools", {}) and not link.active:
+            if link.worker_id in reply.get("pools", {}) and not link.active and link.routable:
                 self.activate(link)
 
     # ------------------------------------------------------------------ timers and steps
@@ -427,7 +439,8 @@ class SchedulerService:
                     return sent
                 execute = self.core.commit(plan, reply, now)
                 if execute is not None:
-                    send(self.workers_sock, "execute", {"execute": execute.to_wire()}, to=wid.encode())
+                    if not self.send_to_worker(wid, "execute", {"execute": execute.to_wire()}):
+                        break
                     sent = True
                 elif plan.entries or not all(op[0] == "free" for op in plan.block_ops):
                     break

@@ -105,9 +105,16 @@ class WorkerService:
         beat.start()
         self.log.info("worker_started", endpoint=self.config.worker_endpoint, num_blocks=self.runner.num_blocks)
         last_sent = time.monotonic()
+        last_hello = 0.0
         try:
             while not self.stopping.is_set():
                 if not sched.poll(100):
+                    # While idle, say hello from THIS socket: the scheduler routes steps to it only
+                    # once it has heard from it (after its own restart, this socket reconnects
+                    # later than the heartbeat socket, and a step sent before would be lost).
+                    if time.monotonic() - last_hello >= self.config.heartbeat_interval_s:
+                        send(sched, "hello", self.announcement())
+                        last_hello = time.monotonic()
                     continue
                 msg = decode(sched.recv(), self.config.max_message_bytes)
                 if msg["type"] == "reset":
