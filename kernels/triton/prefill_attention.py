@@ -138,7 +138,7 @@ def prefill_attention(
     max_query_len: int,
     req_ids: torch.Tensor | None = None,
     block_m: int | None = None,
-    block_n: int = 64,
+    block_n: int | None = None,
 ) -> None:
     """Causal attention of each request's packed queries over its paged context, written into out.
 
@@ -155,9 +155,13 @@ def prefill_attention(
     num_reqs = seq_lens.shape[0] if req_ids is None else req_ids.shape[0]
     if num_reqs == 0 or max_query_len == 0:
         return
+    upcast = dot_in_fp32(k_cache.dtype == torch.float32 or query.dtype != k_cache.dtype)
+    # fp32 tiles take the CUDA cores (ieee products), where 64x64x128 spills registers: halve them.
+    big = 32 if upcast else 64
     if block_m is None:
-        # tl.dot needs >= 16 rows; short extends (a few tokens) would waste most of a 64-row tile.
-        block_m = 16 if max_query_len <= 16 else 64
+        # tl.dot needs >= 16 rows; short extends (a few tokens) would waste most of a big tile.
+        block_m = 16 if max_query_len <= 16 else big
+    block_n = block_n or big
     grid = (num_reqs, num_heads, triton.cdiv(max_query_len, block_m))
     _prefill_kernel[grid](
         query,
@@ -187,5 +191,5 @@ def prefill_attention(
         BLOCK_D=triton.next_power_of_2(head_dim),
         PAGE_SIZE=k_cache.shape[1],
         USE_REQ_IDS=req_ids is not None,
-        UPCAST=dot_in_fp32(k_cache.dtype == torch.float32 or query.dtype != k_cache.dtype),
+        UPCAST=upcast,
     )
