@@ -1,21 +1,15 @@
-"""Fixtures of the block-manager tests: a manager with one small pool, and views of its blocks."""
+"""The block-manager tests' small pool, and views of its blocks read from the public health dump.
+
+(A plain module rather than conftest.py: test modules import it by name, and several conftest.py
+files without packages would shadow each other.)"""
 
 from __future__ import annotations
-
-import pytest
 
 from services.block_manager.manager import BlockManager
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 16
 TTL = 10.0
-
-
-@pytest.fixture
-def manager() -> BlockManager:
-    m = BlockManager(lease_ttl_s=TTL)
-    m.add_pool("w0", NUM_BLOCKS, BLOCK_SIZE)
-    return m
 
 
 def ref_counts(manager: BlockManager, pool_id: str = "w0") -> dict[int, int]:

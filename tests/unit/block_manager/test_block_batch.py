@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from conftest import BLOCK_SIZE, NUM_BLOCKS, tokens
+from block_views import BLOCK_SIZE, NUM_BLOCKS, tokens
 
 from services.block_manager.manager import BlockManager
 from shared.protocol import decode

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import NUM_BLOCKS, TTL, tokens
+from block_views import NUM_BLOCKS, TTL, tokens
 
 from services.block_manager.leases import LeaseTable
 from services.block_manager.manager import BlockManager, Reclaimed

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import BLOCK_SIZE, NUM_BLOCKS, cached_ids, ref_counts, tokens
+from block_views import BLOCK_SIZE, NUM_BLOCKS, cached_ids, ref_counts, tokens
 
 from services.block_manager.manager import BlockManager
 

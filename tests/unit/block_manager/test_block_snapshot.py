@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import BLOCK_SIZE, NUM_BLOCKS, TTL, tokens
+from block_views import BLOCK_SIZE, NUM_BLOCKS, TTL, tokens
 
 from services.block_manager.manager import BlockManager
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import BLOCK_SIZE, NUM_BLOCKS, ref_counts, tokens
+from block_views import BLOCK_SIZE, NUM_BLOCKS, ref_counts, tokens
 
 from services.block_manager.manager import (
     BlockManager,
