@@ -151,6 +151,7 @@ class BlockManager:
             block_ids,
             num_cached + num_new,
             len(block_ids) * bs,
+            len(block_ids) * bs,
             list(token_ids),
             len(hits),
             prefix,
@@ -175,9 +176,9 @@ class BlockManager:
                 f"request {request_id!r}: num_new_tokens must be >= 0, got {num_new_tokens}"
             )
         end = table.num_slots + num_new_tokens
-        if end <= table.capacity and not table.tail_maybe_shared:
-            # The common decode step (15 of 16): the slots fit in the last block, which is this
-            # table's alone. Kept to a few attribute stores; it runs per request per step.
+        if end <= table.write_limit:
+            # The common decode step (15 of 16): the slots fit in the last block, which is known
+            # to be this table's alone. A few attribute stores: this runs per request per step.
             table.num_slots = end
             if new_token_ids:
                 table.token_ids.extend(new_token_ids)
@@ -190,18 +191,15 @@ class BlockManager:
     def _grow_blocks(
         self, table: BlockTable, end: int, new_token_ids: Sequence[int], now: float
     ) -> Growth | None:
-        """grow, when it may need fresh blocks or a copy-on-write of the last block."""
+        """grow past the write limit: fresh blocks, or a copy-on-write of the shared last block."""
         pool = table.pool
         bs = pool.block_size
         block_ids = table.block_ids
         num_slots = table.num_slots
         num_fresh = (end + bs - 1) // bs - len(block_ids)
-        copy_tail = False
-        if table.tail_maybe_shared and end > num_slots and num_slots % bs:
-            # The next slot lies in the partly filled last block: writing into it while another
-            # table reads it would corrupt that table's KV.
-            copy_tail = pool.blocks[block_ids[-1]].ref_count > 1
-            table.tail_maybe_shared = copy_tail
+        # The next slot lies in a partly filled last block that another table may read (after a
+        # fork): writing into it in place would corrupt that table's KV, so it is copied first.
+        copy_tail = num_slots % bs != 0 and end > num_slots and pool.blocks[block_ids[-1]].ref_count > 1
         growth = UNCHANGED
         if num_fresh or copy_tail:
             if num_fresh + copy_tail > len(pool.free):
@@ -217,13 +215,14 @@ class BlockManager:
                 copies = ((src.id, dst.id),)
             if num_fresh == 1:  # a decode crossing into the next block
                 new_block_ids: tuple[int, ...] = (pool.take_free().id,)
+                block_ids.append(new_block_ids[0])
             else:
                 take_free = pool.take_free
                 new_block_ids = tuple([take_free().id for _ in range(num_fresh)])
-            block_ids.extend(new_block_ids)
-            table.capacity = len(block_ids) * bs
-            table.tail_maybe_shared = False  # a fresh or copied last block is this table's alone
+                block_ids.extend(new_block_ids)
             growth = Growth(new_block_ids, replaced, copies)
+        # From here on the last block is this table's alone (fresh, copied, or found unshared).
+        table.capacity = table.write_limit = len(block_ids) * bs
         table.num_slots = end
         if new_token_ids:
             table.token_ids.extend(new_token_ids)
@@ -245,7 +244,8 @@ class BlockManager:
         for block_id in parent.block_ids:
             blocks[block_id].ref_count += 1  # held by the parent, so never in the free list
         parent.lease.expires_at = now + self._ttl
-        parent.tail_maybe_shared = True
+        # Both now share the last block: their next write goes through the copy-on-write check.
+        parent.write_limit = parent.num_slots
         self._tables[child_id] = BlockTable(
             child_id,
             pool,
@@ -253,11 +253,11 @@ class BlockManager:
             parent.block_ids.copy(),
             parent.num_slots,
             parent.capacity,
+            parent.num_slots,
             parent.token_ids.copy(),
             parent.num_hashed_blocks,
             parent.prefix_id,
             parent.next_cache_at,
-            tail_maybe_shared=True,
         )
         return True
 
@@ -333,10 +333,11 @@ def _cache_full_blocks(table: BlockTable) -> None:
     limit = min(table.num_slots, len(token_ids))
     index = table.num_hashed_blocks
     prefix = table.prefix_id
-    while (index + 1) * bs <= limit and prefix != NO_PREFIX:
-        start = index * bs
+    start = index * bs
+    while start + bs <= limit and prefix != NO_PREFIX:
         prefix = pool.cache(blocks[block_ids[index]], prefix, tuple(token_ids[start : start + bs]))
         index += 1
+        start += bs
     table.num_hashed_blocks = index
     table.prefix_id = prefix
-    table.next_cache_at = NEVER if prefix == NO_PREFIX else (index + 1) * bs
+    table.next_cache_at = NEVER if prefix == NO_PREFIX else start + bs

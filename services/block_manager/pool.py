@@ -89,14 +89,14 @@ class BlockPool:
         under a different key holds other content: NO_PREFIX tells the caller to stop.
         """
         key = (parent_prefix, token_ids)
-        existing = self.cached.get(key)
-        if existing is not None:
-            return existing.prefix_id
         if block.cache_key is not None:
-            return NO_PREFIX
+            existing = self.cached.get(key)
+            return NO_PREFIX if existing is None else existing.prefix_id
+        existing = self.cached.setdefault(key, block)  # one hash of the key, not two
+        if existing is not block:
+            return existing.prefix_id
         prefix_id = self._next_prefix_id
         self._next_prefix_id = prefix_id + 1
         block.cache_key = key
         block.prefix_id = prefix_id
-        self.cached[key] = block
         return prefix_id

@@ -101,6 +101,8 @@ def violations(
             )
         if table.capacity != len(table.block_ids) * pool.block_size:
             problems.append(f"table {rid!r}: capacity {table.capacity} != blocks x block size")
+        if not table.num_slots <= table.write_limit <= table.capacity:
+            problems.append(f"table {rid!r}: write limit {table.write_limit} outside its slots and capacity")
         counts = refs[id(pool)]
         for block_id in table.block_ids:
             if not 0 <= block_id < pool.num_blocks:

@@ -24,10 +24,10 @@ class BlockTable:
     block_ids: list[int]
     num_slots: int
     capacity: int  # len(block_ids) * block_size: slots that fit without a fresh block
+    # Slots grow may give without looking at any block: the capacity, except after a fork, when
+    # the partly filled last block is shared and the next write must check for copy-on-write.
+    write_limit: int
     token_ids: list[int]
     num_hashed_blocks: int  # leading blocks already offered to the prefix cache
     prefix_id: int  # content id of those leading blocks; NO_PREFIX once the chain broke
     next_cache_at: int  # slots and tokens both reaching this mean one more block to cache
-    # Set by fork: the partly filled last block may be shared, so the next write into it must
-    # check for copy-on-write. Cleared once the last block is known to be this table's alone.
-    tail_maybe_shared: bool = False
