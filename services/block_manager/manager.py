@@ -168,9 +168,10 @@ class BlockManager:
         """Give the request `num_new_tokens` more slots and append the tokens that became
         known. A write into a shared block copies it first. None (nothing changed, the lease
         neither) when the pool has too few free blocks."""
-        table = self._tables.get(request_id)
-        if table is None:
-            raise UnknownRequestError(f"unknown request {request_id!r}")
+        try:
+            table = self._tables[request_id]
+        except KeyError:
+            raise UnknownRequestError(f"unknown request {request_id!r}") from None
         if num_new_tokens < 0:
             raise BlockManagerError(
                 f"request {request_id!r}: num_new_tokens must be >= 0, got {num_new_tokens}"
@@ -195,32 +196,18 @@ class BlockManager:
         pool = table.pool
         bs = pool.block_size
         block_ids = table.block_ids
-        num_slots = table.num_slots
-        num_fresh = (end + bs - 1) // bs - len(block_ids)
-        # The next slot lies in a partly filled last block that another table may read (after a
-        # fork): writing into it in place would corrupt that table's KV, so it is copied first.
-        copy_tail = num_slots % bs != 0 and end > num_slots and pool.blocks[block_ids[-1]].ref_count > 1
-        growth = UNCHANGED
-        if num_fresh or copy_tail:
-            if num_fresh + copy_tail > len(pool.free):
+        capacity = table.capacity
+        if table.write_limit == capacity and end <= capacity + bs:
+            # A decode crossing into the next block: exactly one fresh block, no copy.
+            if not pool.free:
                 return None
-            replaced: tuple[tuple[int, int], ...] = ()
-            copies: tuple[tuple[int, int], ...] = ()
-            if copy_tail:
-                src = pool.blocks[block_ids[-1]]
-                dst = pool.take_free()
-                pool.release(src)  # others still hold it: never the last reference
-                block_ids[-1] = dst.id
-                replaced = ((len(block_ids) - 1, dst.id),)
-                copies = ((src.id, dst.id),)
-            if num_fresh == 1:  # a decode crossing into the next block
-                new_block_ids: tuple[int, ...] = (pool.take_free().id,)
-                block_ids.append(new_block_ids[0])
-            else:
-                take_free = pool.take_free
-                new_block_ids = tuple([take_free().id for _ in range(num_fresh)])
-                block_ids.extend(new_block_ids)
-            growth = Growth(new_block_ids, replaced, copies)
+            block_id = pool.take_free().id
+            block_ids.append(block_id)
+            growth = Growth((block_id,), (), ())
+        else:
+            growth = self._grow_general(pool, block_ids, table.num_slots, end)
+            if growth is None:
+                return None
         # From here on the last block is this table's alone (fresh, copied, or found unshared).
         table.capacity = table.write_limit = len(block_ids) * bs
         table.num_slots = end
@@ -230,6 +217,33 @@ class BlockManager:
         if end >= table.next_cache_at and len(table.token_ids) >= table.next_cache_at:
             _cache_full_blocks(table)
         return growth
+
+    @staticmethod
+    def _grow_general(pool: BlockPool, block_ids: list[int], num_slots: int, end: int) -> Growth | None:
+        """Any number of fresh blocks, after a copy-on-write of the last block when it is shared
+        and partly filled. Changes block_ids in place; None (nothing changed) when short of blocks."""
+        bs = pool.block_size
+        num_fresh = (end + bs - 1) // bs - len(block_ids)
+        # Writing in place into a partly filled last block that another table reads (after a
+        # fork) would corrupt that table's KV: it is copied first.
+        copy_tail = num_slots % bs != 0 and end > num_slots and pool.blocks[block_ids[-1]].ref_count > 1
+        if not (num_fresh or copy_tail):
+            return UNCHANGED
+        if num_fresh + copy_tail > len(pool.free):
+            return None
+        replaced: tuple[tuple[int, int], ...] = ()
+        copies: tuple[tuple[int, int], ...] = ()
+        if copy_tail:
+            src = pool.blocks[block_ids[-1]]
+            dst = pool.take_free()
+            pool.release(src)  # others still hold it: never the last reference
+            block_ids[-1] = dst.id
+            replaced = ((len(block_ids) - 1, dst.id),)
+            copies = ((src.id, dst.id),)
+        take_free = pool.take_free
+        new_block_ids = tuple([take_free().id for _ in range(num_fresh)])
+        block_ids.extend(new_block_ids)
+        return Growth(new_block_ids, replaced, copies)
 
     def fork(self, parent_id: str, child_id: str, owner: str, now: float) -> bool:
         """The child shares every block of the parent (copy-on-write on the first write into
@@ -325,19 +339,14 @@ def _release(table: BlockTable) -> int:
 
 def _cache_full_blocks(table: BlockTable) -> None:
     """Offer the prefix cache every block whose slots and known tokens are now both complete."""
-    pool = table.pool
-    bs = pool.block_size
-    blocks = pool.blocks
-    block_ids = table.block_ids
     token_ids = table.token_ids
-    limit = min(table.num_slots, len(token_ids))
-    index = table.num_hashed_blocks
-    prefix = table.prefix_id
-    start = index * bs
-    while start + bs <= limit and prefix != NO_PREFIX:
-        prefix = pool.cache(blocks[block_ids[index]], prefix, tuple(token_ids[start : start + bs]))
-        index += 1
-        start += bs
+    index, prefix = table.pool.cache_blocks(
+        table.block_ids,
+        token_ids,
+        table.num_hashed_blocks,
+        min(table.num_slots, len(token_ids)),
+        table.prefix_id,
+    )
     table.num_hashed_blocks = index
     table.prefix_id = prefix
-    table.next_cache_at = NEVER if prefix == NO_PREFIX else start + bs
+    table.next_cache_at = NEVER if prefix == NO_PREFIX else (index + 1) * table.pool.block_size

@@ -80,23 +80,36 @@ class BlockPool:
     def lookup(self, parent_prefix: int, token_ids: tuple[int, ...]) -> Block | None:
         return self.cached.get((parent_prefix, token_ids))
 
-    def cache(self, block: Block, parent_prefix: int, token_ids: tuple[int, ...]) -> int:
-        """Record that `block` holds `token_ids` after the prefix `parent_prefix`; returns the
-        prefix id of the content now ending at this block.
+    def cache_blocks(
+        self, block_ids: list[int], token_ids: list[int], index: int, num_tokens: int, prefix: int
+    ) -> tuple[int, int]:
+        """Cache the blocks of a table from logical block `index` on, while their tokens lie
+        within token_ids[:num_tokens]; `prefix` is the content id of the blocks before `index`.
+        Returns (the next index to cache, the content id of everything cached so far).
 
-        If that content is already cached in another block, the existing entry wins (the same
-        content needs one cached copy) and this block stays uncached. A block already cached
-        under a different key holds other content: NO_PREFIX tells the caller to stop.
+        Content already cached in another block keeps that entry (one cached copy is enough),
+        and the chain goes on through it. A block already cached under another key holds other
+        content: the chain stops there with NO_PREFIX.
         """
-        key = (parent_prefix, token_ids)
-        if block.cache_key is not None:
-            existing = self.cached.get(key)
-            return NO_PREFIX if existing is None else existing.prefix_id
-        existing = self.cached.setdefault(key, block)  # one hash of the key, not two
-        if existing is not block:
-            return existing.prefix_id
-        prefix_id = self._next_prefix_id
-        self._next_prefix_id = prefix_id + 1
-        block.cache_key = key
-        block.prefix_id = prefix_id
-        return prefix_id
+        bs = self.block_size
+        blocks = self.blocks
+        cached = self.cached
+        start = index * bs
+        while start + bs <= num_tokens and prefix != NO_PREFIX:
+            block = blocks[block_ids[index]]
+            key = (prefix, tuple(token_ids[start : start + bs]))
+            if block.cache_key is None:
+                existing = cached.setdefault(key, block)  # one hash of the key, not two
+                if existing is block:
+                    prefix = self._next_prefix_id
+                    self._next_prefix_id = prefix + 1
+                    block.cache_key = key
+                    block.prefix_id = prefix
+                else:
+                    prefix = existing.prefix_id
+            else:
+                existing = cached.get(key)
+                prefix = NO_PREFIX if existing is None else existing.prefix_id
+            index += 1
+            start += bs
+        return index, prefix
