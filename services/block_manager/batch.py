@@ -10,7 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from shared.protocol.blocks import OP_ALLOC, OP_ARITY, OP_FORK, OP_FREE, OP_GROW, OP_RENEW, error_result
+from shared.protocol.blocks import (
+    OP_ALLOC,
+    OP_ARITY,
+    OP_FORK,
+    OP_FREE,
+    OP_GROW,
+    OP_RENEW,
+    UNCHANGED,
+    error_result,
+)
 
 if TYPE_CHECKING:
     from services.block_manager.manager import BlockManager
@@ -57,11 +66,17 @@ def _alloc(manager: BlockManager, op: list[Any], now: float) -> Any:
 
 
 def _grow(manager: BlockManager, op: list[Any], now: float) -> Any:
+    # The per-step op (one per running request): checks inlined, no wire conversion when unchanged.
     _, request_id, num_new_tokens, new_token_ids = op
-    _need_str("request_id", request_id)
-    _need_count("num_new_tokens", num_new_tokens)
-    _need_tokens("new_token_ids", new_token_ids)
+    if type(request_id) is not str:
+        _need_str("request_id", request_id)
+    if type(num_new_tokens) is not int:
+        _need_count("num_new_tokens", num_new_tokens)
+    if new_token_ids or type(new_token_ids) not in _TOKEN_LISTS:
+        _need_tokens("new_token_ids", new_token_ids)
     growth = manager.grow(request_id, num_new_tokens, new_token_ids, now)
+    if growth is UNCHANGED:
+        return [[], [], []]
     return None if growth is None else growth.to_wire()
 
 
@@ -94,6 +109,7 @@ _HANDLERS: dict[str, Callable[[BlockManager, list[Any], float], Any]] = {
 }
 
 _INT_ONLY = {int}
+_TOKEN_LISTS = (list, tuple)  # tuples only from in-process callers; msgpack gives lists
 
 
 def _need_str(field: str, value: Any) -> None:
@@ -108,7 +124,7 @@ def _need_count(field: str, value: Any) -> None:
 
 def _need_tokens(field: str, value: Any) -> None:
     # set(map(type, ...)) runs in C: a few microseconds for a long prompt, nothing for a decode.
-    if type(value) is not list or not set(map(type, value)) <= _INT_ONLY:
+    if type(value) not in _TOKEN_LISTS or not set(map(type, value)) <= _INT_ONLY:
         raise MalformedOpError(f"{field} must be a list of ints, got {_short(value)}")
 
 
