@@ -10,7 +10,7 @@ import triton_env  # noqa: F401  (before any kernels import: selects the Triton 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from paged_reference import TOLERANCES, PagedBatch, make_paged_batch, reference_attention
-from triton_env import DEVICE
+from triton_env import DEVICE, max_examples
 
 from kernels.attention import AttentionMetadata, get_backend
 from kernels.triton_backend import TritonAttentionBackend
@@ -48,7 +48,7 @@ def requests(draw: st.DrawFn) -> tuple[int, int]:
     return seq_len, q_len
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=max_examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     reqs=st.lists(requests(), min_size=1, max_size=4),
     block_size=st.sampled_from([8, 16, 32, 64, 128]),

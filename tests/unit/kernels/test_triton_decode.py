@@ -7,11 +7,13 @@ import triton_env  # noqa: F401  (before any kernels import: selects the Triton 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from paged_reference import TOLERANCES, make_paged_batch, reference_attention
-from triton_env import DEVICE
+from triton_env import DEVICE, max_examples
 
 from kernels.triton.decode_attention import decode_attention
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=max_examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 DTYPES = st.sampled_from([torch.float32, torch.float16, torch.bfloat16])
 # 80 and 96 are padded to 128 inside the kernel; weighted lower than the common sizes.
 HEAD_DIMS = st.sampled_from([64, 128, 64, 128, 80, 96])

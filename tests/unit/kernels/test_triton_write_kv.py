@@ -6,14 +6,14 @@ import torch
 import triton_env  # noqa: F401  (before any kernels import: selects the Triton interpreter)
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from triton_env import DEVICE
+from triton_env import DEVICE, max_examples
 
 from kernels.triton.write_kv import write_kv
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=max_examples(25), deadline=None)
 @given(
     num_tokens=st.integers(1, 40),
     num_kv_heads=st.sampled_from([1, 2, 3, 8]),

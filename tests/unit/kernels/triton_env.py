@@ -14,3 +14,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 INTERPRETING: bool = os.environ["TRITON_INTERPRET"] == "1"
 DEVICE: torch.device = torch.device("cuda" if torch.cuda.is_available() and not INTERPRETING else "cpu")
+
+
+def max_examples(default: int) -> int:
+    """Hypothesis examples per property; PAGEDSERVE_TRITON_EXAMPLES overrides (the GPU check trims
+    them: compiled for real, every new shape is a fresh compile of a second or more)."""
+    return int(os.environ.get("PAGEDSERVE_TRITON_EXAMPLES", default))
