@@ -49,7 +49,10 @@ def make_socket(
 ) -> zmq.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    # ZeroMQ drops a peer that sends more than MAXMSGSIZE without a word. Up to twice the limit we
+    # still read the frame, so `decode` can answer "too large" naming the limit; beyond that the
+    # hard cap protects memory.
+    sock.setsockopt(zmq.MAXMSGSIZE, 2 * max_message_bytes)
     if kind == zmq.ROUTER:
         # A peer that reconnects with the identity of a dead one takes over its route.
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
