@@ -247,7 +247,9 @@ class BlockManager:
 
     def fork(self, parent_id: str, child_id: str, owner: str, now: float) -> bool:
         """The child shares every block of the parent (copy-on-write on the first write into
-        the shared partly filled block), with the same slots and known tokens."""
+        the shared partly filled block), with the same slots and known tokens. Slots already
+        given count as written: fork once the parent's given slots are computed (the scheduler
+        forks at the step that completes the prompt), or both would write the same slots."""
         parent = self._tables.get(parent_id)
         if parent is None:
             raise UnknownRequestError(f"unknown request {parent_id!r} (fork parent)")

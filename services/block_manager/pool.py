@@ -30,12 +30,13 @@ class Block:
 
 
 def block_hash(key: CacheKey) -> str:
-    """Hex form of a cache key for the health dump (stable across runs: ints hash to themselves)."""
+    """Hex form of a cache key, for the health dump only: prefix ids are handed out in the order
+    contents are first cached, so equal hashes mean equal content only within one pool's life."""
     return format(hash(key) & 0xFFFF_FFFF_FFFF_FFFF, "016x")
 
 
 class BlockPool:
-    """Blocks of one worker. Every method is O(1) except construction."""
+    """Blocks of one worker. Every method is O(1) per block it touches."""
 
     __slots__ = ("pool_id", "num_blocks", "block_size", "blocks", "free", "cached", "_next_prefix_id")
 
@@ -50,9 +51,6 @@ class BlockPool:
         self.free: OrderedDict[int, Block] = OrderedDict((b.id, b) for b in self.blocks)
         self.cached: dict[CacheKey, Block] = {}
         self._next_prefix_id = ROOT_PREFIX + 1
-
-    def num_free(self) -> int:
-        return len(self.free)
 
     def take_free(self) -> Block:
         """The least recently freed block, now referenced once; its cached content is evicted."""
@@ -76,9 +74,6 @@ class BlockPool:
             self.free[block.id] = block
             return True
         return False
-
-    def lookup(self, parent_prefix: int, token_ids: tuple[int, ...]) -> Block | None:
-        return self.cached.get((parent_prefix, token_ids))
 
     def cache_blocks(
         self, block_ids: list[int], token_ids: list[int], index: int, num_tokens: int, prefix: int
