@@ -1,0 +1,159 @@
+"""The deployment `pagedserve chaos` runs against: one it starts itself, or one already running.
+
+With --start N, a Supervisor on free loopback ports (block manager, scheduler, N workers). Without,
+a running `pagedserve up` (endpoints from flags, else PAGEDSERVE_* variables and the defaults), or
+with --docker a running `docker compose` project, whose worker containers are the victims.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ops.chaos_targets import ContainerWorkers, ProcessWorkers, SupervisedWorkers, WorkerTarget
+from ops.chaos_watch import ready_workers
+from ops.process_group import RestartPolicy
+from ops.supervisor import Supervisor, ops_url, resolve_model_first, worker_name
+from shared.config import ServeConfig
+
+# The kills are ours and come every few seconds: restart at once, every time. The default policy
+# would back off to 10 s and give a worker up after 5 deaths in a minute.
+CHAOS_RESTARTS = RestartPolicy(backoff_s=0.25, max_backoff_s=1.0, max_restarts_per_minute=1000)
+
+
+class DeploymentError(RuntimeError):
+    """No deployment to run against (not reachable, no worker found); the message says what to do."""
+
+
+@dataclass(slots=True)
+class Deployment:
+    mode: str  # "start", "attach" or "docker"
+    front_endpoint: str
+    scheduler_ops: str
+    block_manager_ops: str
+    target: WorkerTarget
+    workers: int  # how many workers make it whole
+    supervisor: Supervisor | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "mode": self.mode,
+            "workers": self.workers,
+            "front_endpoint": self.front_endpoint,
+            "scheduler_ops": self.scheduler_ops,
+            "block_manager_ops": self.block_manager_ops,
+            **self.details,
+        }
+        if self.supervisor is not None:
+            out["restarts"] = {
+                worker_name(i): self.supervisor.restarts(worker_name(i)) for i in range(self.workers)
+            }
+        return out
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_for_workers(scheduler_ops: str, count: int, timeout_s: float) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ready = ready_workers(scheduler_ops) or []
+        if len(ready) >= count or time.monotonic() >= deadline:
+            return ready
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def started(
+    workers: int, model: str, threads: int, num_blocks: int | None, ready_timeout_s: float
+) -> Iterator[Deployment]:
+    front, worker_port, bm, sched_ops, bm_ops = free_ports(5)
+    config = ServeConfig(
+        model=model,
+        num_threads=threads,
+        num_blocks=num_blocks,
+        front_endpoint=f"tcp://127.0.0.1:{front}",
+        worker_endpoint=f"tcp://127.0.0.1:{worker_port}",
+        block_manager_endpoint=f"tcp://127.0.0.1:{bm}",
+        ops_host="127.0.0.1",
+        scheduler_ops_port=sched_ops,
+        block_manager_ops_port=bm_ops,
+        log_format="json",
+    )
+    try:
+        config = resolve_model_first(config)
+    except ValueError as e:
+        raise DeploymentError(str(e)) from e
+    log_dir = Path(tempfile.mkdtemp(prefix="pagedserve-chaos-"))
+    supervisor = Supervisor(config, workers=workers, log_dir=log_dir, policy=CHAOS_RESTARTS)
+    supervisor.start()
+    try:
+        supervisor.wait_ready(timeout_s=ready_timeout_s)
+        ready = wait_for_workers(supervisor.scheduler_ops_url, workers, ready_timeout_s)
+        if len(ready) < workers:
+            raise DeploymentError(f"only {len(ready)} of {workers} workers ready (logs in {log_dir})")
+        yield Deployment(
+            "start",
+            supervisor.front_endpoint,
+            supervisor.scheduler_ops_url,
+            supervisor.block_manager_ops_url,
+            SupervisedWorkers(supervisor),
+            workers,
+            supervisor,
+            {"model": config.model, "log_dir": str(log_dir)},
+        )
+    finally:
+        supervisor.stop()
+
+
+@contextlib.contextmanager
+def attached(
+    front: str | None, scheduler_ops: str | None, block_manager_ops: str | None, docker_project: str | None
+) -> Iterator[Deployment]:
+    config = ServeConfig()  # PAGEDSERVE_* variables, else the defaults `pagedserve up` also uses
+    front = front or config.front_endpoint
+    scheduler_ops = (scheduler_ops or ops_url(config, config.scheduler_ops_port)).rstrip("/")
+    block_manager_ops = (block_manager_ops or ops_url(config, config.block_manager_ops_port)).rstrip("/")
+    ready = ready_workers(scheduler_ops)
+    if ready is None:
+        raise DeploymentError(
+            f"no scheduler answers at {scheduler_ops}/readyz: start one "
+            "(`pagedserve up --workers 3`) or use --start N"
+        )
+    if not ready:
+        raise DeploymentError(f"the scheduler at {scheduler_ops} has no ready worker")
+    if docker_project is not None:
+        target: WorkerTarget = ContainerWorkers(docker_project)
+        details = {"compose_project": docker_project}
+    else:
+        target = ProcessWorkers(front)
+        details = {}
+    mine = [v for v in target.victims() if v.worker_id in ready]
+    if not mine:
+        where = f"compose project {docker_project!r}" if docker_project else f"processes serving {front}"
+        raise DeploymentError(f"none of the ready workers {ready} is among the {where}")
+    yield Deployment(
+        "docker" if docker_project else "attach",
+        front,
+        scheduler_ops,
+        block_manager_ops,
+        target,
+        len(ready),
+        None,
+        details,
+    )

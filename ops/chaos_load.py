@@ -1,0 +1,123 @@
+"""The load of `pagedserve chaos`: a fixed number of lanes, each sending one request after another.
+
+Every request ends up in exactly one bucket: finished, errored (by the code of its RequestError),
+or lost (neither, when the drain deadline comes). Prompts are text (random common words, random
+length), so the load fits any model with a tokenizer; decoding is greedy with EOS ignored, so a
+finished request has exactly `max_tokens` tokens and a kill always lands in the middle of decodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+# Prompts are drawn from these words: plain English that every tokenizer handles.
+VOCABULARY = (
+    "the quick brown fox jumps over a lazy dog while seven small birds sing about rivers "
+    "mountains clouds bread coffee engines paper lamps windows gardens music numbers stones "
+    "history science stories letters bridges trains silver winter summer ocean forest city"
+)
+WORDS = VOCABULARY.split()
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSettings:
+    endpoint: str
+    duration_s: float = 60.0
+    concurrency: int = 16
+    min_prompt_words: int = 4
+    max_prompt_words: int = 48
+    max_tokens: int = 48
+    drain_timeout_s: float = 120.0  # after the duration: how long unfinished requests may still take
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class LoadOutcome:
+    sent: int = 0
+    finished: int = 0
+    errored: collections.Counter[str] = field(default_factory=collections.Counter)
+    lost_ids: list[str] = field(default_factory=list)
+    finish_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
+    completion_tokens: int = 0
+    wall_s: float = 0.0  # from the first submit until the last request ended (or was given up)
+
+    @property
+    def lost(self) -> int:
+        return len(self.lost_ids)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sent": self.sent,
+            "finished": self.finished,
+            "errored": dict(self.errored),
+            "errored_total": sum(self.errored.values()),
+            "lost": self.lost,
+            "lost_ids": self.lost_ids,
+            "finish_reasons": dict(self.finish_reasons),
+            "completion_tokens": self.completion_tokens,
+            "wall_s": round(self.wall_s, 3),
+            "tokens_per_s": round(self.completion_tokens / self.wall_s, 1) if self.wall_s else 0.0,
+        }
+
+
+def make_prompt(rng: random.Random, settings: LoadSettings) -> str:
+    n = rng.randint(settings.min_prompt_words, settings.max_prompt_words)
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+async def run_load(settings: LoadSettings) -> LoadOutcome:
+    """Send requests for `duration_s`, then wait up to `drain_timeout_s` for the ones still live."""
+    from shared.sdk import AsyncClient, RequestError
+
+    outcome = LoadOutcome()
+    rng = random.Random(settings.seed)
+    run = uuid.uuid4().hex[:6]  # request ids unique across runs: a finished id would be answered from store
+    live: set[str] = set()
+    started = time.monotonic()
+    stop_sending = started + settings.duration_s
+    # The SDK must not time a request out before our own deadline: that would turn lost into "timeout".
+    request_timeout_s = settings.duration_s + settings.drain_timeout_s + 30.0
+
+    async with AsyncClient(settings.endpoint, timeout_s=request_timeout_s) as client:
+
+        async def one(request_id: str) -> None:
+            outcome.sent += 1
+            live.add(request_id)
+            try:
+                result = await client.generate(
+                    make_prompt(rng, settings),
+                    request_id=request_id,
+                    max_tokens=settings.max_tokens,
+                    temperature=0.0,
+                    ignore_eos=True,
+                )
+            except RequestError as e:
+                outcome.errored[e.code] += 1
+            else:
+                outcome.finished += 1
+                outcome.finish_reasons[result.finish_reason] += 1
+                outcome.completion_tokens += len(result.token_ids)
+            live.discard(request_id)
+
+        async def lane(index: int) -> None:
+            n = 0
+            while time.monotonic() < stop_sending:
+                await one(f"chaos-{run}-{index}-{n}")
+                n += 1
+
+        lanes = [asyncio.create_task(lane(i)) for i in range(settings.concurrency)]
+        deadline = stop_sending + settings.drain_timeout_s
+        _, still_running = await asyncio.wait(lanes, timeout=max(deadline - time.monotonic(), 0.0))
+        # Whatever is live now was neither finished nor refused: lost. Cancelling aborts it.
+        outcome.lost_ids = sorted(live)
+        for task in still_running:
+            task.cancel()
+        await asyncio.gather(*still_running, return_exceptions=True)
+    outcome.wall_s = time.monotonic() - started
+    return outcome

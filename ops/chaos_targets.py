@@ -1,0 +1,168 @@
+"""The workers `pagedserve chaos` may kill, found one of three ways, each able to SIGKILL one.
+
+- `SupervisedWorkers`: the children of a `Supervisor` this command started (`--start N`).
+- `ProcessWorkers`: worker processes of a running `pagedserve up`, found by command line in /proc;
+  its supervisor restarts them.
+- `ContainerWorkers`: worker containers of a compose project, through the Docker SDK; their
+  restart policy brings them back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ops.supervisor import Supervisor, worker_name
+from shared.config import ServeConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    name: str
+    worker_id: str | None
+    stable_id: bool  # restarted under the same id
+    pid: int | None = None
+    handle: Any = None  # what kill() needs: a worker index, a container
+
+
+class WorkerTarget(Protocol):
+    def victims(self) -> list[Victim]: ...
+
+    def kill(self, victim: Victim) -> None: ...
+
+
+# ---------------------------------------------------------------- --start N
+
+
+class SupervisedWorkers:
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+
+    def victims(self) -> list[Victim]:
+        found = []
+        for i in range(self.supervisor.workers):
+            name = worker_name(i)
+            pid = self.supervisor.pid(name)
+            if pid is not None:  # the Supervisor passes --worker-id worker-<i>: the id survives restarts
+                found.append(Victim(name, name, True, pid, i))
+        return found
+
+    def kill(self, victim: Victim) -> None:
+        self.supervisor.kill_worker(victim.handle, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- a running `pagedserve up`
+
+
+def is_worker_command(argv: list[str]) -> bool:
+    """`python -m ops.cli worker ...` or `.../pagedserve worker ...` (not `pagedserve chaos`)."""
+    for i, arg in enumerate(argv[:-1]):
+        module = arg == "ops.cli" and i > 0 and argv[i - 1] == "-m"
+        if module or os.path.basename(arg) == "pagedserve":
+            return argv[i + 1] == "worker"
+    return False
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def setting(argv: list[str], environ: dict[str, str], field: str) -> str | None:
+    """A config field as that process resolved it: its flag, else its PAGEDSERVE_* variable."""
+    return flag_value(argv, "--" + field.replace("_", "-")) or environ.get(f"PAGEDSERVE_{field.upper()}")
+
+
+def _read_process(pid_dir: Path) -> tuple[list[str], dict[str, str]] | None:
+    try:
+        argv = [a.decode(errors="replace") for a in (pid_dir / "cmdline").read_bytes().split(b"\0") if a]
+        raw = (pid_dir / "environ").read_bytes().split(b"\0")
+    except OSError:  # gone meanwhile, or not ours to read
+        return None
+    environ = dict(e.decode(errors="replace").split("=", 1) for e in raw if b"=" in e)
+    return argv, environ
+
+
+def _same_endpoint(a: str, b: str) -> bool:
+    return a.replace("localhost", "127.0.0.1") == b.replace("localhost", "127.0.0.1")
+
+
+class ProcessWorkers:
+    """Worker processes on this machine that belong to the deployment at `front_endpoint`.
+
+    Other deployments may run here too (tests, colleagues): a worker counts only when its front
+    endpoint (flag, PAGEDSERVE_FRONT_ENDPOINT, or the default) is ours, which holds for every child
+    of `pagedserve up`. The scheduler's ready list is checked as well, by the caller."""
+
+    def __init__(self, front_endpoint: str, proc: Path = Path("/proc")) -> None:
+        self.front_endpoint = front_endpoint
+        self.proc = proc
+        self.default_front = ServeConfig.model_fields["front_endpoint"].default
+
+    def victims(self) -> list[Victim]:
+        return list(self._scan())
+
+    def _scan(self) -> Iterator[Victim]:
+        for pid_dir in self.proc.iterdir():
+            if not pid_dir.name.isdigit() or int(pid_dir.name) == os.getpid():
+                continue
+            found = _read_process(pid_dir)
+            if found is None or not is_worker_command(found[0]):
+                continue
+            argv, environ = found
+            front = setting(argv, environ, "front_endpoint") or self.default_front
+            if not _same_endpoint(front, self.front_endpoint):
+                continue
+            pid = int(pid_dir.name)
+            worker_id = setting(argv, environ, "worker_id")
+            if worker_id is not None:
+                yield Victim(worker_id, worker_id, True, pid)
+            else:  # the service's default name, which a restarted process does not keep
+                yield Victim(f"pid {pid}", f"{socket.gethostname()}-{pid}", False, pid)
+
+    def kill(self, victim: Victim) -> None:
+        assert victim.pid is not None
+        os.kill(victim.pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- docker compose
+
+
+class ContainerWorkers:
+    """Running worker containers (compose services named worker*) of one compose project.
+
+    The kill is a SIGKILL to the container's init process from this machine, not `docker kill`:
+    the engine marks a container it killed on request as stopped by hand and its restart policy
+    then leaves it down, whereas a crash is what the policy exists for."""
+
+    def __init__(self, project: str, client: Any = None) -> None:
+        import docker  # the Docker SDK for Python; only this mode needs it
+
+        self.project = project
+        self.client = client or docker.from_env()
+
+    def victims(self) -> list[Victim]:
+        found = []
+        label = f"com.docker.compose.project={self.project}"
+        for c in self.client.containers.list(filters={"label": label, "status": "running"}):
+            if not c.labels.get("com.docker.compose.service", "").startswith("worker"):
+                continue
+            # The worker names itself <hostname>-<container id[:12]> (ops/worker_identity.py),
+            # and keeps that name across restarts of the same container.
+            hostname = c.attrs["Config"]["Hostname"][:40]
+            pid = c.attrs["State"]["Pid"] or None
+            found.append(Victim(c.name, f"{hostname}-{c.id[:12]}", True, pid, c))
+        return found
+
+    def kill(self, victim: Victim) -> None:
+        assert victim.pid is not None, f"{victim.name} has no process"
+        os.kill(victim.pid, signal.SIGKILL)
