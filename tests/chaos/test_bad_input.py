@@ -3,8 +3,11 @@ and changes nothing else — good requests streaming beside them finish with the
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import msgpack
 import pytest
@@ -30,7 +33,8 @@ def model_path(tiny_model):
 
 @pytest.fixture(scope="module")
 def deployment(model_path, tmp_path_factory):
-    sup = start(model_path, workers=1, log_dir=tmp_path_factory.mktemp("fuzz-logs"), max_message_bytes=MAX_BYTES)
+    sup = start(model_path, workers=1, log_dir=tmp_path_factory.mktemp("fuzz-logs"), max_message_bytes=MAX_BYTES,
+                max_inflight_per_client=3, admin_token="s3cret")
     yield sup
     sup.stop()
 
@@ -196,3 +200,31 @@ def test_error_names_the_field_and_the_limit(deployment):
     finally:
         probe.close()
     time.sleep(0.1)
+
+
+def test_a_client_past_its_inflight_limit_gets_a_clear_error(deployment):
+    probe = FrontProbe(deployment.front_endpoint)
+    try:
+        for i in range(3):
+            probe.sock.send(encode("submit", {"request_id": f"limit-{i}", "prompt_token_ids": [5, 6, 7],
+                                              "sampling": {"max_tokens": 300, "ignore_eos": True}, "stream": False}))
+        accepted = [decode(probe.sock.recv())["type"] for _ in range(3)]
+        assert accepted == ["accepted"] * 3
+        reply = probe.ask(encode("submit", {"request_id": "limit-3", "prompt_token_ids": [5, 6, 7]}))
+        assert reply["code"] == "too_many_requests" and "max_inflight_per_client=3" in reply["message"]
+        for i in range(3):
+            probe.sock.send(encode("abort", {"request_id": f"limit-{i}"}))
+    finally:
+        probe.close()
+
+
+def test_ops_endpoints_are_read_only_without_the_admin_token(deployment):
+    url = f"{deployment.block_manager_ops_url}/admin/reap"
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        request = urllib.request.Request(url, method="POST", headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 403
+    request = urllib.request.Request(url, method="POST", headers={"Authorization": "Bearer s3cret"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        assert resp.status == 200 and "reclaimed" in json.loads(resp.read())
