@@ -9,13 +9,18 @@ from typing import Any
 
 from shared.protocol.frontend import SamplingParams
 
-__all__ = ["LLM", "AsyncClient", "Client", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "AsyncClient", "Client", "RequestError", "RequestOutput", "Result", "SamplingParams",
+           "StreamDelta", "load_client_keys"]
 
 _LAZY = {
     "LLM": ("services.engine", "LLM"),
     "RequestOutput": ("services.engine", "RequestOutput"),
     "Client": ("shared.sdk", "Client"),
     "AsyncClient": ("shared.sdk", "AsyncClient"),
+    "RequestError": ("shared.sdk", "RequestError"),
+    "Result": ("shared.sdk", "Result"),
+    "StreamDelta": ("shared.sdk", "StreamDelta"),
+    "load_client_keys": ("shared.sdk", "load_client_keys"),
 }
 
 
