@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     from services.worker.bundled import resolve_model
 
     torch.set_num_threads(args.threads)
+    # Other work on these shared cores moves every number: the load before and after says how much.
+    load_at_start = list(os.getloadavg())
     torch.manual_seed(args.seed)
     settings = BenchSettings(
         model_path=resolve_model(args.model),
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             "kv_utilization": max_len_utilization(workload, model_config.max_model_len),
         },
     )
-    report = {"machine": machine_info(), **report}
+    report = {"machine": {**machine_info(), "load_average_at_start": load_at_start}, **report}
     print_report(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

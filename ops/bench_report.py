@@ -40,7 +40,7 @@ def machine_info() -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
-        "load_average": list(os.getloadavg()),
+        "load_average": list(os.getloadavg()),  # 1, 5, 15 min, at the end of the run
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
@@ -160,6 +160,10 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
         "KV only: tokens / max len",
     )
     console.print(table)
+    machine = report["machine"]
+    start, end, cores = machine["load_average_at_start"][0], machine["load_average"][0], machine["cores"] or 1
+    busy = " — a busy machine: compare paths with care" if max(start, end) > cores else ""
+    console.print(f"load average {start:.1f} at start, {end:.1f} at end ({cores} cores){busy}")
     for key, label in (("speedup", "pagedserve ÷ best transformers"), ("kv_utilization", "KV utilisation")):
         t = report["targets"][key]
         spec, suffix = (".2f", "x") if key == "speedup" else (".1%", "")
