@@ -7,6 +7,17 @@ import sys
 
 import structlog
 
+class _CurrentStderr:
+    """Writes to whatever sys.stderr is at the moment of writing, not at set-up: a logger configured
+    while stderr was redirected (a test's capture, a closed pipe) must not fail forever after."""
+
+    def write(self, text: str) -> None:
+        sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -27,7 +38,7 @@ def configure_logging(service: str, fmt: str = "auto", level: str = "info") -> s
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
     return structlog.get_logger().bind(service=service)
