@@ -110,6 +110,8 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)  # both sides, before either runs
+    # Other work on these shared cores moves every number: the load before and after says how much.
+    load_at_start = os.getloadavg()[0]
     path = resolve_model(args.model)
     dtype = getattr(torch, args.dtype)
     largest = max(args.batches)
@@ -160,9 +162,14 @@ def main() -> None:
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
-        "load_avg_1m": os.getloadavg()[0],
+        "load_avg_1m_at_start": load_at_start,
+        "load_avg_1m_at_end": os.getloadavg()[0],
         "rows": rows,
     }
+    cores = os.cpu_count() or 1
+    start, end = report["load_avg_1m_at_start"], report["load_avg_1m_at_end"]
+    busy = " (a busy machine: numbers are noisy)" if max(start, end) > cores else ""
+    print(f"load average {start:.1f} at start, {end:.1f} at end, {cores} cores{busy}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
