@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     from shared.log import configure_logging
 
     configure_logging("chaos", "json", "error")  # the supervisor's restart lines would bury the report
-    console = Console()
+    # Off a terminal (a log, CI) rich would assume 80 columns and cut container names short.
+    console = Console(width=None if sys.stdout.isatty() else 120)
     try:
         if args.start is not None:
             console.print(f"starting block manager, scheduler and {args.start} workers ({args.model})")
