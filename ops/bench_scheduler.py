@@ -26,8 +26,12 @@ def build(waiting: int, running: int, block_size: int = 16) -> tuple[Scheduler, 
     bm = BlockManager(lease_ttl_s=1e9)
     num_blocks = running * 64 + 1024
     bm.add_pool(W, num_blocks, block_size)
-    sched = Scheduler(SchedulerLimits(max_num_seqs=running, max_num_batched_tokens=1 << 16, pipeline_depth=1,
-                                      max_model_len=1 << 16), eos_token_ids=[0])
+    sched = Scheduler(
+        SchedulerLimits(
+            max_num_seqs=running, max_num_batched_tokens=1 << 16, pipeline_depth=1, max_model_len=1 << 16
+        ),
+        eos_token_ids=[0],
+    )
     sched.add_worker(W, num_blocks, block_size)
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
     for i in range(running):
@@ -63,13 +67,20 @@ def main() -> None:
         plan_ms.append((t1 - t0) * 1e3)
         step_ms.append((t2 - t0) * 1e3)
     result = {
-        "waiting": args.waiting, "running": args.running,
-        "schedule_ms_median": statistics.median(plan_ms), "schedule_ms_p99": sorted(plan_ms)[int(0.99 * len(plan_ms))],
-        "schedule_apply_commit_ms_median": statistics.median(step_ms), "target_ms": 1.0,
+        "waiting": args.waiting,
+        "running": args.running,
+        "schedule_ms_median": statistics.median(plan_ms),
+        "schedule_ms_p99": sorted(plan_ms)[int(0.99 * len(plan_ms))],
+        "schedule_apply_commit_ms_median": statistics.median(step_ms),
+        "target_ms": 1.0,
     }
-    print(f"schedule() with {args.waiting} waiting, {args.running} running: "
-          f"median {result['schedule_ms_median']:.3f} ms, p99 {result['schedule_ms_p99']:.3f} ms (target < 1 ms)")
-    print(f"schedule + block-manager apply + commit: median {result['schedule_apply_commit_ms_median']:.3f} ms")
+    print(
+        f"schedule() with {args.waiting} waiting, {args.running} running: "
+        f"median {result['schedule_ms_median']:.3f} ms, p99 {result['schedule_ms_p99']:.3f} ms (target < 1 ms)"
+    )
+    print(
+        f"schedule + block-manager apply + commit: median {result['schedule_apply_commit_ms_median']:.3f} ms"
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 

@@ -9,8 +9,17 @@ from typing import Any
 
 from shared.protocol.frontend import SamplingParams
 
-__all__ = ["LLM", "AsyncClient", "Client", "RequestError", "RequestOutput", "Result", "SamplingParams",
-           "StreamDelta", "load_client_keys"]
+__all__ = [
+    "LLM",
+    "AsyncClient",
+    "Client",
+    "RequestError",
+    "RequestOutput",
+    "Result",
+    "SamplingParams",
+    "StreamDelta",
+    "load_client_keys",
+]
 
 _LAZY = {
     "LLM": ("services.engine", "LLM"),

@@ -36,27 +36,47 @@ class ServeConfig(BaseSettings):
     block_size: int = Field(16, description="tokens per KV block: a power of two, 8 to 128")
     num_blocks: int | None = Field(None, ge=1, description="KV blocks per worker (overrides kv_cache_memory)")
     kv_cache_memory: int = Field(256 * 1024**2, ge=1, description="bytes of KV cache per worker on the CPU")
-    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="fraction of free GPU memory for KV")
+    gpu_memory_utilization: float = Field(
+        0.85, gt=0.0, le=1.0, description="fraction of free GPU memory for KV"
+    )
     enable_prefix_caching: bool = Field(True, description="reuse full KV blocks of identical prefixes")
 
     # --- scheduling
     max_num_seqs: int = Field(64, ge=1, le=4096, description="requests running at once per worker")
-    max_num_batched_tokens: int = Field(2048, ge=1, le=1 << 20, description="tokens per step (chunked prefill)")
+    max_num_batched_tokens: int = Field(
+        2048, ge=1, le=1 << 20, description="tokens per step (chunked prefill)"
+    )
     max_model_len: int | None = Field(None, ge=1, description="longest prompt + output; default: the model's")
-    aging_s: float = Field(5.0, ge=0.0, description="a request waiting longer than this moves ahead of newer ones")
+    aging_s: float = Field(
+        5.0, ge=0.0, description="a request waiting longer than this moves ahead of newer ones"
+    )
     pipeline_depth: int = Field(2, ge=1, le=3, description="steps in flight per worker (1, 2 or 3)")
-    request_timeout_s: float = Field(600.0, gt=0.0, description="a request still unfinished after this ends in error")
+    request_timeout_s: float = Field(
+        600.0, gt=0.0, description="a request still unfinished after this ends in error"
+    )
     max_inflight_per_client: int = Field(256, ge=1, description="requests one client may have live at once")
 
     # --- leases and liveness
-    lease_ttl_s: float = Field(10.0, gt=0.0, description="a request's blocks are reclaimed this long after the last renewal")
-    lease_renew_interval_s: float = Field(2.0, gt=0.0, description="how often the scheduler renews its live leases")
-    reap_interval_s: float = Field(1.0, gt=0.0, description="how often the block manager reaps expired leases")
+    lease_ttl_s: float = Field(
+        10.0, gt=0.0, description="a request's blocks are reclaimed this long after the last renewal"
+    )
+    lease_renew_interval_s: float = Field(
+        2.0, gt=0.0, description="how often the scheduler renews its live leases"
+    )
+    reap_interval_s: float = Field(
+        1.0, gt=0.0, description="how often the block manager reaps expired leases"
+    )
     heartbeat_interval_s: float = Field(0.5, gt=0.0, description="worker and client heartbeat period")
     worker_timeout_s: float = Field(1.5, gt=0.0, description="a worker silent this long is declared lost")
-    client_timeout_s: float = Field(10.0, gt=0.0, description="a client silent this long has its requests aborted")
-    rpc_timeout_s: float = Field(2.0, gt=0.0, description="a block-manager reply later than this marks it down")
-    step_timeout_s: float = Field(120.0, gt=0.0, description="a step unanswered this long declares its worker lost")
+    client_timeout_s: float = Field(
+        10.0, gt=0.0, description="a client silent this long has its requests aborted"
+    )
+    rpc_timeout_s: float = Field(
+        2.0, gt=0.0, description="a block-manager reply later than this marks it down"
+    )
+    step_timeout_s: float = Field(
+        120.0, gt=0.0, description="a step unanswered this long declares its worker lost"
+    )
 
     # --- endpoints
     front_endpoint: str = Field("tcp://127.0.0.1:5555", description="scheduler ROUTER for clients")
@@ -64,11 +84,15 @@ class ServeConfig(BaseSettings):
     block_manager_endpoint: str = Field("tcp://127.0.0.1:5557", description="block-manager ROUTER")
     ops_host: str = Field("127.0.0.1", description="address the ops HTTP servers bind")
     scheduler_ops_port: int = Field(8080, ge=0, le=65535, description="scheduler ops HTTP port (0 = off)")
-    block_manager_ops_port: int = Field(8081, ge=0, le=65535, description="block-manager ops HTTP port (0 = off)")
+    block_manager_ops_port: int = Field(
+        8081, ge=0, le=65535, description="block-manager ops HTTP port (0 = off)"
+    )
     max_message_bytes: int = Field(64 * 1024**2, ge=1024, description="largest frame any socket accepts")
 
     # --- security
-    curve_keys_dir: str | None = Field(None, description="folder of CURVE keys from `pagedserve keys`; None = off")
+    curve_keys_dir: str | None = Field(
+        None, description="folder of CURVE keys from `pagedserve keys`; None = off"
+    )
     admin_token: str | None = Field(None, description="token required by admin actions on the ops endpoints")
 
     # --- logging
@@ -104,10 +128,13 @@ def add_config_args(parser: argparse.ArgumentParser, fields: list[str] | None = 
             continue
         flag = "--" + name.replace("_", "-")
         if info.annotation is bool:
-            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
-                                help=info.description)
+            parser.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=info.description
+            )
         else:
-            parser.add_argument(flag, dest=name, default=None, help=f"{info.description} (default: {info.default})")
+            parser.add_argument(
+                flag, dest=name, default=None, help=f"{info.description} (default: {info.default})"
+            )
 
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> ServeConfig:

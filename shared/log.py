@@ -1,11 +1,14 @@
-"""structlog set-up: JSON lines for machines, pretty lines on a terminal."""
+"""structlog set-up (JSON lines for machines, pretty lines on a terminal) and the stop signals."""
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+from collections.abc import Callable
 
 import structlog
+
 
 class _CurrentStderr:
     """Writes to whatever sys.stderr is at the moment of writing, not at set-up: a logger configured
@@ -42,3 +45,9 @@ def configure_logging(service: str, fmt: str = "auto", level: str = "info") -> s
         cache_logger_on_first_use=False,
     )
     return structlog.get_logger().bind(service=service)
+
+
+def on_stop_signals(stop: Callable[[], None]) -> None:
+    """Call `stop` on SIGTERM or SIGINT: every service finishes its loop and closes its sockets."""
+    signal.signal(signal.SIGTERM, lambda *_: stop())
+    signal.signal(signal.SIGINT, lambda *_: stop())

@@ -21,8 +21,14 @@ def json_response(body: Any, status: int = 200) -> tuple[int, str, bytes]:
 
 
 class OpsServer:
-    def __init__(self, host: str, port: int, get: dict[str, Handler], post: dict[str, Handler] | None = None,
-                 admin_token: str | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        get: dict[str, Handler],
+        post: dict[str, Handler] | None = None,
+        admin_token: str | None = None,
+    ) -> None:
         routes_get, routes_post, token = get, post or {}, admin_token
 
         class _Handler(BaseHTTPRequestHandler):

@@ -12,7 +12,6 @@ start: a scheduler that sees it change knows every table it held is gone.
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 import uuid
@@ -24,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from services.block_manager.manager import BlockManager
 from shared.config import ServeConfig
-from shared.log import configure_logging
+from shared.log import configure_logging, on_stop_signals
 from shared.ops_http import OpsServer, json_response
 from shared.protocol.blocks import BLOCK_OPS, BLOCK_REPLY
 from shared.transport import CurveKeys, RouterFrameError, make_socket, recv_router, send, start_authenticator
@@ -38,10 +37,15 @@ class BlockManagerMetrics:
         self.kv_usage = Gauge("pagedserve_bm_kv_usage_ratio", "used / total blocks", registry=r)
         self.leases = Gauge("pagedserve_bm_leases", "live leases", registry=r)
         self.pools = Gauge("pagedserve_bm_pools", "registered worker pools", registry=r)
-        self.reclaimed_blocks = Counter("pagedserve_bm_reclaimed_blocks", "blocks taken back", ["reason"], registry=r)
-        self.reclaimed_requests = Counter("pagedserve_bm_reclaimed_requests", "tables taken back", ["reason"],
-                                          registry=r)
-        self.bad_frames = Counter("pagedserve_bm_bad_frames", "frames that did not decode", ["code"], registry=r)
+        self.reclaimed_blocks = Counter(
+            "pagedserve_bm_reclaimed_blocks", "blocks taken back", ["reason"], registry=r
+        )
+        self.reclaimed_requests = Counter(
+            "pagedserve_bm_reclaimed_requests", "tables taken back", ["reason"], registry=r
+        )
+        self.bad_frames = Counter(
+            "pagedserve_bm_bad_frames", "frames that did not decode", ["code"], registry=r
+        )
         self.batches = Counter("pagedserve_bm_batches", "block-op batches applied", registry=r)
 
     def observe(self, snap: dict[str, Any]) -> None:
@@ -66,16 +70,23 @@ class BlockManagerService:
         self.ctx = zmq.Context()
         keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
         self.auth = start_authenticator(self.ctx, keys) if keys else None
-        self.sock = make_socket(self.ctx, zmq.ROUTER, max_message_bytes=config.max_message_bytes, curve_server=keys)
+        self.sock = make_socket(
+            self.ctx, zmq.ROUTER, max_message_bytes=config.max_message_bytes, curve_server=keys
+        )
         self.sock.bind(config.block_manager_endpoint)
         self.ops: OpsServer | None = None
         if config.block_manager_ops_port:
-            self.ops = OpsServer(config.ops_host, config.block_manager_ops_port, {
-                "/healthz": lambda: json_response({"ok": True, "instance": self.instance}),
-                "/blocks": lambda: json_response(self.snapshot()),
-                "/metrics": self._metrics_text,
-            }, {"/admin/reap": lambda: json_response({"reclaimed": self.reap(time.monotonic())})},
-                admin_token=config.admin_token).start()
+            self.ops = OpsServer(
+                config.ops_host,
+                config.block_manager_ops_port,
+                {
+                    "/healthz": lambda: json_response({"ok": True, "instance": self.instance}),
+                    "/blocks": lambda: json_response(self.snapshot()),
+                    "/metrics": self._metrics_text,
+                },
+                {"/admin/reap": lambda: json_response({"reclaimed": self.reap(time.monotonic())})},
+                admin_token=config.admin_token,
+            ).start()
         self.stopping = False
 
     # ------------------------------------------------------------------ ops
@@ -93,8 +104,12 @@ class BlockManagerService:
     # ------------------------------------------------------------------ loop
 
     def serve(self) -> None:
-        self.log.info("block_manager_started", endpoint=self.config.block_manager_endpoint,
-                      ops_port=self.ops.port if self.ops else None, instance=self.instance)
+        self.log.info(
+            "block_manager_started",
+            endpoint=self.config.block_manager_endpoint,
+            ops_port=self.ops.port if self.ops else None,
+            instance=self.instance,
+        )
         next_reap = time.monotonic() + self.config.reap_interval_s
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
@@ -133,18 +148,34 @@ class BlockManagerService:
             elif kind in ("register", "heartbeat"):
                 self.register(msg, now)
                 if kind == "register":
-                    send(self.sock, "registered", {"pool_id": msg["pool_id"], "instance": self.instance}, to=identity)
+                    send(
+                        self.sock,
+                        "registered",
+                        {"pool_id": msg["pool_id"], "instance": self.instance},
+                        to=identity,
+                    )
             elif kind == "renew_owner":
                 with self.lock:
                     self.core.renew_owner(msg["owner"], now)
             elif kind == "pools":
                 with self.lock:
-                    pools = {pid: [nb, bs, self.incarnations.get(pid, "")] for pid, (nb, bs) in self.core.pools().items()}
-                send(self.sock, "pools_reply", {"seq": msg.get("seq"), "pools": pools, "instance": self.instance},
-                     to=identity)
+                    pools = {
+                        pid: [nb, bs, self.incarnations.get(pid, "")]
+                        for pid, (nb, bs) in self.core.pools().items()
+                    }
+                send(
+                    self.sock,
+                    "pools_reply",
+                    {"seq": msg.get("seq"), "pools": pools, "instance": self.instance},
+                    to=identity,
+                )
             else:
-                send(self.sock, "error", {"code": "unknown_type", "message": f"unknown message type {kind!r}"},
-                     to=identity)
+                send(
+                    self.sock,
+                    "error",
+                    {"code": "unknown_type", "message": f"unknown message type {kind!r}"},
+                    to=identity,
+                )
         except (KeyError, TypeError, ValueError) as exc:
             self.metrics.bad_frames.labels("bad_fields").inc()
             self.log.warning("bad_message", type=kind, error=repr(exc))
@@ -160,8 +191,14 @@ class BlockManagerService:
             dropped = self.core.remove_pool(pool_id) if self.core.has_pool(pool_id) else []
             self.core.add_pool(pool_id, num_blocks, block_size)
         self.incarnations[pool_id] = incarnation
-        self.log.info("pool_registered", worker_id=pool_id, incarnation=incarnation, num_blocks=num_blocks,
-                      block_size=block_size, dropped_requests=len(dropped))
+        self.log.info(
+            "pool_registered",
+            worker_id=pool_id,
+            incarnation=incarnation,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            dropped_requests=len(dropped),
+        )
 
     def reap(self, now: float) -> int:
         with self.lock:
@@ -169,8 +206,13 @@ class BlockManagerService:
         for r in reclaimed:
             self.metrics.reclaimed_blocks.labels("lease_expired").inc(r.num_blocks)
             self.metrics.reclaimed_requests.labels("lease_expired").inc()
-            self.log.warning("lease_expired_blocks_reclaimed", request_id=r.request_id, owner=r.owner,
-                             worker_id=r.pool_id, num_blocks=r.num_blocks)
+            self.log.warning(
+                "lease_expired_blocks_reclaimed",
+                request_id=r.request_id,
+                owner=r.owner,
+                worker_id=r.pool_id,
+                num_blocks=r.num_blocks,
+            )
         return len(reclaimed)
 
     def drop_silent_workers(self, now: float) -> None:
@@ -185,8 +227,12 @@ class BlockManagerService:
             self.incarnations.pop(pool_id, None)
             self.metrics.reclaimed_blocks.labels("worker_lost").inc(total - free_before)
             self.metrics.reclaimed_requests.labels("worker_lost").inc(len(dropped))
-            self.log.warning("worker_lost_pool_dropped", worker_id=pool_id, silent_s=round(now - seen, 2),
-                             dropped_requests=len(dropped))
+            self.log.warning(
+                "worker_lost_pool_dropped",
+                worker_id=pool_id,
+                silent_s=round(now - seen, 2),
+                dropped_requests=len(dropped),
+            )
 
     def close(self) -> None:
         if self.ops:
@@ -199,10 +245,5 @@ class BlockManagerService:
 
 def run(config: ServeConfig) -> None:
     service = BlockManagerService(config)
-
-    def _stop(*_: Any) -> None:
-        service.stopping = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    on_stop_signals(lambda: setattr(service, "stopping", True))
     service.serve()

@@ -1,9 +1,9 @@
 """`LLM`: offline batch generation on the in-process engine.
 
-    from pagedserve import LLM, SamplingParams
-    llm = LLM(model="smollm2-135m")
-    out = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=16))
-    print(out[0].text)
+from pagedserve import LLM, SamplingParams
+llm = LLM(model="smollm2-135m")
+out = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=16))
+print(out[0].text)
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ class RequestOutput:
 
 def load_tokenizer(model_path: Path) -> Any | None:
     """The checkpoint's tokenizer, or None for a checkpoint without one (tiny test models)."""
-    if not any((model_path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+    if not any(
+        (model_path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    ):
         return None
     from transformers import AutoTokenizer
 
@@ -78,18 +80,40 @@ class LLM:
         from shared.config import ServeConfig
 
         # Validate through the same model the services use: one vocabulary, one set of limits.
-        ServeConfig(model=model, block_size=block_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
-                    pipeline_depth=pipeline_depth, max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                    aging_s=aging_s, dtype=dtype, device=device, attention_backend=attention_backend,
-                    enable_prefix_caching=enable_prefix_caching)
+        ServeConfig(
+            model=model,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            kv_cache_memory=kv_cache_memory,
+            pipeline_depth=pipeline_depth,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            aging_s=aging_s,
+            dtype=dtype,
+            device=device,
+            attention_backend=attention_backend,
+            enable_prefix_caching=enable_prefix_caching,
+        )
         path = resolve_model(model)
         self.tokenizer = load_tokenizer(path)
-        self.runner = ModelRunner(path, dtype=dtype, device=device, block_size=block_size, num_blocks=num_blocks,
-                                  kv_cache_memory=kv_cache_memory, attention_backend=attention_backend)
+        self.runner = ModelRunner(
+            path,
+            dtype=dtype,
+            device=device,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            kv_cache_memory=kv_cache_memory,
+            attention_backend=attention_backend,
+        )
         self.max_model_len = min(max_model_len or self.runner.max_model_len, self.runner.max_model_len)
-        limits = SchedulerLimits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                 aging_s=aging_s, pipeline_depth=pipeline_depth, max_model_len=self.max_model_len)
+        limits = SchedulerLimits(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            aging_s=aging_s,
+            pipeline_depth=pipeline_depth,
+            max_model_len=self.max_model_len,
+        )
         self.block_manager = BlockManager(enable_prefix_caching=enable_prefix_caching)
         self.scheduler = Scheduler(limits, self.runner.eos_token_ids, self.tokenizer, owner="llm")
         self.engine = Engine(self.scheduler, self.block_manager, self.runner)
@@ -139,8 +163,13 @@ class LLM:
     @staticmethod
     def _to_output(done: RequestDone, prompt: list[int]) -> RequestOutput:
         outputs = [
-            CompletionOutput(index=r.index, token_ids=list(r.output_token_ids), text=text,
-                             finish_reason=r.finish_reason or "error", logprobs=lps)
+            CompletionOutput(
+                index=r.index,
+                token_ids=list(r.output_token_ids),
+                text=text,
+                finish_reason=r.finish_reason or "error",
+                logprobs=lps,
+            )
             for r, text, lps in zip(done.completions, done.texts, done.logprobs, strict=True)
         ]
         return RequestOutput(done.request_id, prompt, outputs, done.num_cached_tokens, done.error_code)

@@ -43,7 +43,8 @@ def check_request(
     bad = next((t for t in sampling.stop_token_ids if t >= vocab_size), None)
     if bad is not None:
         raise RequestRejected(
-            "token_out_of_vocab", f"sampling.stop_token_ids holds {bad}, outside the vocabulary [0, {vocab_size})"
+            "token_out_of_vocab",
+            f"sampling.stop_token_ids holds {bad}, outside the vocabulary [0, {vocab_size})",
         )
     if sampling.stop and not can_stop_on_strings:
         raise RequestRejected("invalid_request", "sampling.stop needs a tokenizer; this model has none")

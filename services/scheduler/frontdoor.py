@@ -32,8 +32,9 @@ def parse_client_message(msg: dict[str, Any]) -> Submit | Abort | Ping:
     kind = msg.get("type")
     model = CLIENT_MESSAGES.get(kind)  # type: ignore[arg-type]
     if model is None:
-        raise RequestRejected("unknown_type", f"type: unknown message type {kind!r}; expected one of "
-                                              f"{sorted(CLIENT_MESSAGES)}")
+        raise RequestRejected(
+            "unknown_type", f"type: unknown message type {kind!r}; expected one of {sorted(CLIENT_MESSAGES)}"
+        )
     body = {k: v for k, v in msg.items() if k != "v"}
     try:
         return model.model_validate(body)  # type: ignore[return-value]
@@ -57,8 +58,11 @@ class ClientBook:
     def admit(self, client: bytes, request_id: str, stream: bool) -> None:
         ids = self.live.setdefault(client, set())
         if len(ids) >= self.max_inflight:
-            raise RequestRejected("too_many_requests", f"this client already has {len(ids)} requests in flight; "
-                                                       f"the limit is max_inflight_per_client={self.max_inflight}")
+            raise RequestRejected(
+                "too_many_requests",
+                f"this client already has {len(ids)} requests in flight; "
+                f"the limit is max_inflight_per_client={self.max_inflight}",
+            )
         ids.add(request_id)
         self.route[request_id] = client
         self.streaming[request_id] = stream
@@ -111,7 +115,9 @@ def tokenize_submit(submit: Submit, tokenizer: Any, max_model_len: int, vocab_si
         tokens = list(submit.prompt_token_ids)
     else:
         if tokenizer is None:
-            raise RequestRejected("invalid_request", "prompt: this model has no tokenizer; send prompt_token_ids")
+            raise RequestRejected(
+                "invalid_request", "prompt: this model has no tokenizer; send prompt_token_ids"
+            )
         tokens = tokenizer.encode(submit.prompt)
     check_request(tokens, submit.sampling, max_model_len, vocab_size, tokenizer is not None)
     return tokens

@@ -13,19 +13,25 @@ class SchedulerMetrics:
         self.waiting = Gauge("pagedserve_requests_waiting", "requests waiting for a worker", registry=r)
         self.running = Gauge("pagedserve_requests_running", "requests holding KV blocks", registry=r)
         self.workers = Gauge("pagedserve_workers_live", "workers taking steps", registry=r)
-        self.ttft = Histogram("pagedserve_time_to_first_token_seconds", "arrival to first token", buckets=_LATENCY,
-                              registry=r)
-        self.itl = Histogram("pagedserve_inter_token_seconds", "between tokens of one completion", buckets=_LATENCY,
-                             registry=r)
+        self.ttft = Histogram(
+            "pagedserve_time_to_first_token_seconds", "arrival to first token", buckets=_LATENCY, registry=r
+        )
+        self.itl = Histogram(
+            "pagedserve_inter_token_seconds", "between tokens of one completion", buckets=_LATENCY, registry=r
+        )
         self.e2e = Histogram("pagedserve_request_seconds", "arrival to finish", buckets=_LATENCY, registry=r)
         self.tokens = Counter("pagedserve_tokens", "tokens processed", ["kind"], registry=r)
         self.preemptions = Counter("pagedserve_preemptions", "requests preempted for recompute", registry=r)
         self.finished = Counter("pagedserve_requests_finished", "requests ended", ["reason"], registry=r)
         self.rejected = Counter("pagedserve_requests_rejected", "bad input refused", ["code"], registry=r)
-        self.step_time = Histogram("pagedserve_step_seconds", "worker step wall time", buckets=_LATENCY, registry=r)
-        self.worker_idle = Counter("pagedserve_worker_idle_seconds", "worker time between steps", ["worker_id"],
-                                   registry=r)
-        self.worker_busy = Counter("pagedserve_worker_busy_seconds", "worker time in steps", ["worker_id"],
-                                   registry=r)
+        self.step_time = Histogram(
+            "pagedserve_step_seconds", "worker step wall time", buckets=_LATENCY, registry=r
+        )
+        self.worker_idle = Counter(
+            "pagedserve_worker_idle_seconds", "worker time between steps", ["worker_id"], registry=r
+        )
+        self.worker_busy = Counter(
+            "pagedserve_worker_busy_seconds", "worker time in steps", ["worker_id"], registry=r
+        )
         self.workers_lost = Counter("pagedserve_workers_lost", "workers declared dead", registry=r)
         self.bm_outages = Counter("pagedserve_block_manager_outages", "block manager unreachable", registry=r)

@@ -39,5 +39,10 @@ def load_model_info(model: str, max_model_len: int | None = None) -> ModelInfo:
     if gen_path.exists():
         eos = sorted(set(eos) | set(_as_list(json.loads(gen_path.read_text()).get("eos_token_id"))))
     context = int(text_config.get("max_position_embeddings", 2048))
-    return ModelInfo(path, load_tokenizer(path), int(text_config["vocab_size"]),
-                     min(max_model_len or context, context), eos)
+    return ModelInfo(
+        path,
+        load_tokenizer(path),
+        int(text_config["vocab_size"]),
+        min(max_model_len or context, context),
+        eos,
+    )

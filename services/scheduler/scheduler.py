@@ -151,8 +151,12 @@ class Scheduler:
         # dropped incarnation can never be taken for a step of the new one.
         self._window_base += 1 << 32
         self.workers[worker_id] = WorkerState(
-            worker_id, num_blocks, block_size, PipelineWindow(self.limits.pipeline_depth, next_step=self._window_base),
-            WaitingQueue(self.limits.aging_s), free_blocks=num_blocks,
+            worker_id,
+            num_blocks,
+            block_size,
+            PipelineWindow(self.limits.pipeline_depth, next_step=self._window_base),
+            WaitingQueue(self.limits.aging_s),
+            free_blocks=num_blocks,
         )
         while len(self.orphans):
             head = self.orphans.peek(0.0)
@@ -207,12 +211,21 @@ class Scheduler:
         """Queue a validated request on the least-loaded worker (or until one registers)."""
         if request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already live")
-        req = Request(request_id, list(prompt_token_ids), sampling, now, "", seed=sampling.seed,
-                      deadline=deadline, fork_children=sampling.n - 1)
+        req = Request(
+            request_id,
+            list(prompt_token_ids),
+            sampling,
+            now,
+            "",
+            seed=sampling.seed,
+            deadline=deadline,
+            fork_children=sampling.n - 1,
+        )
         self.requests[request_id] = req
         self.groups[request_id] = [req]
-        self.texts[request_id] = CompletionText(self.tokenizer, list(sampling.stop),
-                                                sampling.include_stop_str_in_output)
+        self.texts[request_id] = CompletionText(
+            self.tokenizer, list(sampling.stop), sampling.include_stop_str_in_output
+        )
         self.stats.prompt_tokens += len(prompt_token_ids)
         self._enqueue(req, front=False)
 
@@ -243,7 +256,9 @@ class Scheduler:
         """Requests that can never fit their worker's pool end with `too_large_for_pool`."""
         events: list[OutputEvent | RequestDone] = []
         for req in self.rejected:
-            events.extend(self._done_if_complete(req.parent_id or req.request_id, error_code="too_large_for_pool"))
+            events.extend(
+                self._done_if_complete(req.parent_id or req.request_id, error_code="too_large_for_pool")
+            )
         self.rejected.clear()
         return events
 
@@ -260,8 +275,11 @@ class Scheduler:
 
     def live_request_ids(self, worker_id: str | None = None) -> list[str]:
         """Ids whose blocks the block manager holds (for lease renewal)."""
-        return [r.request_id for r in self.requests.values()
-                if r.num_scheduled > 0 and (worker_id is None or r.worker_id == worker_id)]
+        return [
+            r.request_id
+            for r in self.requests.values()
+            if r.num_scheduled > 0 and (worker_id is None or r.worker_id == worker_id)
+        ]
 
     # ------------------------------------------------------------------ planning
 
@@ -335,8 +353,12 @@ class Scheduler:
                 budget -= n
 
         # Admission: policy order, head-of-line (a big request is not overtaken forever by small ones).
-        while (not state.starving and budget > 0 and len(state.waiting)
-               and len(state.running) + self._admitted(entries) < self.limits.max_num_seqs):
+        while (
+            not state.starving
+            and budget > 0
+            and len(state.waiting)
+            and len(state.running) + self._admitted(entries) < self.limits.max_num_seqs
+        ):
             req = state.waiting.peek(now)
             assert req is not None
             tokens = req.known_token_ids()
@@ -372,13 +394,23 @@ class Scheduler:
         for i in range(1, req.fork_children + 1):
             child_id = f"{req.request_id}#{i}"
             seed = None if req.seed is None else (req.seed + i * 0x9E3779B97F4A7C15) & _SEED_MASK
-            child = Request(child_id, req.prompt_token_ids, req.sampling, req.arrival, req.worker_id,
-                            parent_id=req.request_id, index=i, seed=seed, deadline=req.deadline)
+            child = Request(
+                child_id,
+                req.prompt_token_ids,
+                req.sampling,
+                req.arrival,
+                req.worker_id,
+                parent_id=req.request_id,
+                index=i,
+                seed=seed,
+                deadline=req.deadline,
+            )
             entry.forks.append((len(ops), child))
             ops.append(["fork", req.request_id, child_id, self.owner])
 
-    def _preempt_for(self, needy: Request, state: WorkerState, entries: list[PlanEntry],
-                     ops: list[list[Any]]) -> None:
+    def _preempt_for(
+        self, needy: Request, state: WorkerState, entries: list[PlanEntry], ops: list[list[Any]]
+    ) -> None:
         """Free memory for `needy` by preempting the lowest-priority, newest running request.
 
         While a victim's steps are in flight its blocks stay taken, so the needy request waits a
@@ -449,17 +481,31 @@ class Scheduler:
                 req.num_cached_tokens = num_cached
                 self.stats.cached_tokens += num_cached
                 state.running.append(req)
-                execute.new_requests.append(NewRequest(
-                    req.request_id, req.known_token_ids(), len(req.prompt_token_ids), num_cached,
-                    num_new, block_ids, self._worker_sampling(req)))
+                execute.new_requests.append(
+                    NewRequest(
+                        req.request_id,
+                        req.known_token_ids(),
+                        len(req.prompt_token_ids),
+                        num_cached,
+                        num_new,
+                        block_ids,
+                        self._worker_sampling(req),
+                    )
+                )
             else:
                 new_block_ids, replaced, copies = res
                 req.num_scheduled += entry.num_tokens
                 req.num_known_sent = req.num_known
                 req.shares_last_block = False
                 execute.copies.extend((int(s), int(d)) for s, d in copies)
-                execute.cached_requests.append(CachedRequest(
-                    req.request_id, entry.num_tokens, new_block_ids, [(int(i), int(b)) for i, b in replaced]))
+                execute.cached_requests.append(
+                    CachedRequest(
+                        req.request_id,
+                        entry.num_tokens,
+                        new_block_ids,
+                        [(int(i), int(b)) for i, b in replaced],
+                    )
+                )
             req.in_flight += 1
             if req.num_scheduled >= req.num_known:
                 req.pending += 1
@@ -491,8 +537,9 @@ class Scheduler:
         child.shares_last_block = parent.shares_last_block = True
         self.requests[child.request_id] = child
         self.groups[parent.request_id].append(child)
-        self.texts[child.request_id] = CompletionText(self.tokenizer, list(child.sampling.stop),
-                                                      child.sampling.include_stop_str_in_output)
+        self.texts[child.request_id] = CompletionText(
+            self.tokenizer, list(child.sampling.stop), child.sampling.include_stop_str_in_output
+        )
         state.running.append(child)
 
     def _worker_sampling(self, req: Request) -> dict[str, Any]:
@@ -509,7 +556,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------ results
 
-    def on_step_result(self, worker_id: str, result: StepResult, now: float) -> list[OutputEvent | RequestDone]:
+    def on_step_result(
+        self, worker_id: str, result: StepResult, now: float
+    ) -> list[OutputEvent | RequestDone]:
         state = self.workers.get(worker_id)
         if state is None:
             return []  # a result from a worker already declared lost
@@ -546,19 +595,37 @@ class Scheduler:
         req.last_token_at = now
         if logprob is not None:
             self.logprobs.setdefault(req.request_id, []).append(logprob)
-        reason = stop_reason(req.sampling, token, len(req.output_token_ids), req.num_known,
-                             self.eos_token_ids, self.limits.max_model_len)
+        reason = stop_reason(
+            req.sampling,
+            token,
+            len(req.output_token_ids),
+            req.num_known,
+            self.eos_token_ids,
+            self.limits.max_model_len,
+        )
         text = self.texts[req.request_id]
         if text.add(req.output_token_ids) and reason is None:
             reason = "stop"
         if reason is not None:
             return self._finish(req, reason, new_tokens=[token], new_logprobs=[logprob])
         delta = text.take_delta(False, req.output_token_ids)
-        return [OutputEvent(req.parent_id or req.request_id, req.index, [token], delta,
-                            None if logprob is None else [logprob])]
+        return [
+            OutputEvent(
+                req.parent_id or req.request_id,
+                req.index,
+                [token],
+                delta,
+                None if logprob is None else [logprob],
+            )
+        ]
 
-    def _finish(self, req: Request, reason: str, new_tokens: list[int] | None = None,
-                new_logprobs: list[Any] | None = None) -> list[OutputEvent]:
+    def _finish(
+        self,
+        req: Request,
+        reason: str,
+        new_tokens: list[int] | None = None,
+        new_logprobs: list[Any] | None = None,
+    ) -> list[OutputEvent]:
         state = self.workers.get(req.worker_id)
         was_waiting = req.status is Status.WAITING
         req.status = Status.FINISHED
@@ -589,11 +656,28 @@ class Scheduler:
         del self.groups[group_id]
         completions = sorted(group, key=lambda r: r.index)
         for i in range(len(group), parent.sampling.n):
-            ghost = Request(f"{group_id}#{i}", parent.prompt_token_ids, parent.sampling, parent.arrival,
-                            parent.worker_id, parent_id=group_id, index=i, status=Status.FINISHED,
-                            finish_reason=parent.finish_reason)
+            ghost = Request(
+                f"{group_id}#{i}",
+                parent.prompt_token_ids,
+                parent.sampling,
+                parent.arrival,
+                parent.worker_id,
+                parent_id=group_id,
+                index=i,
+                status=Status.FINISHED,
+                finish_reason=parent.finish_reason,
+            )
             completions.append(ghost)
         texts = [self.texts.pop(r.request_id).text if r.request_id in self.texts else "" for r in completions]
         logprobs = [self.logprobs.pop(r.request_id, None) for r in completions]
-        return [RequestDone(group_id, completions, texts, logprobs, len(parent.prompt_token_ids),
-                            parent.num_cached_tokens, error_code)]
+        return [
+            RequestDone(
+                group_id,
+                completions,
+                texts,
+                logprobs,
+                len(parent.prompt_token_ids),
+                parent.num_cached_tokens,
+                error_code,
+            )
+        ]

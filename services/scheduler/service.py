@@ -12,7 +12,6 @@ back, under a new lease owner so that whatever the old one held simply expires.
 
 from __future__ import annotations
 
-import signal
 import time
 import uuid
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.model_info import ModelInfo, load_model_info
 from services.scheduler.scheduler import OutputEvent, RequestDone, Scheduler, SchedulerLimits
 from shared.config import ServeConfig
-from shared.log import configure_logging
+from shared.log import configure_logging, on_stop_signals
 from shared.ops_http import OpsServer, json_response
 from shared.protocol.blocks import BLOCK_OPS, BLOCK_REPLY
 from shared.protocol.codec import decode, encode
@@ -55,8 +54,13 @@ class SchedulerService:
         self.model: ModelInfo = load_model_info(config.model, config.max_model_len)
         self.base_owner = f"scheduler-{uuid.uuid4().hex[:8]}"
         self.epoch = 0
-        limits = SchedulerLimits(config.max_num_seqs, config.max_num_batched_tokens, config.aging_s,
-                                 config.pipeline_depth, self.model.max_model_len)
+        limits = SchedulerLimits(
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.aging_s,
+            config.pipeline_depth,
+            self.model.max_model_len,
+        )
         self.core = Scheduler(limits, self.model.eos_token_ids, self.model.tokenizer, owner=self.owner)
         self.clients = ClientBook(config.max_inflight_per_client)
         self.finished = FinishedStore()
@@ -81,20 +85,30 @@ class SchedulerService:
         self.stopping = False
         self.ops: OpsServer | None = None
         if config.scheduler_ops_port:
-            self.ops = OpsServer(config.ops_host, config.scheduler_ops_port, {
-                "/healthz": lambda: json_response({"ok": True}),
-                "/readyz": self._readyz,
-                "/requests": lambda: json_response(self._requests_view()),
-                "/metrics": lambda: (200, "text/plain; version=0.0.4", generate_latest(self.metrics.registry)),
-            }, admin_token=config.admin_token).start()
+            self.ops = OpsServer(
+                config.ops_host,
+                config.scheduler_ops_port,
+                {
+                    "/healthz": lambda: json_response({"ok": True}),
+                    "/readyz": self._readyz,
+                    "/requests": lambda: json_response(self._requests_view()),
+                    "/metrics": lambda: (
+                        200,
+                        "text/plain; version=0.0.4",
+                        generate_latest(self.metrics.registry),
+                    ),
+                },
+                admin_token=config.admin_token,
+            ).start()
 
     @property
     def owner(self) -> str:
         return f"{self.base_owner}:{self.epoch}"
 
     def _bm_socket(self) -> zmq.Socket:
-        sock = make_socket(self.ctx, zmq.DEALER, max_message_bytes=self.config.max_message_bytes,
-                           curve_client=self.keys)
+        sock = make_socket(
+            self.ctx, zmq.DEALER, max_message_bytes=self.config.max_message_bytes, curve_client=self.keys
+        )
         sock.connect(self.config.block_manager_endpoint)
         return sock
 
@@ -103,24 +117,40 @@ class SchedulerService:
     def _readyz(self) -> tuple[int, str, bytes]:
         live = [w for w, link in self.links.items() if link.active]
         ready = bool(live) and not self.bm_down
-        return json_response({"ready": ready, "workers": live, "block_manager": not self.bm_down},
-                             200 if ready else 503)
+        return json_response(
+            {"ready": ready, "workers": live, "block_manager": not self.bm_down}, 200 if ready else 503
+        )
 
     def _requests_view(self) -> dict[str, Any]:
         now = time.monotonic()
-        return {"requests": [
-            {"request_id": r.request_id, "status": r.status.value, "worker_id": r.worker_id,
-             "prompt_tokens": len(r.prompt_token_ids), "output_tokens": len(r.output_token_ids),
-             "age_s": round(now - r.arrival, 3)}
-            for r in list(self.core.requests.values())
-        ], "waiting": self.core.num_waiting, "running": self.core.num_running}
+        return {
+            "requests": [
+                {
+                    "request_id": r.request_id,
+                    "status": r.status.value,
+                    "worker_id": r.worker_id,
+                    "prompt_tokens": len(r.prompt_token_ids),
+                    "output_tokens": len(r.output_token_ids),
+                    "age_s": round(now - r.arrival, 3),
+                }
+                for r in list(self.core.requests.values())
+            ],
+            "waiting": self.core.num_waiting,
+            "running": self.core.num_running,
+        }
 
     # ------------------------------------------------------------------ loop
 
     def serve(self) -> None:
-        self.log.info("scheduler_started", front=self.config.front_endpoint, workers=self.config.worker_endpoint,
-                      block_manager=self.config.block_manager_endpoint, owner=self.owner,
-                      ops_port=self.ops.port if self.ops else None, max_model_len=self.model.max_model_len)
+        self.log.info(
+            "scheduler_started",
+            front=self.config.front_endpoint,
+            workers=self.config.worker_endpoint,
+            block_manager=self.config.block_manager_endpoint,
+            owner=self.owner,
+            ops_port=self.ops.port if self.ops else None,
+            max_model_len=self.model.max_model_len,
+        )
         poller = zmq.Poller()
         poller.register(self.front, zmq.POLLIN)
         poller.register(self.workers_sock, zmq.POLLIN)
@@ -155,7 +185,12 @@ class SchedulerService:
                 code = getattr(exc.error, "code", "bad_frame")
                 self.metrics.rejected.labels(code).inc()
                 self.log.warning("bad_frame", code=code, error=str(exc.error))
-                send(sock, "error", {"code": code, "message": str(exc.error), "request_id": None}, to=exc.identity)
+                send(
+                    sock,
+                    "error",
+                    {"code": code, "message": str(exc.error), "request_id": None},
+                    to=exc.identity,
+                )
                 continue
             handler(identity, msg)
 
@@ -176,7 +211,9 @@ class SchedulerService:
         except RequestRejected as exc:
             self.metrics.rejected.labels(exc.code).inc()
             self.log.warning("request_rejected", request_id=rid, code=exc.code, error=exc.message)
-            send(self.front, "error", {"code": exc.code, "message": exc.message, "request_id": rid}, to=client)
+            send(
+                self.front, "error", {"code": exc.code, "message": exc.message, "request_id": rid}, to=client
+            )
 
     def submit(self, submit: Submit, client: bytes, now: float) -> None:
         rid = submit.request_id
@@ -186,32 +223,56 @@ class SchedulerService:
             return
         if rid in self.core.groups:
             if not submit.attach:
-                raise RequestRejected("duplicate_request_id", f"request_id: {rid!r} is already live; "
-                                                              "use a new id, or attach=True to reconnect")
+                raise RequestRejected(
+                    "duplicate_request_id",
+                    f"request_id: {rid!r} is already live; use a new id, or attach=True to reconnect",
+                )
             self.clients.reroute(client, rid, submit.stream)
             self._replay(rid, client)
             return
-        tokens = tokenize_submit(submit, self.model.tokenizer, self.model.max_model_len, self.model.vocab_size)
+        tokens = tokenize_submit(
+            submit, self.model.tokenizer, self.model.max_model_len, self.model.vocab_size
+        )
         self.clients.admit(client, rid, submit.stream)
         timeout = submit.timeout_s or self.config.request_timeout_s
         self.core.add_request(rid, tokens, submit.sampling, now, deadline=now + timeout)
         self.metrics.tokens.labels("prompt").inc(len(tokens))
-        self.log.info("request_accepted", request_id=rid, prompt_tokens=len(tokens),
-                      max_tokens=submit.sampling.max_tokens, n=submit.sampling.n)
+        self.log.info(
+            "request_accepted",
+            request_id=rid,
+            prompt_tokens=len(tokens),
+            max_tokens=submit.sampling.max_tokens,
+            n=submit.sampling.n,
+        )
         send(self.front, "accepted", {"request_id": rid, "num_prompt_tokens": len(tokens)}, to=client)
 
     def _replay(self, rid: str, client: bytes) -> None:
         """A reconnected client gets everything so far; it keeps what it lacks by offset."""
-        send(self.front, "accepted", {"request_id": rid,
-                                      "num_prompt_tokens": len(self.core.groups[rid][0].prompt_token_ids)}, to=client)
+        send(
+            self.front,
+            "accepted",
+            {"request_id": rid, "num_prompt_tokens": len(self.core.groups[rid][0].prompt_token_ids)},
+            to=client,
+        )
         if not self.clients.streaming.get(rid):
             return
         for req in self.core.groups[rid]:
             if req.output_token_ids:
                 text = self.core.texts[req.request_id]
-                send(self.front, "delta", {"request_id": rid, "index": req.index, "offset": 0, "text_offset": 0,
-                                           "token_ids": list(req.output_token_ids),
-                                           "text": text.text[: text.emitted], "logprobs": None}, to=client)
+                send(
+                    self.front,
+                    "delta",
+                    {
+                        "request_id": rid,
+                        "index": req.index,
+                        "offset": 0,
+                        "text_offset": 0,
+                        "token_ids": list(req.output_token_ids),
+                        "text": text.text[: text.emitted],
+                        "logprobs": None,
+                    },
+                    to=client,
+                )
 
     def abort(self, rid: str, client: bytes) -> None:
         if rid not in self.core.groups:
@@ -236,40 +297,74 @@ class SchedulerService:
         self.metrics.tokens.labels("generated").inc(len(ev.token_ids))
         client = self.clients.route.get(ev.request_id)
         if client is not None and self.clients.streaming.get(ev.request_id) and (ev.token_ids or ev.text):
-            send(self.front, "delta", {"request_id": ev.request_id, "index": ev.index, "offset": sent[0],
-                                       "text_offset": sent[1], "token_ids": ev.token_ids, "text": ev.text,
-                                       "logprobs": ev.logprobs}, to=client)
+            send(
+                self.front,
+                "delta",
+                {
+                    "request_id": ev.request_id,
+                    "index": ev.index,
+                    "offset": sent[0],
+                    "text_offset": sent[1],
+                    "token_ids": ev.token_ids,
+                    "text": ev.text,
+                    "logprobs": ev.logprobs,
+                },
+                to=client,
+            )
         sent[0] += len(ev.token_ids)
         sent[1] += len(ev.text)
 
     def _send_done(self, done: RequestDone, now: float) -> None:
         for req in done.completions:
             self.streams.pop((done.request_id, req.index), None)
-            if req.first_token_at is not None and req.last_token_at is not None and len(req.output_token_ids) > 1:
-                self.metrics.itl.observe((req.last_token_at - req.first_token_at) / (len(req.output_token_ids) - 1))
+            if (
+                req.first_token_at is not None
+                and req.last_token_at is not None
+                and len(req.output_token_ids) > 1
+            ):
+                self.metrics.itl.observe(
+                    (req.last_token_at - req.first_token_at) / (len(req.output_token_ids) - 1)
+                )
         head = done.completions[0]
         self.metrics.e2e.observe(now - head.arrival)
         self.metrics.finished.labels(done.error_code or head.finish_reason or "unknown").inc()
         client = self.clients.done(done.request_id)
         if done.error_code is not None:
-            message = {"no_workers": "no live worker could serve the request before its timeout",
-                       "timeout": "the request did not finish before its timeout",
-                       "too_large_for_pool": "the request needs more KV blocks than a worker's whole pool"
-                       }.get(done.error_code, done.error_code)
+            message = {
+                "no_workers": "no live worker could serve the request before its timeout",
+                "timeout": "the request did not finish before its timeout",
+                "too_large_for_pool": "the request needs more KV blocks than a worker's whole pool",
+            }.get(done.error_code, done.error_code)
             kind, body = "error", {"code": done.error_code, "message": message, "request_id": done.request_id}
         else:
-            kind, body = "finished", {
-                "request_id": done.request_id,
-                "outputs": [{"index": r.index, "token_ids": list(r.output_token_ids), "text": text,
-                             "finish_reason": r.finish_reason or "abort", "logprobs": lps}
-                            for r, text, lps in zip(done.completions, done.texts, done.logprobs, strict=True)],
-                "usage": {"prompt_tokens": done.num_prompt_tokens,
-                          "completion_tokens": sum(len(r.output_token_ids) for r in done.completions),
-                          "cached_tokens": done.num_cached_tokens},
-            }
+            kind, body = (
+                "finished",
+                {
+                    "request_id": done.request_id,
+                    "outputs": [
+                        {
+                            "index": r.index,
+                            "token_ids": list(r.output_token_ids),
+                            "text": text,
+                            "finish_reason": r.finish_reason or "abort",
+                            "logprobs": lps,
+                        }
+                        for r, text, lps in zip(done.completions, done.texts, done.logprobs, strict=True)
+                    ],
+                    "usage": {
+                        "prompt_tokens": done.num_prompt_tokens,
+                        "completion_tokens": sum(len(r.output_token_ids) for r in done.completions),
+                        "cached_tokens": done.num_cached_tokens,
+                    },
+                },
+            )
         self.finished.put(done.request_id, kind, body)
-        self.log.info("request_finished", request_id=done.request_id, reason=done.error_code or head.finish_reason,
-                      completion_tokens=sum(len(r.output_token_ids) for r in done.completions))
+        self.log.info(
+            "request_finished",
+            request_id=done.request_id,
+            reason=done.error_code or head.finish_reason,
+            completion_tokens=sum(len(r.output_token_ids) for r in done.completions),
+        )
         if client is not None:
             send(self.front, kind, body, to=client)
 
@@ -297,7 +392,9 @@ class SchedulerService:
             link = None
         if link is None:
             link = self.links[wid] = WorkerLink(wid, inc, int(msg["num_blocks"]), int(msg["block_size"]), now)
-            self.log.info("worker_joined", worker_id=wid, num_blocks=link.num_blocks, block_size=link.block_size)
+            self.log.info(
+                "worker_joined", worker_id=wid, num_blocks=link.num_blocks, block_size=link.block_size
+            )
         link.last_heartbeat = now
         link.routable = link.routable or step_socket
         if not link.active and link.routable and not self.bm_down:
@@ -324,14 +421,21 @@ class SchedulerService:
         link = self.links.pop(wid, None)
         # If only we think it is dead, the block manager still holds these tables: free them.
         # (The worker runs steps in order, so a step still queued there ends before any new one.)
-        held = [r.request_id for r in self.core.requests.values() if r.worker_id == wid and r.num_scheduled > 0]
+        held = [
+            r.request_id for r in self.core.requests.values() if r.worker_id == wid and r.num_scheduled > 0
+        ]
         moved = self.core.remove_worker(wid)
         if held and not self.bm_down:
             self.block_rpc([["free", rid] for rid in held])
         self.metrics.workers_lost.inc()
         self.metrics.workers.set(sum(1 for w in self.links.values() if w.active))
-        self.log.warning("worker_lost", worker_id=wid, reason=reason, requeued=len(moved),
-                         was_active=bool(link and link.active))
+        self.log.warning(
+            "worker_lost",
+            worker_id=wid,
+            reason=reason,
+            requeued=len(moved),
+            was_active=bool(link and link.active),
+        )
 
     def on_step_result(self, wid: str, result: StepResult, now: float) -> None:
         if wid not in self.core.workers:
@@ -458,12 +562,5 @@ class SchedulerService:
 
 def run(config: ServeConfig) -> None:
     service = SchedulerService(config)
-
-    def _stop(*_: Any) -> None:
-        service.stopping = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    on_stop_signals(lambda: setattr(service, "stopping", True))
     service.serve()
-
-

@@ -13,7 +13,6 @@ A step that raises leaves the runner's state unknown: the worker exits and is re
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import sys
 import threading
@@ -25,7 +24,7 @@ from typing import Any
 import zmq
 
 from shared.config import ServeConfig
-from shared.log import configure_logging
+from shared.log import configure_logging, on_stop_signals
 from shared.protocol.codec import decode
 from shared.protocol.step import Execute
 from shared.transport import CurveKeys, make_socket, send
@@ -39,17 +38,24 @@ class WorkerService:
         self.config = config
         self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.incarnation = uuid.uuid4().hex
-        self.log = configure_logging("worker", config.log_format, config.log_level).bind(worker_id=self.worker_id)
+        self.log = configure_logging("worker", config.log_format, config.log_level).bind(
+            worker_id=self.worker_id
+        )
         if config.num_threads:
             import torch
 
             torch.set_num_threads(config.num_threads)
         self.model_path = resolve_model(config.model)
-        self.runner = ModelRunner(self.model_path, dtype=config.dtype, device=config.device,
-                                  block_size=config.block_size, num_blocks=config.num_blocks,
-                                  kv_cache_memory=config.kv_cache_memory,
-                                  attention_backend=config.attention_backend,
-                                  gpu_memory_utilization=config.gpu_memory_utilization)
+        self.runner = ModelRunner(
+            self.model_path,
+            dtype=config.dtype,
+            device=config.device,
+            block_size=config.block_size,
+            num_blocks=config.num_blocks,
+            kv_cache_memory=config.kv_cache_memory,
+            attention_backend=config.attention_backend,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+        )
         self.keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
         self.ctx = zmq.Context()
         self.stopping = threading.Event()
@@ -57,15 +63,25 @@ class WorkerService:
     def announcement(self) -> dict[str, Any]:
         """Who this worker is: sent with every heartbeat so a restarted peer learns it at once."""
         return {
-            "worker_id": self.worker_id, "pool_id": self.worker_id, "incarnation": self.incarnation,
-            "num_blocks": self.runner.num_blocks, "block_size": self.runner.block_size,
-            "vocab_size": self.runner.vocab_size, "max_model_len": self.runner.max_model_len,
-            "eos_token_ids": list(self.runner.eos_token_ids), "model": str(self.model_path),
+            "worker_id": self.worker_id,
+            "pool_id": self.worker_id,
+            "incarnation": self.incarnation,
+            "num_blocks": self.runner.num_blocks,
+            "block_size": self.runner.block_size,
+            "vocab_size": self.runner.vocab_size,
+            "max_model_len": self.runner.max_model_len,
+            "eos_token_ids": list(self.runner.eos_token_ids),
+            "model": str(self.model_path),
         }
 
     def _dealer(self, endpoint: str, identity: str | None = None) -> zmq.Socket:
-        sock = make_socket(self.ctx, zmq.DEALER, max_message_bytes=self.config.max_message_bytes,
-                           identity=identity, curve_client=self.keys)
+        sock = make_socket(
+            self.ctx,
+            zmq.DEALER,
+            max_message_bytes=self.config.max_message_bytes,
+            identity=identity,
+            curve_client=self.keys,
+        )
         sock.connect(endpoint)
         return sock
 
@@ -78,8 +94,12 @@ class WorkerService:
                 if bm.poll(1000):
                     reply = decode(bm.recv())
                     if reply["type"] == "registered":
-                        self.log.info("pool_registered", num_blocks=self.runner.num_blocks,
-                                      block_size=self.runner.block_size, bm_instance=reply.get("instance"))
+                        self.log.info(
+                            "pool_registered",
+                            num_blocks=self.runner.num_blocks,
+                            block_size=self.runner.block_size,
+                            bm_instance=reply.get("instance"),
+                        )
                         return
                 self.log.info("waiting_for_block_manager", endpoint=self.config.block_manager_endpoint)
         finally:
@@ -103,7 +123,9 @@ class WorkerService:
         sched = self._dealer(self.config.worker_endpoint, identity=self.worker_id)
         beat = threading.Thread(target=self.heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
-        self.log.info("worker_started", endpoint=self.config.worker_endpoint, num_blocks=self.runner.num_blocks)
+        self.log.info(
+            "worker_started", endpoint=self.config.worker_endpoint, num_blocks=self.runner.num_blocks
+        )
         last_sent = time.monotonic()
         last_hello = 0.0
         try:
@@ -143,12 +165,7 @@ class WorkerService:
 
 def run(config: ServeConfig) -> None:
     service = WorkerService(config)
-
-    def _stop(*_: Any) -> None:
-        service.stopping.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    on_stop_signals(service.stopping.set)
     try:
         service.serve()
     except Exception:

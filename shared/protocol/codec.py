@@ -28,7 +28,9 @@ def encode(message_type: str, body: dict[str, Any]) -> bytes:
 def decode(frame: bytes, max_bytes: int | None = None) -> dict[str, Any]:
     """Bytes to a message map; raises ProtocolError for anything that is not a v1 frame."""
     if max_bytes is not None and len(frame) > max_bytes:
-        raise ProtocolError("too_large", f"frame of {len(frame)} bytes exceeds the limit of {max_bytes} bytes")
+        raise ProtocolError(
+            "too_large", f"frame of {len(frame)} bytes exceeds the limit of {max_bytes} bytes"
+        )
     try:
         # strict_map_key=False keeps int keys legal; raw=False decodes str as str.
         message = msgpack.unpackb(frame, raw=False, strict_map_key=False)

@@ -42,7 +42,9 @@ class SamplingParams(_Strict):
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="top-n logprobs per token")
-    priority: int = Field(0, ge=-1000, le=1000, description="higher runs first; victims of preemption are lowest")
+    priority: int = Field(
+        0, ge=-1000, le=1000, description="higher runs first; victims of preemption are lowest"
+    )
 
     @model_validator(mode="after")
     def _min_below_max(self) -> SamplingParams:

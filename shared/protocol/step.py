@@ -35,8 +35,15 @@ class NewRequest:
     sampling: dict[str, Any]  # SamplingParams fields (model_dump) the sampler reads
 
     def to_wire(self) -> list[Any]:
-        return [self.request_id, self.token_ids, self.num_prompt_tokens, self.num_computed_tokens,
-                self.num_scheduled_tokens, self.block_ids, self.sampling]
+        return [
+            self.request_id,
+            self.token_ids,
+            self.num_prompt_tokens,
+            self.num_computed_tokens,
+            self.num_scheduled_tokens,
+            self.block_ids,
+            self.sampling,
+        ]
 
     @classmethod
     def from_wire(cls, w: list[Any]) -> NewRequest:
@@ -50,11 +57,17 @@ class CachedRequest:
     request_id: str
     num_scheduled_tokens: int
     new_block_ids: list[int] = field(default_factory=list)  # appended to the block table
-    replaced_blocks: list[tuple[int, int]] = field(default_factory=list)  # (logical index, new id): copy-on-write
+    replaced_blocks: list[tuple[int, int]] = field(
+        default_factory=list
+    )  # (logical index, new id): copy-on-write
 
     def to_wire(self) -> list[Any]:
-        return [self.request_id, self.num_scheduled_tokens, self.new_block_ids,
-                [list(p) for p in self.replaced_blocks]]
+        return [
+            self.request_id,
+            self.num_scheduled_tokens,
+            self.new_block_ids,
+            [list(p) for p in self.replaced_blocks],
+        ]
 
     @classmethod
     def from_wire(cls, w: list[Any]) -> CachedRequest:
@@ -132,8 +145,13 @@ class StepResult:
     timings: dict[str, float] = field(default_factory=dict)  # forward_s, sample_s, step_s, ...
 
     def to_wire(self) -> dict[str, Any]:
-        return {"step": self.step, "ids": self.request_ids, "tokens": self.token_ids,
-                "logprobs": self.logprobs, "timings": self.timings}
+        return {
+            "step": self.step,
+            "ids": self.request_ids,
+            "tokens": self.token_ids,
+            "logprobs": self.logprobs,
+            "timings": self.timings,
+        }
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> StepResult:

@@ -33,8 +33,14 @@ def model_path(tiny_model):
 
 @pytest.fixture(scope="module")
 def deployment(model_path, tmp_path_factory):
-    sup = start(model_path, workers=1, log_dir=tmp_path_factory.mktemp("fuzz-logs"), max_message_bytes=MAX_BYTES,
-                max_inflight_per_client=3, admin_token="s3cret")
+    sup = start(
+        model_path,
+        workers=1,
+        log_dir=tmp_path_factory.mktemp("fuzz-logs"),
+        max_message_bytes=MAX_BYTES,
+        max_inflight_per_client=3,
+        admin_token="s3cret",
+    )
     yield sup
     sup.stop()
 
@@ -71,12 +77,21 @@ def is_valid_client_frame(frame: bytes) -> bool:
 
 
 def valid_submit(request_id: str = "fuzz") -> dict:
-    return {"v": 1, "type": "submit", "request_id": request_id, "prompt_token_ids": [5, 6, 7],
-            "sampling": {"temperature": 0.0, "max_tokens": 4}}
+    return {
+        "v": 1,
+        "type": "submit",
+        "request_id": request_id,
+        "prompt_token_ids": [5, 6, 7],
+        "sampling": {"temperature": 0.0, "max_tokens": 4},
+    }
 
 
 json_like = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=20),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=8,
 )
@@ -100,23 +115,42 @@ def mutate(mutation: str, value) -> bytes:
 bad_frames = st.one_of(
     st.binary(max_size=200),  # not msgpack, or not a map
     st.builds(lambda v: msgpack.packb(v, use_bin_type=True), json_like),  # msgpack of anything
-    st.builds(mutate, st.just("wrong_type_field"),
-              st.tuples(st.sampled_from(["request_id", "prompt_token_ids", "sampling", "prompt", "stream"]), json_like)),
+    st.builds(
+        mutate,
+        st.just("wrong_type_field"),
+        st.tuples(
+            st.sampled_from(["request_id", "prompt_token_ids", "sampling", "prompt", "stream"]), json_like
+        ),
+    ),
     st.builds(mutate, st.just("missing_field"), st.sampled_from(["request_id", "prompt_token_ids", "type"])),
     st.builds(mutate, st.just("unknown_type"), st.text(max_size=12)),
     st.builds(mutate, st.just("bad_version"), json_like),
-    st.builds(mutate, st.just("bad_sampling"), st.one_of(
-        st.fixed_dictionaries({"max_tokens": st.integers(min_value=-(2**63), max_value=0)}),  # negative or zero
-        st.fixed_dictionaries({"max_tokens": st.integers(min_value=10**7, max_value=2**62)}),  # huge
-        st.fixed_dictionaries({"temperature": st.floats(max_value=-0.01)}),
-        st.fixed_dictionaries({"top_p": st.floats(min_value=1.01, max_value=1e9)}),
-        st.dictionaries(st.text(min_size=1, max_size=12).filter(lambda k: k not in SamplingParams.model_fields),
-                        json_like, min_size=1, max_size=2),  # unknown sampling fields
-    )),
-    st.builds(lambda ids: encode("submit", {"request_id": "oov", "prompt_token_ids": ids}),
-              st.lists(st.integers(min_value=320, max_value=2**31), min_size=1, max_size=5)),  # outside vocab
-    st.builds(lambda n: encode("submit", {"request_id": "too-long", "prompt_token_ids": [5] * n}),
-              st.integers(min_value=512, max_value=700)),  # longer than the model's context
+    st.builds(
+        mutate,
+        st.just("bad_sampling"),
+        st.one_of(
+            st.fixed_dictionaries(
+                {"max_tokens": st.integers(min_value=-(2**63), max_value=0)}
+            ),  # negative or zero
+            st.fixed_dictionaries({"max_tokens": st.integers(min_value=10**7, max_value=2**62)}),  # huge
+            st.fixed_dictionaries({"temperature": st.floats(max_value=-0.01)}),
+            st.fixed_dictionaries({"top_p": st.floats(min_value=1.01, max_value=1e9)}),
+            st.dictionaries(
+                st.text(min_size=1, max_size=12).filter(lambda k: k not in SamplingParams.model_fields),
+                json_like,
+                min_size=1,
+                max_size=2,
+            ),  # unknown sampling fields
+        ),
+    ),
+    st.builds(
+        lambda ids: encode("submit", {"request_id": "oov", "prompt_token_ids": ids}),
+        st.lists(st.integers(min_value=320, max_value=2**31), min_size=1, max_size=5),
+    ),  # outside vocab
+    st.builds(
+        lambda n: encode("submit", {"request_id": "too-long", "prompt_token_ids": [5] * n}),
+        st.integers(min_value=512, max_value=700),
+    ),  # longer than the model's context
 )
 
 
@@ -132,8 +166,13 @@ def test_malformed_frames_each_get_an_error_while_good_requests_finish(deploymen
         try:
             with Client(sup.front_endpoint, timeout_s=120) as client:
                 for i, prompt in enumerate(GOOD_PROMPTS):
-                    got[i] = client.generate(prompt_token_ids=prompt, max_tokens=40, temperature=0.0,
-                                             ignore_eos=True, request_id=f"good-{i}").token_ids
+                    got[i] = client.generate(
+                        prompt_token_ids=prompt,
+                        max_tokens=40,
+                        temperature=0.0,
+                        ignore_eos=True,
+                        request_id=f"good-{i}",
+                    ).token_ids
         except BaseException as exc:  # surfaced by the main thread
             errors.append(exc)
 
@@ -141,21 +180,35 @@ def test_malformed_frames_each_get_an_error_while_good_requests_finish(deploymen
     counted_before = rejected_total(sup)
     sent = 0
     # A live request whose id is then reused: the duplicate must be refused while it runs.
-    probe.sock.send(encode("submit", {"request_id": "long-live", "prompt_token_ids": [5, 6, 7],
-                                      "sampling": {"temperature": 0.0, "max_tokens": 400, "ignore_eos": True},
-                                      "stream": False}))
+    probe.sock.send(
+        encode(
+            "submit",
+            {
+                "request_id": "long-live",
+                "prompt_token_ids": [5, 6, 7],
+                "sampling": {"temperature": 0.0, "max_tokens": 400, "ignore_eos": True},
+                "stream": False,
+            },
+        )
+    )
     assert decode(probe.sock.recv())["type"] == "accepted"
     dup = probe.ask(encode("submit", {"request_id": "long-live", "prompt_token_ids": [5]}))
     assert dup["type"] == "error" and dup["code"] == "duplicate_request_id", dup
     too_big = probe.ask(encode("submit", {"request_id": "big", "prompt": "x" * (MAX_BYTES + 1000)}))
-    assert too_big["type"] == "error" and too_big["code"] == "too_large" and str(MAX_BYTES) in too_big["message"]
+    assert (
+        too_big["type"] == "error" and too_big["code"] == "too_large" and str(MAX_BYTES) in too_big["message"]
+    )
     sent += 2
 
     traffic = threading.Thread(target=good_traffic)
     traffic.start()
 
-    @settings(max_examples=1600, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+    @settings(
+        max_examples=1600,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+    )
     @given(frame=bad_frames)
     def each_bad_frame_gets_an_error(frame: bytes) -> None:
         nonlocal sent
@@ -192,11 +245,17 @@ def test_error_names_the_field_and_the_limit(deployment):
         assert "1" in reply["message"]  # the bound (ge=1)
         reply = probe.ask(encode("submit", {"request_id": "ctx", "prompt_token_ids": [5] * 600}))
         assert reply["code"] == "prompt_too_long" and "512" in reply["message"]
-        reply = probe.ask(encode("submit", {"request_id": "ctx2", "prompt_token_ids": [5] * 10,
-                                            "sampling": {"max_tokens": 600}}))
+        reply = probe.ask(
+            encode(
+                "submit",
+                {"request_id": "ctx2", "prompt_token_ids": [5] * 10, "sampling": {"max_tokens": 600}},
+            )
+        )
         assert reply["code"] == "max_tokens_too_large" and "max_model_len=512" in reply["message"]
         reply = probe.ask(encode("submit", {"request_id": "voc", "prompt_token_ids": [5, 999]}))
-        assert reply["code"] == "token_out_of_vocab" and "999" in reply["message"] and "320" in reply["message"]
+        assert (
+            reply["code"] == "token_out_of_vocab" and "999" in reply["message"] and "320" in reply["message"]
+        )
     finally:
         probe.close()
     time.sleep(0.1)
@@ -206,8 +265,17 @@ def test_a_client_past_its_inflight_limit_gets_a_clear_error(deployment):
     probe = FrontProbe(deployment.front_endpoint)
     try:
         for i in range(3):
-            probe.sock.send(encode("submit", {"request_id": f"limit-{i}", "prompt_token_ids": [5, 6, 7],
-                                              "sampling": {"max_tokens": 300, "ignore_eos": True}, "stream": False}))
+            probe.sock.send(
+                encode(
+                    "submit",
+                    {
+                        "request_id": f"limit-{i}",
+                        "prompt_token_ids": [5, 6, 7],
+                        "sampling": {"max_tokens": 300, "ignore_eos": True},
+                        "stream": False,
+                    },
+                )
+            )
         accepted = [decode(probe.sock.recv())["type"] for _ in range(3)]
         assert accepted == ["accepted"] * 3
         reply = probe.ask(encode("submit", {"request_id": "limit-3", "prompt_token_ids": [5, 6, 7]}))

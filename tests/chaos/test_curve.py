@@ -17,7 +17,9 @@ def test_client_without_the_curve_key_cannot_submit(tiny_model, tmp_path):
     sup = start(tiny_model("llama"), workers=1, log_dir=tmp_path, curve_keys_dir=str(keys))
     try:
         with Client(sup.front_endpoint, timeout_s=60, **load_client_keys(keys)) as client:
-            assert len(client.generate(prompt_token_ids=[5, 6, 7], max_tokens=3, temperature=0.0).token_ids) == 3
+            assert (
+                len(client.generate(prompt_token_ids=[5, 6, 7], max_tokens=3, temperature=0.0).token_ids) == 3
+            )
 
         ctx = zmq.Context()
         plain = ctx.socket(zmq.DEALER)

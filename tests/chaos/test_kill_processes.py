@@ -42,8 +42,13 @@ async def run_load(endpoint: str, count: int, on_progress, timeout_s: float = 12
         async def one(i: int, prompt: list[int]) -> list[int]:
             nonlocal seen
             out: list[int] = []
-            async for delta in client.stream(prompt_token_ids=prompt, max_tokens=MAX_TOKENS, temperature=0.0,
-                                             ignore_eos=True, request_id=f"chaos-{i}"):
+            async for delta in client.stream(
+                prompt_token_ids=prompt,
+                max_tokens=MAX_TOKENS,
+                temperature=0.0,
+                ignore_eos=True,
+                request_id=f"chaos-{i}",
+            ):
                 out.extend(delta.token_ids)
                 seen += len(delta.token_ids)
                 await on_progress(seen)
@@ -96,10 +101,18 @@ def test_sigkill_one_of_two_workers_mid_decode_loses_nothing(model_path, expecte
         sup.stop()
 
 
-def test_sigkill_scheduler_leases_are_reclaimed_and_resubmitted_requests_finish(model_path, expected, tmp_path):
+def test_sigkill_scheduler_leases_are_reclaimed_and_resubmitted_requests_finish(
+    model_path, expected, tmp_path
+):
     ttl = 3.0
-    sup = start(model_path, workers=1, log_dir=tmp_path, lease_ttl_s=ttl, lease_renew_interval_s=1.0,
-                reap_interval_s=0.25)
+    sup = start(
+        model_path,
+        workers=1,
+        log_dir=tmp_path,
+        lease_ttl_s=ttl,
+        lease_renew_interval_s=1.0,
+        reap_interval_s=0.25,
+    )
     try:
         state: dict[str, object] = {}
 
@@ -112,8 +125,9 @@ def test_sigkill_scheduler_leases_are_reclaimed_and_resubmitted_requests_finish(
                 state["at"] = time.monotonic()
                 # Measure the reclaim while the load waits for the new scheduler.
                 loop = asyncio.get_running_loop()
-                state["reclaimed_after"] = await loop.run_in_executor(None, wait_reclaimed, sup, state["owners"],
-                                                                      ttl + 3)
+                state["reclaimed_after"] = await loop.run_in_executor(
+                    None, wait_reclaimed, sup, state["owners"], ttl + 3
+                )
                 state["reclaimed_after"] -= state["at"]
 
         got = asyncio.run(run_load(sup.front_endpoint, 16, kill_once))
@@ -156,7 +170,9 @@ def test_kill_and_restart_block_manager_every_request_finishes(model_path, expec
 
 def test_no_live_worker_ends_requests_with_no_workers_then_a_new_worker_serves(model_path, tmp_path):
     # Workers come back only after 8 s, so the requests below time out first.
-    sup = start(model_path, workers=2, log_dir=tmp_path, policy=RestartPolicy(backoff_s=8.0, max_backoff_s=8.0))
+    sup = start(
+        model_path, workers=2, log_dir=tmp_path, policy=RestartPolicy(backoff_s=8.0, max_backoff_s=8.0)
+    )
     try:
         assert wait_for(lambda: len(workers_ready(sup)) == 2, 30)
         sup.kill_worker(0)
@@ -165,6 +181,7 @@ def test_no_live_worker_ends_requests_with_no_workers_then_a_new_worker_serves(m
 
         async def submit_all() -> list[tuple[str, float]]:
             async with AsyncClient(sup.front_endpoint, timeout_s=30) as client:
+
                 async def one(i: int) -> tuple[str, float]:
                     t0 = time.monotonic()
                     try:

@@ -29,7 +29,9 @@ def model_path(tiny_model):
 @pytest.fixture(scope="module")
 def in_process(model_path) -> list[list[int]]:
     llm = LLM(str(model_path), num_blocks=256)
-    return [o.token_ids for o in llm.generate(workload(), SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))]
+    return [
+        o.token_ids for o in llm.generate(workload(), SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
+    ]
 
 
 async def stream_all(endpoint: str) -> list[list[int]]:
@@ -37,8 +39,9 @@ async def stream_all(endpoint: str) -> list[list[int]]:
 
         async def one(i: int, prompt: list[int]) -> list[int]:
             tokens: list[int] = []
-            stream = client.stream(prompt_token_ids=prompt, max_tokens=MAX_TOKENS, temperature=0.0,
-                                   request_id=f"req-{i}")
+            stream = client.stream(
+                prompt_token_ids=prompt, max_tokens=MAX_TOKENS, temperature=0.0, request_id=f"req-{i}"
+            )
             async for delta in stream:
                 tokens.extend(delta.token_ids)
             assert tokens == stream.result.token_ids  # the stream and the final result agree
@@ -52,14 +55,19 @@ def wait_pool_whole(sup, timeout_s: float = 10.0) -> dict:
     while True:
         snap = blocks(sup)
         live = [p for p in snap["pools"]]
-        if live and all(p["totals"]["free"] == p["totals"]["total"] for p in live) or time.monotonic() > deadline:
+        if (
+            live
+            and all(p["totals"]["free"] == p["totals"]["total"] for p in live)
+            or time.monotonic() > deadline
+        ):
             return snap
         time.sleep(0.2)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])
-def test_streamed_requests_through_two_workers_match_the_in_process_engine(model_path, in_process, tmp_path,
-                                                                            depth):
+def test_streamed_requests_through_two_workers_match_the_in_process_engine(
+    model_path, in_process, tmp_path, depth
+):
     sup = start(model_path, workers=2, log_dir=tmp_path, pipeline_depth=depth)
     try:
         deadline = time.monotonic() + 30
@@ -75,9 +83,13 @@ def test_streamed_requests_through_two_workers_match_the_in_process_engine(model
         assert snap["invariants"]["ok"], snap["invariants"]
         requests_per_worker = [p for p in snap["pools"] if p["totals"]["cached"] > 0]
         assert len(requests_per_worker) == 2, "both workers should have served requests"
-        families = {f.name: f for f in text_string_to_metric_families(get_text(f"{sup.scheduler_ops_url}/metrics"))}
+        families = {
+            f.name: f for f in text_string_to_metric_families(get_text(f"{sup.scheduler_ops_url}/metrics"))
+        }
         assert "pagedserve_tokens" in families and "pagedserve_time_to_first_token_seconds" in families
-        bm_families = {f.name for f in text_string_to_metric_families(get_text(f"{sup.block_manager_ops_url}/metrics"))}
+        bm_families = {
+            f.name for f in text_string_to_metric_families(get_text(f"{sup.block_manager_ops_url}/metrics"))
+        }
         assert "pagedserve_bm_blocks" in bm_families
     finally:
         sup.stop()
@@ -86,10 +98,16 @@ def test_streamed_requests_through_two_workers_match_the_in_process_engine(model
 def test_abort_mid_stream_frees_that_requests_blocks(model_path, tmp_path):
     sup = start(model_path, workers=1, log_dir=tmp_path, pipeline_depth=2)
     try:
+
         async def run() -> tuple[str, dict]:
             async with AsyncClient(sup.front_endpoint, timeout_s=60) as client:
-                stream = client.stream(prompt_token_ids=list(range(3, 90)), max_tokens=400, temperature=0.0,
-                                       ignore_eos=True, request_id="to-abort")
+                stream = client.stream(
+                    prompt_token_ids=list(range(3, 90)),
+                    max_tokens=400,
+                    temperature=0.0,
+                    ignore_eos=True,
+                    request_id="to-abort",
+                )
                 seen = 0
                 during = None
                 async for delta in stream:

@@ -13,9 +13,16 @@ from services.worker.bundled import resolve_model
 pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 12
-QUESTIONS = ("What is the capital of France?", "Name a prime number.", "What colour is the sky?",
-             "Say hello in Spanish.", "What is 2 + 2?", "Name a planet.", "What do bees make?",
-             "Which ocean is the largest?")
+QUESTIONS = (
+    "What is the capital of France?",
+    "Name a prime number.",
+    "What colour is the sky?",
+    "Say hello in Spanish.",
+    "What is 2 + 2?",
+    "Name a planet.",
+    "What do bees make?",
+    "Which ocean is the largest?",
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,15 +31,21 @@ def prompts_and_reference():
 
     path = resolve_model("smollm2-135m")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                             tokenize=True, return_dict=True)["input_ids"] for q in QUESTIONS]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        for q in QUESTIONS
+    ]
     model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     reference = []
     for p in prompts:
         ids = torch.tensor([list(p)])
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_TOKENS)
-        reference.append(out[0, ids.shape[1]:].tolist())
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_TOKENS
+            )
+        reference.append(out[0, ids.shape[1] :].tolist())
     return [list(p) for p in prompts], reference
 
 

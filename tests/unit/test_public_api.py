@@ -7,8 +7,10 @@ import sys
 
 
 def test_client_sdk_imports_without_torch():
-    code = ("import sys; from pagedserve import Client, AsyncClient, SamplingParams, RequestError; "
-            "assert 'torch' not in sys.modules and 'services' not in sys.modules, sorted(sys.modules)")
+    code = (
+        "import sys; from pagedserve import Client, AsyncClient, SamplingParams, RequestError; "
+        "assert 'torch' not in sys.modules and 'services' not in sys.modules, sorted(sys.modules)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -39,9 +39,14 @@ def reference(model_path) -> list[list[int]]:
     for p in prompts_of_mixed_lengths():
         ids = torch.tensor([p])
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=MAX_TOKENS, pad_token_id=0)
-        outs.append(out[0, len(p):].tolist())
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=MAX_TOKENS,
+                pad_token_id=0,
+            )
+        outs.append(out[0, len(p) :].tolist())
     return outs
 
 
@@ -128,8 +133,9 @@ def test_text_prompts_and_stop_strings(model_path):
     free = llm.generate(["hello world"], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))[0]
     assert free.text and len(free.token_ids) == 20
     stop = free.text[5:7]
-    cut = llm.generate(["hello world"], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True,
-                                                       stop=[stop]))[0]
+    cut = llm.generate(
+        ["hello world"], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop=[stop])
+    )[0]
     assert cut.finish_reason == "stop"
     assert cut.text == free.text[: free.text.index(stop)]
     assert_pool_whole(llm)

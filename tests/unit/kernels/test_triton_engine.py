@@ -12,6 +12,10 @@ def test_engine_with_triton_backend_matches_torch_backend(tiny_model):
     prompts = [[5, 9, 33, 70, 2 + i] * (1 + 3 * i) for i in range(4)]  # 5..50 tokens: prefill, then decode
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     kwargs = {"num_blocks": 64, "block_size": 16, "max_num_batched_tokens": 24}  # chunked prefill too
-    torch_out = [o.token_ids for o in LLM(path, attention_backend="torch", **kwargs).generate(prompts, params)]
-    triton_out = [o.token_ids for o in LLM(path, attention_backend="triton", **kwargs).generate(prompts, params)]
+    torch_out = [
+        o.token_ids for o in LLM(path, attention_backend="torch", **kwargs).generate(prompts, params)
+    ]
+    triton_out = [
+        o.token_ids for o in LLM(path, attention_backend="triton", **kwargs).generate(prompts, params)
+    ]
     assert triton_out == torch_out

@@ -30,7 +30,8 @@ class ScriptedWorker:
             self.tokens[r.request_id] = list(r.token_ids)
             self.computed[r.request_id] = r.num_computed_tokens
         sched = [(r.request_id, r.num_scheduled_tokens) for r in ex.new_requests] + [
-            (r.request_id, r.num_scheduled_tokens) for r in ex.cached_requests]
+            (r.request_id, r.num_scheduled_tokens) for r in ex.cached_requests
+        ]
         for rid, n in sched:
             self.computed[rid] += n
             assert self.computed[rid] <= len(self.tokens[rid]) + 0, "scheduled past the known tokens"
