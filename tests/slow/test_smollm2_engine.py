@@ -12,7 +12,7 @@ from services.worker.bundled import resolve_model
 
 pytestmark = pytest.mark.slow
 
-MAX_TOKENS = 12
+MAX_TOKENS = 40  # past EOS on both sides (ignore_eos / no eos_token_id): long enough to need preemption
 QUESTIONS = (
     "What is the capital of France?",
     "Name a prime number.",
@@ -38,6 +38,7 @@ def prompts_and_reference():
         for q in QUESTIONS
     ]
     model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # the engine side runs with ignore_eos
     reference = []
     for p in prompts:
         ids = torch.tensor([list(p)])
@@ -51,8 +52,8 @@ def prompts_and_reference():
 
 def test_engine_on_smollm2_matches_transformers_under_preemption_chunking_and_depth_3(prompts_and_reference):
     prompts, reference = prompts_and_reference
-    llm = LLM("smollm2-135m", block_size=16, num_blocks=14, max_num_batched_tokens=32, pipeline_depth=3)
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
+    llm = LLM("smollm2-135m", block_size=16, num_blocks=8, max_num_batched_tokens=32, pipeline_depth=3)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
     assert [o.token_ids for o in outs] == reference
     assert llm.scheduler.stats.preemptions > 0
     assert sum(o.num_cached_tokens for o in outs) > 0  # the chat template's system prompt was shared
