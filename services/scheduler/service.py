@@ -77,6 +77,10 @@ class SchedulerService:
         # A step to a worker whose socket is gone must fail loudly, not vanish: that worker is lost.
         self.workers_sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.workers_sock.bind(config.worker_endpoint)
+        # A SIGKILLed worker's TCP connection closes at once: that event shortens the heartbeat
+        # timeout for a moment, so a death is noticed in well under a second, not worker_timeout_s.
+        self.worker_monitor = self.workers_sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.disconnect_seen_at = float("-inf")
         self.keys = keys
         self.bm = self._bm_socket()
         self.bm_seq = 0
@@ -154,7 +158,8 @@ class SchedulerService:
         poller = zmq.Poller()
         poller.register(self.front, zmq.POLLIN)
         poller.register(self.workers_sock, zmq.POLLIN)
-        next_tick = 0.0
+        poller.register(self.worker_monitor, zmq.POLLIN)
+        self.next_tick = 0.0
         next_renew = 0.0
         sent = False
         while not self.stopping:
@@ -165,15 +170,26 @@ class SchedulerService:
                 self._drain(self.workers_sock, self.on_worker_message)
             if self.front in ready:
                 self._drain(self.front, self.on_client_message)
+            if self.worker_monitor in ready:
+                self._drain_monitor()
             now = time.monotonic()
             if now >= next_renew:
                 next_renew = now + self.config.lease_renew_interval_s
                 send(self.bm, "renew_owner", {"owner": self.owner})
-            if now >= next_tick:
-                next_tick = now + 0.1
+            if now >= self.next_tick:
+                self.next_tick = now + 0.1
                 self.tick(now)
             sent = self.schedule_all()
         self.close()
+
+    def _drain_monitor(self) -> None:
+        while True:
+            try:
+                self.worker_monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self.disconnect_seen_at = time.monotonic()
+            self.next_tick = 0.0  # check liveness now
 
     def _drain(self, sock: zmq.Socket, handler: Any) -> None:
         for _ in range(512):
@@ -507,11 +523,15 @@ class SchedulerService:
     # ------------------------------------------------------------------ timers and steps
 
     def tick(self, now: float) -> None:
+        timeout = self.config.worker_timeout_s
+        if now - self.disconnect_seen_at < timeout:
+            # Some worker connection just closed: whoever also missed a heartbeat and a half is gone.
+            timeout = min(timeout, 1.5 * self.config.heartbeat_interval_s)
         for wid, link in list(self.links.items()):
             silent = now - link.last_heartbeat
             state = self.core.workers.get(wid)
             oldest = state.window.oldest_sent_at() if state else None
-            if silent > self.config.worker_timeout_s:
+            if silent > timeout:
                 self.lose_worker(wid, f"no heartbeat for {silent:.1f}s")
             elif oldest is not None and now - oldest > self.config.step_timeout_s:
                 self.lose_worker(wid, f"step unanswered for {now - oldest:.1f}s")
@@ -555,7 +575,8 @@ class SchedulerService:
             self.ops.stop()
         if self.auth:
             self.auth.stop()
-        for sock in (self.front, self.workers_sock, self.bm):
+        self.workers_sock.disable_monitor()
+        for sock in (self.worker_monitor, self.front, self.workers_sock, self.bm):
             sock.close(0)
         self.ctx.term()
 
