@@ -192,7 +192,7 @@ def _print_services(report: dict[str, Any], console: Console) -> None:
             str(row["pipeline_depth"]),
             _fmt(row["tokens_per_s"] if not row["error"] else None),
             _fmt(row["wall_s"] or None),
-            _fmt(row["services_over_in_process"], ".2f", "x"),
+            _fmt(row["services_over_in_process"], ".3f", "x"),
             _fmt(row.get("idle_fraction"), ".1%"),
             _fmt(row.get("busy_fraction"), ".1%"),
             str(row.get("steps", "—")),

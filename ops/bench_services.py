@@ -11,7 +11,9 @@ Besides tokens/s we read the scheduler's /metrics before and after the timed run
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
+import sys
 import tempfile
 import time
 import urllib.request
@@ -126,10 +128,24 @@ def run_services_depth(workload: Workload, settings: BenchSettings, depth: int, 
         result.error = f"{type(e).__name__}: {e} (logs in {log_dir})"
     finally:
         supervisor.stop()
+    if result.error is None:
+        shutil.rmtree(log_dir, ignore_errors=True)  # logs are kept only when they explain a failure
+        result.details.pop("log_dir")
     return result
 
 
 def run_services(
     workload: Workload, settings: BenchSettings, depths: list[int], threads: int
 ) -> list[PathResult]:
-    return [run_services_depth(workload, replace(settings, pipeline_depth=d), d, threads) for d in depths]
+    results = []
+    for depth in depths:
+        results.append(run_services_depth(workload, replace(settings, pipeline_depth=depth), depth, threads))
+        r = results[-1]
+        # Printed as each depth ends: a run stopped half-way still leaves what it measured.
+        print(
+            f"bench: services depth={depth}: {r.tokens_per_s:.1f} tok/s, idle {r.details.get('idle_fraction', 0):.1%}"
+            f" {r.error or ''}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return results

@@ -139,3 +139,17 @@ def test_quick_run_on_a_tiny_model_writes_json_with_every_path_and_a_chart(
     assert 0 < report["kv_utilization"]["pagedserve"] <= 1
     assert report["machine"]["cores"] >= 1 and report["machine"]["torch"]
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_services_run_on_a_tiny_model_reports_throughput_and_worker_idle(
+    tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["--model", str(tiny_model("llama")), "--quick", "--num-requests", "2", "--max-len", "16"]
+    argv += ["--threads", "1", "--kv-cache-memory-mib", "4", "--peers", "pagedserve", "--services"]
+    assert main([*argv, "--depths", "2", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["services"]
+    assert row["error"] is None and row["pipeline_depth"] == 2
+    assert row["output_tokens"] > 0 and row["steps"] > 0
+    assert 0 <= row["idle_fraction"] < 1 and row["services_over_in_process"] > 0
