@@ -465,6 +465,7 @@ class SchedulerService:
             return
         self.metrics.step_time.observe(result.timings.get("step_s", result.timings.get("forward_s", 0.0)))
         self.metrics.worker_idle.labels(wid).inc(result.timings.get("idle_s", 0.0))
+        self.metrics.worker_busy.labels(wid).inc(result.timings.get("step_s", 0.0))
         before = self.core.stats.preemptions
         self.dispatch(self.core.on_step_result(wid, result, now), now)
         self.metrics.preemptions.inc(self.core.stats.preemptions - before)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 import triton_env  # noqa: F401  (before any kernels import: selects the Triton interpreter)
@@ -14,8 +12,6 @@ from triton_env import DEVICE, max_examples
 
 from kernels.attention import AttentionMetadata, get_backend
 from kernels.triton_backend import TritonAttentionBackend
-
-HAS_TORCH_BACKEND = importlib.util.find_spec("kernels.torch_backend") is not None
 
 
 def _meta(batch: PagedBatch) -> AttentionMetadata:
@@ -89,7 +85,6 @@ def test_get_backend_returns_the_triton_backend() -> None:
     assert isinstance(get_backend("triton", DEVICE), TritonAttentionBackend)
 
 
-@pytest.mark.skipif(not HAS_TORCH_BACKEND, reason="kernels/torch_backend.py not written yet")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_agrees_with_the_torch_backend(dtype: torch.dtype) -> None:
     from kernels.torch_backend import TorchAttentionBackend
