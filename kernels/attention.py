@@ -70,11 +70,11 @@ def get_backend(name: str, device: torch.device | str) -> AttentionBackend:
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
-        from kernels.torch_backend import TorchAttentionBackend
+        from pagedserve.kernels.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend()
     if name == "triton":
-        from kernels.triton_backend import TritonAttentionBackend
+        from pagedserve.kernels.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend()
     raise ValueError(f"attention_backend must be one of auto, torch, triton; got {name!r}")

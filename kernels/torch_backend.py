@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from kernels.attention import AttentionBackend, AttentionMetadata
+from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata
 
 # Decode batches at least this large are split into length buckets, so short contexts do not pay
 # for the longest one's padding; below it one padded gather is cheaper than several small ones.

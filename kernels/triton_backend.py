@@ -11,11 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from kernels.attention import AttentionBackend, AttentionMetadata
-from kernels.triton.decode_attention import choose_num_splits, decode_attention
-from kernels.triton.prefill_attention import prefill_attention
-from kernels.triton.write_kv import write_kv
+from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata
+from pagedserve.kernels.triton.decode_attention import choose_num_splits, decode_attention
+from pagedserve.kernels.triton.prefill_attention import prefill_attention
+from pagedserve.kernels.triton.write_kv import write_kv
 
 
 @dataclass(slots=True)

@@ -26,8 +26,8 @@ from typing import Any
 # Runnable as a plain script from the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.block_manager.manager import BlockManager  # noqa: E402
-from shared.protocol.blocks import grow_op  # noqa: E402
+from pagedserve.services.block_manager.manager import BlockManager  # noqa: E402
+from pagedserve.shared.protocol.blocks import grow_op  # noqa: E402
 
 TARGET_BLOCK_OPS_PER_S = 200_000
 

@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from ops.bench_workload import Workload, static_batch_accounting, static_batches
-from services.worker.kv_cache import KVCacheShape, num_blocks_for_budget
-from services.worker.loader import torch_dtype
-from services.worker.models.registry import ModelConfig, parse_config
+from pagedserve.ops.bench_workload import Workload, static_batch_accounting, static_batches
+from pagedserve.services.worker.kv_cache import KVCacheShape, num_blocks_for_budget
+from pagedserve.services.worker.loader import torch_dtype
+from pagedserve.services.worker.models.registry import ModelConfig, parse_config
 
 # Shorter than one block: a warm-up prompt is never a prefix-cache hit for the workload.
 WARMUP_PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [8, 7, 6, 5, 4, 3, 2, 1]]
@@ -79,8 +78,8 @@ class PathResult:
 
 
 def run_pagedserve(workload: Workload, settings: BenchSettings) -> PathResult:
-    from services.engine.llm import LLM
-    from shared.protocol.frontend import SamplingParams
+    from pagedserve.services.engine.llm import LLM
+    from pagedserve.shared.protocol.frontend import SamplingParams
 
     llm = LLM(
         str(settings.model_path),

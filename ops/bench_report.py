@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pagedserve.ops.bench_peers import PathResult
 from rich.console import Console
 from rich.table import Table
-
-from ops.bench_peers import PathResult
 
 SPEEDUP_TARGET = 2.0  # pagedserve over the best transformers path
 KV_UTILIZATION_TARGET = 0.95

@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from services.worker.bundled import resolve_model
-from services.worker.runner import ModelRunner
-from shared.protocol.frontend import SamplingParams
-from shared.protocol.step import CachedRequest, Execute, NewRequest
+from pagedserve.services.worker.bundled import resolve_model
+from pagedserve.services.worker.runner import ModelRunner
+from pagedserve.shared.protocol.frontend import SamplingParams
+from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest
 
 BLOCK_SIZE = 16
 

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from services.worker.sampler import Sampler, SamplingRequest
-from shared.protocol.frontend import SamplingParams
+from pagedserve.services.worker.sampler import Sampler, SamplingRequest
+from pagedserve.shared.protocol.frontend import SamplingParams
 
 VOCAB = 49152
 SETTINGS: dict[str, dict[str, Any]] = {

@@ -14,10 +14,10 @@ import statistics
 import time
 from pathlib import Path
 
-from services.block_manager.manager import BlockManager
-from services.scheduler.scheduler import Scheduler, SchedulerLimits
-from shared.protocol.frontend import SamplingParams
-from shared.protocol.step import StepResult
+from pagedserve.services.block_manager.manager import BlockManager
+from pagedserve.services.scheduler.scheduler import Scheduler, SchedulerLimits
+from pagedserve.shared.protocol.frontend import SamplingParams
+from pagedserve.shared.protocol.step import StepResult
 
 W = "w0"
 

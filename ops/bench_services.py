@@ -20,8 +20,8 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
-from ops.bench_peers import WARMUP_PROMPTS, WARMUP_TOKENS, BenchSettings, PathResult
-from ops.bench_workload import Workload
+from pagedserve.ops.bench_peers import WARMUP_PROMPTS, WARMUP_TOKENS, BenchSettings, PathResult
+from pagedserve.ops.bench_workload import Workload
 
 METRICS = (
     "pagedserve_worker_idle_seconds_total",
@@ -56,7 +56,7 @@ def parse_metrics(text: str) -> dict[str, float]:
 async def _generate_all(
     endpoint: str, prompts: list[list[int]], output_lens: list[int], temperature: float
 ) -> list[int]:
-    from shared.sdk import AsyncClient
+    from pagedserve.shared.sdk import AsyncClient
 
     async with AsyncClient(endpoint, timeout_s=7200.0) as client:
         results = await asyncio.gather(
@@ -69,8 +69,8 @@ async def _generate_all(
 
 
 def run_services_depth(workload: Workload, settings: BenchSettings, depth: int, threads: int) -> PathResult:
-    from ops.supervisor import Supervisor
-    from shared.config import ServeConfig
+    from pagedserve.ops.supervisor import Supervisor
+    from pagedserve.shared.config import ServeConfig
 
     config = ServeConfig(
         model=str(settings.model_path),

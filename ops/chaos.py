@@ -24,13 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pagedserve.ops.chaos_deployment import Deployment, DeploymentError, attached, started
+from pagedserve.ops.chaos_load import LoadSettings, run_load
+from pagedserve.ops.chaos_report import build_report, print_report
+from pagedserve.ops.chaos_watch import DeploymentWatch, blocks, ready_workers, workers_lost
+from pagedserve.ops.supervisor import DeploymentFailed
 from rich.console import Console
-
-from ops.chaos_deployment import Deployment, DeploymentError, attached, started
-from ops.chaos_load import LoadSettings, run_load
-from ops.chaos_report import build_report, print_report
-from ops.chaos_watch import DeploymentWatch, blocks, ready_workers, workers_lost
-from ops.supervisor import DeploymentFailed
 
 MIN_READY_TO_KILL = 2  # never kill the last ready worker: requests would wait, not recompute
 
@@ -193,7 +192,7 @@ def run(dep: Deployment, args: argparse.Namespace, console: Console) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from shared.log import configure_logging
+    from pagedserve.shared.log import configure_logging
 
     configure_logging("chaos", "json", "error")  # the supervisor's restart lines would bury the report
     # Off a terminal (a log, CI) rich would assume 80 columns and cut container names short.

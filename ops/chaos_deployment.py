@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ops.chaos_targets import ContainerWorkers, ProcessWorkers, SupervisedWorkers, WorkerTarget
-from ops.chaos_watch import ready_workers
-from ops.process_group import RestartPolicy
-from ops.supervisor import Supervisor, ops_url, resolve_model_first, worker_name
-from shared.config import ServeConfig
+from pagedserve.ops.chaos_targets import ContainerWorkers, ProcessWorkers, SupervisedWorkers, WorkerTarget
+from pagedserve.ops.chaos_watch import ready_workers
+from pagedserve.ops.process_group import RestartPolicy
+from pagedserve.ops.supervisor import Supervisor, ops_url, resolve_model_first, worker_name
+from pagedserve.shared.config import ServeConfig
 
 # The kills are ours and come every few seconds: restart at once, every time. The default policy
 # would back off to 10 s and give a worker up after 5 deaths in a minute.

@@ -73,7 +73,7 @@ def make_prompt(rng: random.Random, settings: LoadSettings) -> str:
 
 async def run_load(settings: LoadSettings) -> LoadOutcome:
     """Send requests for `duration_s`, then wait up to `drain_timeout_s` for the ones still live."""
-    from shared.sdk import AsyncClient, RequestError
+    from pagedserve.shared.sdk import AsyncClient, RequestError
 
     outcome = LoadOutcome()
     rng = random.Random(settings.seed)

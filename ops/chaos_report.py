@@ -9,11 +9,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from pagedserve.ops.chaos_load import LoadOutcome
+from pagedserve.ops.chaos_watch import Kill
 from rich.console import Console
 from rich.table import Table
-
-from ops.chaos_load import LoadOutcome
-from ops.chaos_watch import Kill
 
 
 def _stats(values: list[float]) -> dict[str, float | None]:

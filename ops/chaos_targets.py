@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ops.supervisor import Supervisor, worker_name
-from shared.config import ServeConfig
+from pagedserve.ops.supervisor import Supervisor, worker_name
+from pagedserve.shared.config import ServeConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +60,9 @@ class SupervisedWorkers:
 
 
 def is_worker_command(argv: list[str]) -> bool:
-    """`python -m ops.cli worker ...` or `.../pagedserve worker ...` (not `pagedserve chaos`)."""
+    """`python -m pagedserve.ops.cli worker ...` or `.../pagedserve worker ...` (not `pagedserve chaos`)."""
     for i, arg in enumerate(argv[:-1]):
-        module = arg == "ops.cli" and i > 0 and argv[i - 1] == "-m"
+        module = arg == "pagedserve.ops.cli" and i > 0 and argv[i - 1] == "-m"
         if module or os.path.basename(arg) == "pagedserve":
             return argv[i + 1] == "worker"
     return False

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ops import ops_http
-from ops.chaos_targets import Victim
+from pagedserve.ops import ops_http
+from pagedserve.ops.chaos_targets import Victim
 
 POLL_S = 0.05
 LOST_METRIC = "pagedserve_workers_lost_total"

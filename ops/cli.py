@@ -21,17 +21,16 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pagedserve.shared.config import ServeConfig, add_config_args, config_from_args
 from pydantic import ValidationError
 
-from shared.config import ServeConfig, add_config_args, config_from_args
-
 SERVICES = {
-    "block-manager": "services.block_manager.service",
-    "scheduler": "services.scheduler.service",
-    "worker": "services.worker.service",
+    "block-manager": "pagedserve.services.block_manager.service",
+    "scheduler": "pagedserve.services.scheduler.service",
+    "worker": "pagedserve.services.worker.service",
 }
 # Subcommands whose arguments belong to a module another part of the project owns.
-PASSTHROUGH = {"bench": "ops.bench", "chaos": "ops.chaos"}
+PASSTHROUGH = {"bench": "pagedserve.ops.bench", "chaos": "pagedserve.ops.chaos"}
 WORKER_ID_FILE = Path("/tmp/pagedserve-worker-id")  # read by the compose healthcheck
 
 
@@ -128,7 +127,7 @@ def _cmd_service(args: argparse.Namespace) -> int:
 def _with_worker_id(config: ServeConfig) -> ServeConfig:
     """In a container: name an unnamed worker after its container (see ops/worker_identity.py),
     and leave the name where the compose healthcheck looks for its pool."""
-    from ops import worker_identity
+    from pagedserve.ops import worker_identity
 
     if not worker_identity.in_container():
         return config
@@ -139,9 +138,9 @@ def _with_worker_id(config: ServeConfig) -> ServeConfig:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from ops.supervisor import resolve_model_first
-    from ops.up import run_up
-    from shared.log import configure_logging
+    from pagedserve.ops.supervisor import resolve_model_first
+    from pagedserve.ops.up import run_up
+    from pagedserve.shared.log import configure_logging
 
     config = config_from_args(args)
     configure_logging("supervisor", config.log_format, config.log_level)
@@ -154,8 +153,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from ops.demo import DEFAULT_PROMPT, run_demo
-    from shared.log import configure_logging
+    from pagedserve.ops.demo import DEFAULT_PROMPT, run_demo
+    from pagedserve.shared.log import configure_logging
 
     config = config_from_args(args)
     configure_logging("supervisor", config.log_format, "warning")  # the terminal is for the answer
@@ -175,7 +174,7 @@ def _add_ready_timeout(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from ops.generate import generate_text
+    from pagedserve.ops.generate import generate_text
 
     config = ServeConfig()
     try:
@@ -196,10 +195,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_health(args: argparse.Namespace) -> int:
     """Exit 0 when the invariants hold, 1 when any is broken, 2 when /blocks cannot be read."""
-    from ops import ops_http
+    from pagedserve.ops import ops_http
 
     if args.url is None:
-        from ops.supervisor import ops_url
+        from pagedserve.ops.supervisor import ops_url
 
         config = ServeConfig()
         args.url = ops_url(config, config.block_manager_ops_port)
@@ -212,14 +211,14 @@ def _cmd_health(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(dump, indent=2))
     else:
-        from ops.health_view import print_blocks
+        from pagedserve.ops.health_view import print_blocks
 
         print_blocks(dump, show_all=args.all, max_rows=args.max_rows)
     return 0 if dump.get("invariants", {}).get("ok", False) else 1
 
 
 def _cmd_keys(args: argparse.Namespace) -> int:
-    from ops.keys import create_keys
+    from pagedserve.ops.keys import create_keys
 
     try:
         paths = create_keys(args.dir, force=args.force)

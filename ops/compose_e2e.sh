@@ -197,7 +197,7 @@ image() {
 
 up() {
   local ports
-  read -r -a ports <<<"$(py -m ops.compose_e2e free-ports 5)"
+  read -r -a ports <<<"$(py -m pagedserve.ops.compose_e2e free-ports 5)"
   export PAGEDSERVE_FRONT_ENDPOINT="tcp://127.0.0.1:${ports[0]}"
   export PAGEDSERVE_WORKER_ENDPOINT="tcp://127.0.0.1:${ports[1]}"
   export PAGEDSERVE_BLOCK_MANAGER_ENDPOINT="tcp://127.0.0.1:${ports[2]}"
@@ -212,15 +212,15 @@ up() {
 }
 
 ready() {
-  py -m ops.compose_e2e wait-ready --scheduler-ops "$SCHEDULER_OPS" --workers "$WORKERS" --timeout 900
+  py -m pagedserve.ops.compose_e2e wait-ready --scheduler-ops "$SCHEDULER_OPS" --workers "$WORKERS" --timeout 900
 }
 
 generate() {
-  py -m ops.compose_e2e generate --endpoint "$PAGEDSERVE_FRONT_ENDPOINT"
+  py -m pagedserve.ops.compose_e2e generate --endpoint "$PAGEDSERVE_FRONT_ENDPOINT"
 }
 
 kill_worker() {
-  py -m ops.compose_e2e kill-under-load --project "$PROJECT" --endpoint "$PAGEDSERVE_FRONT_ENDPOINT" \
+  py -m pagedserve.ops.compose_e2e kill-under-load --project "$PROJECT" --endpoint "$PAGEDSERVE_FRONT_ENDPOINT" \
     --scheduler-ops "$SCHEDULER_OPS" --block-manager-ops "$BLOCK_MANAGER_OPS" --out "$STATE/chaos.json"
 }
 

@@ -12,9 +12,9 @@ import tempfile
 from pathlib import Path
 from typing import TextIO
 
-from ops.generate import generate_text
-from ops.supervisor import Supervisor, resolve_model_first
-from shared.config import ServeConfig
+from pagedserve.ops.generate import generate_text
+from pagedserve.ops.supervisor import Supervisor, resolve_model_first
+from pagedserve.shared.config import ServeConfig
 
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."
 

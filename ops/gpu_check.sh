@@ -41,7 +41,7 @@ else
 fi
 
 step "3/3 pagedserve bench on the triton backend"
-if command -v pagedserve >/dev/null 2>&1; then bench=(pagedserve bench); else bench=("$py" -m ops.cli bench); fi
+if command -v pagedserve >/dev/null 2>&1; then bench=(pagedserve bench); else bench=("$py" -m pagedserve.ops.cli bench); fi
 if "${bench[@]}" --help 2>&1 | grep -q -- "--attention-backend"; then
   timeout 90 "${bench[@]}" --attention-backend triton --device cuda 2>&1 | tee "$results/bench.log"
   rc=${PIPESTATUS[0]}; [ "$rc" -eq 0 ] || { echo "pagedserve bench failed (exit $rc)"; status=1; }

@@ -15,7 +15,7 @@ fi
 
 [ -x .venv/bin/python ] || "$py" -m venv .venv
 stamp=.venv/.pagedserve-installed
-want=$(sha256sum pyproject.toml ops/setup.sh | sha256sum | cut -c1-16)
+want=$(sha256sum pyproject.toml setup.py ops/setup.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing into .venv (first run takes a few minutes)" >&2
   # The CPU build of torch first, pinned, so nothing later pulls a multi-GB CUDA build.

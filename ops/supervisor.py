@@ -1,6 +1,6 @@
 """A whole pagedserve deployment as local processes: block manager, scheduler, N workers.
 
-Each service runs as `python -m ops.cli <service>` with the deployment's config in `PAGEDSERVE_*`
+Each service runs as `python -m pagedserve.ops.cli <service>` with the deployment's config in `PAGEDSERVE_*`
 variables, so a child reads exactly the config the supervisor was given. Workers are named
 `worker-0..N-1`. Used by `pagedserve up` / `demo` and by the integration and chaos tests:
 
@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from ops import ops_http
-from ops.process_group import ChildSpec, ProcessGroup, RestartPolicy
-from shared.config import ServeConfig
+from pagedserve.ops import ops_http
+from pagedserve.ops.process_group import ChildSpec, ProcessGroup, RestartPolicy
+from pagedserve.shared.config import ServeConfig
 
 BLOCK_MANAGER = "block-manager"
 SCHEDULER = "scheduler"
@@ -32,7 +32,7 @@ Launcher = Callable[[str, str | None], Sequence[str]]
 
 
 def service_argv(service: str, worker_id: str | None) -> list[str]:
-    argv = [sys.executable, "-m", "ops.cli", service]
+    argv = [sys.executable, "-m", "pagedserve.ops.cli", service]
     return argv + ["--worker-id", worker_id] if worker_id is not None else argv
 
 
@@ -67,7 +67,7 @@ def resolve_model_first(config: ServeConfig) -> ServeConfig:
 
     The bundled model is converted on first use; resolved before the children start, they all
     find it ready instead of converting it at the same time into the same folder."""
-    from services.worker.bundled import resolve_model  # lazily: it may pull in torch
+    from pagedserve.services.worker.bundled import resolve_model  # lazily: it may pull in torch
 
     return config.model_copy(update={"model": str(resolve_model(config.model))})
 

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from ops.supervisor import DeploymentFailed, Launcher, Supervisor, service_argv
-from shared.config import ServeConfig
+from pagedserve.ops.supervisor import DeploymentFailed, Launcher, Supervisor, service_argv
+from pagedserve.shared.config import ServeConfig
 
 
 class _Stop(Exception):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.protocol.frontend import SamplingParams
+from pagedserve.shared.protocol.frontend import SamplingParams
 
 __all__ = [
     "LLM",
@@ -22,14 +22,14 @@ __all__ = [
 ]
 
 _LAZY = {
-    "LLM": ("services.engine", "LLM"),
-    "RequestOutput": ("services.engine", "RequestOutput"),
-    "Client": ("shared.sdk", "Client"),
-    "AsyncClient": ("shared.sdk", "AsyncClient"),
-    "RequestError": ("shared.sdk", "RequestError"),
-    "Result": ("shared.sdk", "Result"),
-    "StreamDelta": ("shared.sdk", "StreamDelta"),
-    "load_client_keys": ("shared.sdk", "load_client_keys"),
+    "LLM": ("pagedserve.services.engine", "LLM"),
+    "RequestOutput": ("pagedserve.services.engine", "RequestOutput"),
+    "Client": ("pagedserve.shared.sdk", "Client"),
+    "AsyncClient": ("pagedserve.shared.sdk", "AsyncClient"),
+    "RequestError": ("pagedserve.shared.sdk", "RequestError"),
+    "Result": ("pagedserve.shared.sdk", "Result"),
+    "StreamDelta": ("pagedserve.shared.sdk", "StreamDelta"),
+    "load_client_keys": ("pagedserve.shared.sdk", "load_client_keys"),
 }
 
 

@@ -13,8 +13,7 @@ from typing import Any
 
 import zmq
 import zmq.auth
-
-from shared.protocol.codec import decode, encode
+from pagedserve.shared.protocol.codec import decode, encode
 
 
 @dataclass(slots=True)
@@ -101,7 +100,7 @@ def recv_router(sock: zmq.Socket, max_bytes: int) -> tuple[bytes, dict[str, Any]
     if len(frames) == 2 and frames[0] == b"":
         frames = frames[1:]
     if len(frames) != 1:
-        from shared.protocol.codec import ProtocolError
+        from pagedserve.shared.protocol.codec import ProtocolError
 
         raise RouterFrameError(identity, ProtocolError("bad_frame", f"expected one frame, got {len(frames)}"))
     try:

@@ -10,8 +10,8 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from ops.supervisor import Supervisor
-from shared.config import ServeConfig
+from pagedserve.ops.supervisor import Supervisor
+from pagedserve.shared.config import ServeConfig
 
 
 def free_ports(n: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""Compile every kernel for a real GPU target on a machine without one: `python -m kernels.triton.compile_check`.
+"""Compile every kernel for a real GPU target on a machine without one: `python -m pagedserve.kernels.triton.compile_check`.
 
 The interpreter accepts tiles the compiler rejects (tl.dot dims under 16, non-power-of-two aranges),
 so passing interpreter tests says nothing about a GPU. This runs the real launchers on small CPU
@@ -16,10 +16,9 @@ from typing import Any
 
 import torch
 import triton
+from pagedserve.kernels.triton import decode_attention, prefill_attention, write_kv
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-
-from kernels.triton import decode_attention, prefill_attention, write_kv
 
 _TYPE_NAMES = {
     torch.float16: "fp16",

@@ -14,9 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from kernels.triton.paged_tile import load_paged_tile
-from kernels.triton.precision import dot_in_fp32, tile_dot
+from pagedserve.kernels.triton.paged_tile import load_paged_tile
+from pagedserve.kernels.triton.precision import dot_in_fp32, tile_dot
 
 LOG2_E = 1.4426950408889634
 # Below this many context tokens per partition, the merge costs more than the parallelism gains.

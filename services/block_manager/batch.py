@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from shared.protocol.blocks import (
+from pagedserve.shared.protocol.blocks import (
     OP_ALLOC,
     OP_ARITY,
     OP_FORK,
@@ -22,7 +22,7 @@ from shared.protocol.blocks import (
 )
 
 if TYPE_CHECKING:
-    from services.block_manager.manager import BlockManager
+    from pagedserve.services.block_manager.manager import BlockManager
 
 
 class MalformedOpError(ValueError):

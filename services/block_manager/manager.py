@@ -11,12 +11,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from services.block_manager import snapshot as health
-from services.block_manager.batch import apply_ops
-from services.block_manager.leases import LeaseTable
-from services.block_manager.pool import NO_PREFIX, ROOT_PREFIX, Block, BlockPool
-from services.block_manager.table import NEVER, BlockTable
-from shared.protocol.blocks import UNCHANGED, Allocation, Growth
+from pagedserve.services.block_manager import snapshot as health
+from pagedserve.services.block_manager.batch import apply_ops
+from pagedserve.services.block_manager.leases import LeaseTable
+from pagedserve.services.block_manager.pool import NO_PREFIX, ROOT_PREFIX, Block, BlockPool
+from pagedserve.services.block_manager.table import NEVER, BlockTable
+from pagedserve.shared.protocol.blocks import UNCHANGED, Allocation, Growth
 
 __all__ = [
     "Allocation",

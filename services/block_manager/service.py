@@ -19,14 +19,20 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from pagedserve.services.block_manager.manager import BlockManager
+from pagedserve.shared.config import ServeConfig
+from pagedserve.shared.log import configure_logging, on_stop_signals
+from pagedserve.shared.ops_http import OpsServer, json_response
+from pagedserve.shared.protocol.blocks import BLOCK_OPS, BLOCK_REPLY
+from pagedserve.shared.transport import (
+    CurveKeys,
+    RouterFrameError,
+    make_socket,
+    recv_router,
+    send,
+    start_authenticator,
+)
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-
-from services.block_manager.manager import BlockManager
-from shared.config import ServeConfig
-from shared.log import configure_logging, on_stop_signals
-from shared.ops_http import OpsServer, json_response
-from shared.protocol.blocks import BLOCK_OPS, BLOCK_REPLY
-from shared.transport import CurveKeys, RouterFrameError, make_socket, recv_router, send, start_authenticator
 
 
 class BlockManagerMetrics:

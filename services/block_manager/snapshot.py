@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.block_manager.leases import LeaseTable
-from services.block_manager.pool import BlockPool, block_hash
-from services.block_manager.table import BlockTable
+from pagedserve.services.block_manager.leases import LeaseTable
+from pagedserve.services.block_manager.pool import BlockPool, block_hash
+from pagedserve.services.block_manager.table import BlockTable
 
 
 def snapshot(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from services.block_manager.leases import Lease
-from services.block_manager.pool import BlockPool
+from pagedserve.services.block_manager.leases import Lease
+from pagedserve.services.block_manager.pool import BlockPool
 
 NEVER = sys.maxsize  # next_cache_at of a table that caches nothing more
 

@@ -11,9 +11,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from services.block_manager.manager import BlockManager
-from services.scheduler.scheduler import OutputEvent, RequestDone, Scheduler
-from shared.protocol.step import StepResult
+from pagedserve.services.block_manager.manager import BlockManager
+from pagedserve.services.scheduler.scheduler import OutputEvent, RequestDone, Scheduler
+from pagedserve.shared.protocol.step import StepResult
 
 WORKER_ID = "worker-0"
 

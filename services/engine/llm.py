@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pagedserve.services.block_manager.manager import BlockManager
+from pagedserve.services.engine.engine import Engine
+from pagedserve.services.scheduler.admission import check_request
+from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
+from pagedserve.shared.protocol.frontend import CompletionOutput, SamplingParams
 from tqdm import tqdm
-
-from services.block_manager.manager import BlockManager
-from services.engine.engine import Engine
-from services.scheduler.admission import check_request
-from services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
-from shared.protocol.frontend import CompletionOutput, SamplingParams
 
 
 @dataclass(slots=True)
@@ -75,9 +74,9 @@ class LLM:
         attention_backend: str = "auto",
         enable_prefix_caching: bool = True,
     ) -> None:
-        from services.worker.bundled import resolve_model
-        from services.worker.runner import ModelRunner
-        from shared.config import ServeConfig
+        from pagedserve.services.worker.bundled import resolve_model
+        from pagedserve.services.worker.runner import ModelRunner
+        from pagedserve.shared.config import ServeConfig
 
         # Validate through the same model the services use: one vocabulary, one set of limits.
         ServeConfig(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared.protocol.frontend import SamplingParams
+from pagedserve.shared.protocol.frontend import SamplingParams
 
 
 class RequestRejected(ValueError):

@@ -10,10 +10,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagedserve.services.scheduler.admission import RequestRejected, check_request
+from pagedserve.shared.protocol.frontend import CLIENT_MESSAGES, Abort, Finished, Ping, Submit
 from pydantic import ValidationError
-
-from services.scheduler.admission import RequestRejected, check_request
-from shared.protocol.frontend import CLIENT_MESSAGES, Abort, Finished, Ping, Submit
 
 
 def describe_validation_error(exc: ValidationError) -> str:

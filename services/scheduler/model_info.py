@@ -28,8 +28,8 @@ def _as_list(value: Any) -> list[int]:
 
 
 def load_model_info(model: str, max_model_len: int | None = None) -> ModelInfo:
-    from services.engine.llm import load_tokenizer
-    from services.worker.bundled import resolve_model
+    from pagedserve.services.engine.llm import load_tokenizer
+    from pagedserve.services.worker.bundled import resolve_model
 
     path = resolve_model(model)
     config = json.loads((path / "config.json").read_text())

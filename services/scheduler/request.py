@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from shared.protocol.frontend import SamplingParams
+from pagedserve.shared.protocol.frontend import SamplingParams
 
 
 class Status(enum.Enum):

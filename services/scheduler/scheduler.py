@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.scheduler.pipeline import PipelineWindow
-from services.scheduler.request import Request, Status
-from services.scheduler.stopping import CompletionText, Tokenizer, stop_reason
-from services.scheduler.waiting import WaitingQueue
-from shared.protocol.frontend import SamplingParams
-from shared.protocol.step import CachedRequest, Execute, Fork, NewRequest, StepResult
+from pagedserve.services.scheduler.pipeline import PipelineWindow
+from pagedserve.services.scheduler.request import Request, Status
+from pagedserve.services.scheduler.stopping import CompletionText, Tokenizer, stop_reason
+from pagedserve.services.scheduler.waiting import WaitingQueue
+from pagedserve.shared.protocol.frontend import SamplingParams
+from pagedserve.shared.protocol.step import CachedRequest, Execute, Fork, NewRequest, StepResult
 
 _SEED_MASK = (1 << 63) - 1
 

@@ -19,21 +19,32 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from pagedserve.services.scheduler.admission import RequestRejected
+from pagedserve.services.scheduler.frontdoor import (
+    ClientBook,
+    FinishedStore,
+    parse_client_message,
+    tokenize_submit,
+)
+from pagedserve.services.scheduler.metrics import SchedulerMetrics
+from pagedserve.services.scheduler.model_info import ModelInfo, load_model_info
+from pagedserve.services.scheduler.scheduler import OutputEvent, RequestDone, Scheduler, SchedulerLimits
+from pagedserve.shared.config import ServeConfig
+from pagedserve.shared.log import configure_logging, on_stop_signals
+from pagedserve.shared.ops_http import OpsServer, json_response
+from pagedserve.shared.protocol.blocks import BLOCK_OPS, BLOCK_REPLY
+from pagedserve.shared.protocol.codec import decode, encode
+from pagedserve.shared.protocol.frontend import Abort, Ping, Submit
+from pagedserve.shared.protocol.step import StepResult
+from pagedserve.shared.transport import (
+    CurveKeys,
+    RouterFrameError,
+    make_socket,
+    recv_router,
+    send,
+    start_authenticator,
+)
 from prometheus_client import generate_latest
-
-from services.scheduler.admission import RequestRejected
-from services.scheduler.frontdoor import ClientBook, FinishedStore, parse_client_message, tokenize_submit
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.model_info import ModelInfo, load_model_info
-from services.scheduler.scheduler import OutputEvent, RequestDone, Scheduler, SchedulerLimits
-from shared.config import ServeConfig
-from shared.log import configure_logging, on_stop_signals
-from shared.ops_http import OpsServer, json_response
-from shared.protocol.blocks import BLOCK_OPS, BLOCK_REPLY
-from shared.protocol.codec import decode, encode
-from shared.protocol.frontend import Abort, Ping, Submit
-from shared.protocol.step import StepResult
-from shared.transport import CurveKeys, RouterFrameError, make_socket, recv_router, send, start_authenticator
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shared.protocol.frontend import SamplingParams
+from pagedserve.shared.protocol.frontend import SamplingParams
 
 
 class Tokenizer(Protocol):

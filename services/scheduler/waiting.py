@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from services.scheduler.request import Request
+from pagedserve.services.scheduler.request import Request
 
 
 class WaitingQueue:

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from kernels.attention import AttentionMetadata
+from pagedserve.kernels.attention import AttentionMetadata
 
 
 @dataclass(slots=True)

@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pagedserve.kernels.attention import AttentionBackend
+from pagedserve.services.worker.models.llama import LlamaForCausalLM
+from pagedserve.services.worker.models.registry import ModelConfig, resolve
 from safetensors import safe_open
-
-from kernels.attention import AttentionBackend
-from services.worker.models.llama import LlamaForCausalLM
-from services.worker.models.registry import ModelConfig, resolve
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,

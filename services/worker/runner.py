@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from kernels.attention import get_backend
-from services.worker.batch import PackedBatch, RequestState, pack_batch
-from services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
-from services.worker.loader import load_model, torch_dtype
-from services.worker.models.registry import ModelConfig
-from services.worker.sampler import Sampler, SamplingRequest
-from shared.protocol.step import Execute, Fork, StepResult
+from pagedserve.kernels.attention import get_backend
+from pagedserve.services.worker.batch import PackedBatch, RequestState, pack_batch
+from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
+from pagedserve.services.worker.loader import load_model, torch_dtype
+from pagedserve.services.worker.models.registry import ModelConfig
+from pagedserve.services.worker.sampler import Sampler, SamplingRequest
+from pagedserve.shared.protocol.step import Execute, Fork, StepResult
 
 
 class ModelRunner:

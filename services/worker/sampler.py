@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from services.worker.penalties import apply_penalties, mask_tokens
-from services.worker.sampling_batch import SamplingBatch, build_sampling_batch, column
-from services.worker.truncation import min_p_floor, top_k_top_p_floor
+from pagedserve.services.worker.penalties import apply_penalties, mask_tokens
+from pagedserve.services.worker.sampling_batch import SamplingBatch, build_sampling_batch, column
+from pagedserve.services.worker.truncation import min_p_floor, top_k_top_p_floor
 
 _SEED_MASK = (1 << 63) - 1
 

@@ -22,18 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-
-from shared.config import ServeConfig
-from shared.log import configure_logging, on_stop_signals
-from shared.protocol.codec import decode
-from shared.protocol.step import Execute
-from shared.transport import CurveKeys, make_socket, send
+from pagedserve.shared.config import ServeConfig
+from pagedserve.shared.log import configure_logging, on_stop_signals
+from pagedserve.shared.protocol.codec import decode
+from pagedserve.shared.protocol.step import Execute
+from pagedserve.shared.transport import CurveKeys, make_socket, send
 
 
 class WorkerService:
     def __init__(self, config: ServeConfig) -> None:
-        from services.worker.bundled import resolve_model
-        from services.worker.runner import ModelRunner
+        from pagedserve.services.worker.bundled import resolve_model
+        from pagedserve.services.worker.runner import ModelRunner
 
         self.config = config
         self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"

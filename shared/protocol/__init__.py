@@ -6,6 +6,6 @@
 - `codec`: msgpack frames `{"v": 1, "type": ..., ...}`; one error type for any bad frame.
 """
 
-from shared.protocol.codec import PROTOCOL_VERSION, ProtocolError, decode, encode
+from pagedserve.shared.protocol.codec import PROTOCOL_VERSION, ProtocolError, decode, encode
 
 __all__ = ["PROTOCOL_VERSION", "ProtocolError", "decode", "encode"]

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared.protocol.codec import ProtocolError, encode
+from pagedserve.shared.protocol.codec import ProtocolError, encode
 
 BLOCK_OPS = "block_ops"  # frame type: scheduler -> block manager
 BLOCK_REPLY = "block_reply"  # frame type: block manager -> scheduler

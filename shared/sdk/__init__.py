@@ -5,11 +5,11 @@ with Client("tcp://127.0.0.1:5555") as client:
     print(client.generate("Hello", max_tokens=16).text)
 """
 
-from shared.sdk.async_client import AsyncClient
-from shared.sdk.client import Client
-from shared.sdk.keys import load_client_keys
-from shared.sdk.results import Completion, RequestError, Result, StreamDelta, Usage
-from shared.sdk.streams import AsyncStream, Stream
+from pagedserve.shared.sdk.async_client import AsyncClient
+from pagedserve.shared.sdk.client import Client
+from pagedserve.shared.sdk.keys import load_client_keys
+from pagedserve.shared.sdk.results import Completion, RequestError, Result, StreamDelta, Usage
+from pagedserve.shared.sdk.streams import AsyncStream, Stream
 
 __all__ = [
     "AsyncClient",

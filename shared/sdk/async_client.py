@@ -16,19 +16,18 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
-
-from shared.protocol.frontend import SamplingParams
-from shared.sdk.client import (
+from pagedserve.shared.protocol.frontend import SamplingParams
+from pagedserve.shared.sdk.client import (
     DEFAULT_ENDPOINT,
     SERVER_GRACE_S,
     check_positive,
     poll_timeout_ms,
 )
-from shared.sdk.connection import Connection, SocketOptions, Waker
-from shared.sdk.request_state import Event, LiveRequest, make_submit
-from shared.sdk.results import RequestError, Result
-from shared.sdk.session import Session
-from shared.sdk.streams import AsyncPendingRequest, AsyncStream
+from pagedserve.shared.sdk.connection import Connection, SocketOptions, Waker
+from pagedserve.shared.sdk.request_state import Event, LiveRequest, make_submit
+from pagedserve.shared.sdk.results import RequestError, Result
+from pagedserve.shared.sdk.session import Session
+from pagedserve.shared.sdk.streams import AsyncPendingRequest, AsyncStream
 
 log = logging.getLogger("pagedserve.sdk")
 

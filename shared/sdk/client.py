@@ -17,13 +17,12 @@ from types import TracebackType
 from typing import Any, Literal
 
 import zmq
-
-from shared.protocol.frontend import SamplingParams
-from shared.sdk.connection import Connection, SocketOptions, Waker
-from shared.sdk.request_state import Event, LiveRequest, make_submit
-from shared.sdk.results import RequestError, Result
-from shared.sdk.session import Session
-from shared.sdk.streams import PendingRequest, Stream
+from pagedserve.shared.protocol.frontend import SamplingParams
+from pagedserve.shared.sdk.connection import Connection, SocketOptions, Waker
+from pagedserve.shared.sdk.request_state import Event, LiveRequest, make_submit
+from pagedserve.shared.sdk.results import RequestError, Result
+from pagedserve.shared.sdk.session import Session
+from pagedserve.shared.sdk.streams import PendingRequest, Stream
 
 log = logging.getLogger("pagedserve.sdk")
 

@@ -15,9 +15,8 @@ import uuid
 from dataclasses import dataclass
 
 import zmq
+from pagedserve.shared.sdk.session import PING_FRAME, Session
 from zmq.utils.monitor import recv_monitor_message
-
-from shared.sdk.session import PING_FRAME, Session
 
 log = logging.getLogger("pagedserve.sdk")
 

@@ -11,9 +11,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from shared.protocol.codec import encode
-from shared.protocol.frontend import Delta, Finished, SamplingParams, Submit
-from shared.sdk.results import RequestError, Result, StreamDelta
+from pagedserve.shared.protocol.codec import encode
+from pagedserve.shared.protocol.frontend import Delta, Finished, SamplingParams, Submit
+from pagedserve.shared.sdk.results import RequestError, Result, StreamDelta
 
 Event = StreamDelta | Result | RequestError
 

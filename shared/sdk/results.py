@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shared.protocol.frontend import Finished
+from pagedserve.shared.protocol.frontend import Finished
 
 
 class RequestError(Exception):

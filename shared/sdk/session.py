@@ -9,12 +9,11 @@ from __future__ import annotations
 import heapq
 import logging
 
+from pagedserve.shared.protocol.codec import ProtocolError, decode, encode
+from pagedserve.shared.protocol.frontend import SERVER_MESSAGES, Accepted, Delta, Error, Finished
+from pagedserve.shared.sdk.request_state import LiveRequest
+from pagedserve.shared.sdk.results import RequestError, Result
 from pydantic import ValidationError
-
-from shared.protocol.codec import ProtocolError, decode, encode
-from shared.protocol.frontend import SERVER_MESSAGES, Accepted, Delta, Error, Finished
-from shared.sdk.request_state import LiveRequest
-from shared.sdk.results import RequestError, Result
 
 log = logging.getLogger("pagedserve.sdk")
 

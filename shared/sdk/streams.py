@@ -13,8 +13,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from types import TracebackType
 
-from shared.sdk.request_state import Event
-from shared.sdk.results import RequestError, Result, StreamDelta
+from pagedserve.shared.sdk.request_state import Event
+from pagedserve.shared.sdk.results import RequestError, Result, StreamDelta
 
 CALLER_GRACE_S = 1.0
 

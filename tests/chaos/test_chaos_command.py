@@ -11,9 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from ops import chaos
-from ops.chaos_targets import ProcessWorkers, is_worker_command
+from pagedserve.ops import chaos
+from pagedserve.ops.chaos_targets import ProcessWorkers, is_worker_command
 
 
 @pytest.fixture(scope="module")
@@ -65,17 +64,19 @@ def test_a_clean_run_exits_0(report):
 
 
 def test_worker_command_lines_are_recognised():
-    assert is_worker_command(["/usr/bin/python3", "-m", "ops.cli", "worker", "--worker-id", "worker-0"])
+    assert is_worker_command(
+        ["/usr/bin/python3", "-m", "pagedserve.ops.cli", "worker", "--worker-id", "worker-0"]
+    )
     assert is_worker_command(["/venv/bin/python3", "/venv/bin/pagedserve", "worker"])
     assert is_worker_command(["pagedserve", "worker"])
     assert not is_worker_command(["/venv/bin/python3", "/venv/bin/pagedserve", "chaos", "worker"])
-    assert not is_worker_command(["python", "-m", "ops.cli", "scheduler"])
+    assert not is_worker_command(["python", "-m", "pagedserve.ops.cli", "scheduler"])
     assert not is_worker_command(["python", "worker.py", "worker"])
 
 
 def test_only_workers_of_our_front_endpoint_are_victims():
     ours, theirs = "tcp://127.0.0.1:7001", "tcp://127.0.0.1:7002"
-    sleeper = [sys.executable, "-c", "import time; time.sleep(30)", "-m", "ops.cli"]
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)", "-m", "pagedserve.ops.cli"]
     started = [
         # A child of `pagedserve up`: its id as a flag, the whole config in its environment.
         subprocess.Popen(
@@ -108,7 +109,7 @@ def test_attach_without_a_deployment_says_how_to_get_one(capsys):
 
 
 def test_the_cli_dispatches_to_chaos(capsys):
-    from ops.cli import main
+    from pagedserve.ops.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["chaos", "--help"])

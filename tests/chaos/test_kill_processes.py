@@ -9,10 +9,10 @@ import time
 
 import pytest
 from deployment import blocks, start, workers_ready
+from pagedserve.ops.process_group import RestartPolicy
+from pagedserve.shared.sdk import RequestError
 
-from ops.process_group import RestartPolicy
 from pagedserve import LLM, AsyncClient, SamplingParams
-from shared.sdk import RequestError
 
 MAX_TOKENS = 120
 

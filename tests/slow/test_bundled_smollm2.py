@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
-from services.worker import bundled
-from services.worker.bundled import resolve_model
+from pagedserve.services.worker import bundled
+from pagedserve.services.worker.bundled import resolve_model
 
 pytestmark = pytest.mark.slow
 

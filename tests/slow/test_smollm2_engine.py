@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pagedserve.services.worker.bundled import resolve_model
 
 from pagedserve import LLM, SamplingParams
-from services.worker.bundled import resolve_model
 
 pytestmark = pytest.mark.slow
 

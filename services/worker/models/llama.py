@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata
+from pagedserve.services.worker.models.rope import RotaryEmbedding, apply_rotary
 from torch import nn
 
-from kernels.attention import AttentionBackend, AttentionMetadata
-from services.worker.models.rope import RotaryEmbedding, apply_rotary
-
 if TYPE_CHECKING:
-    from services.worker.models.registry import ModelConfig
+    from pagedserve.services.worker.models.registry import ModelConfig
 
 KVCaches = Sequence[tuple[torch.Tensor, torch.Tensor]]  # per layer (k_cache, v_cache)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from services.worker.models.llama import LlamaForCausalLM
-from services.worker.models.rope import RopeConfig
+from pagedserve.services.worker.models.llama import LlamaForCausalLM
+from pagedserve.services.worker.models.rope import RopeConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ files without packages would shadow each other.)"""
 
 from __future__ import annotations
 
-from services.block_manager.manager import BlockManager
+from pagedserve.services.block_manager.manager import BlockManager
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 16

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 from block_views import BLOCK_SIZE, NUM_BLOCKS, TTL
-
-from services.block_manager.manager import BlockManager
+from pagedserve.services.block_manager.manager import BlockManager
 
 
 @pytest.fixture

@@ -5,10 +5,9 @@ from __future__ import annotations
 import msgpack
 import pytest
 from block_views import BLOCK_SIZE, NUM_BLOCKS, tokens
-
-from services.block_manager.manager import BlockManager
-from shared.protocol import decode
-from shared.protocol.blocks import (
+from pagedserve.services.block_manager.manager import BlockManager
+from pagedserve.shared.protocol import decode
+from pagedserve.shared.protocol.blocks import (
     BLOCK_OPS,
     Allocation,
     BlockOpError,

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from block_views import NUM_BLOCKS, TTL, tokens
-
-from services.block_manager.leases import LeaseTable
-from services.block_manager.manager import BlockManager, Reclaimed
+from pagedserve.services.block_manager.leases import LeaseTable
+from pagedserve.services.block_manager.manager import BlockManager, Reclaimed
 
 
 def test_expired_lease_returns_blocks_to_free_list(manager: BlockManager) -> None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from block_views import BLOCK_SIZE, NUM_BLOCKS, cached_ids, ref_counts, tokens
-
-from services.block_manager.manager import BlockManager
+from pagedserve.services.block_manager.manager import BlockManager
 
 
 def test_two_requests_sharing_a_three_block_prefix_share_exactly_those_blocks(manager: BlockManager) -> None:

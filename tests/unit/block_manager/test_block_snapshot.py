@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 from block_views import BLOCK_SIZE, NUM_BLOCKS, TTL, tokens
-
-from services.block_manager.manager import BlockManager
+from pagedserve.services.block_manager.manager import BlockManager
 
 
 def test_snapshot_totals_count_free_used_and_cached_blocks(manager: BlockManager) -> None:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 from block_views import BLOCK_SIZE, NUM_BLOCKS, ref_counts, tokens
-
-from services.block_manager.manager import (
+from pagedserve.services.block_manager.manager import (
     BlockManager,
     BlockManagerError,
     UnknownPoolError,
     UnknownRequestError,
 )
-from shared.protocol.blocks import UNCHANGED
+from pagedserve.shared.protocol.blocks import UNCHANGED
 
 
 def test_allocation_covers_the_prompt_with_fresh_blocks(manager: BlockManager) -> None:

@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from services.worker import bundled
-from services.worker.bundled import find_bundled_gguf, publish_atomically, resolve_model
+from pagedserve.services.worker import bundled
+from pagedserve.services.worker.bundled import find_bundled_gguf, publish_atomically, resolve_model
 
 
 def test_a_folder_passes_through(tmp_path: Path) -> None:

@@ -7,9 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-
-from kernels.attention import AttentionMetadata
-from kernels.torch_backend import TorchAttentionBackend
+from pagedserve.kernels.attention import AttentionMetadata
+from pagedserve.kernels.torch_backend import TorchAttentionBackend
 
 HEAD_DIM = 32
 NUM_HEADS = 8

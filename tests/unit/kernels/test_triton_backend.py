@@ -8,10 +8,9 @@ import triton_env  # noqa: F401  (before any kernels import: selects the Triton 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from paged_reference import TOLERANCES, PagedBatch, make_paged_batch, reference_attention
+from pagedserve.kernels.attention import AttentionMetadata, get_backend
+from pagedserve.kernels.triton_backend import TritonAttentionBackend
 from triton_env import DEVICE, max_examples
-
-from kernels.attention import AttentionMetadata, get_backend
-from kernels.triton_backend import TritonAttentionBackend
 
 
 def _meta(batch: PagedBatch) -> AttentionMetadata:
@@ -87,7 +86,7 @@ def test_get_backend_returns_the_triton_backend() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_agrees_with_the_torch_backend(dtype: torch.dtype) -> None:
-    from kernels.torch_backend import TorchAttentionBackend
+    from pagedserve.kernels.torch_backend import TorchAttentionBackend
 
     seq_lens, query_lens = [1, 77, 200, 150, 33], [1, 1, 1, 40, 33]
     batch = make_paged_batch(seq_lens, query_lens, 8, 2, 64, 16, dtype, DEVICE, seed=21)

@@ -29,7 +29,7 @@ def test_every_launch_variant_compiles_for_sm90() -> None:
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9 warns when unset
     # bf16 exercises the tensor-core path; fp32's ieee path is compiled by `--dtype fp32` (slow: minutes).
     proc = subprocess.run(
-        [sys.executable, "-m", "kernels.triton.compile_check", "--dtype", "bf16", "--arch", "90"],
+        [sys.executable, "-m", "pagedserve.kernels.triton.compile_check", "--dtype", "bf16", "--arch", "90"],
         cwd=REPO,
         env=env,
         capture_output=True,

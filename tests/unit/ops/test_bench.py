@@ -7,12 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from ops.bench import main, parse_args
-from ops.bench_peers import PathResult
-from ops.bench_report import build_report
-from ops.bench_services import parse_metrics
-from ops.bench_workload import (
+from pagedserve.ops.bench import main, parse_args
+from pagedserve.ops.bench_peers import PathResult
+from pagedserve.ops.bench_report import build_report
+from pagedserve.ops.bench_services import parse_metrics
+from pagedserve.ops.bench_workload import (
     Workload,
     make_workload,
     max_len_utilization,
@@ -89,9 +88,8 @@ def test_speedup_target_compares_against_the_best_transformers_path() -> None:
 
 
 def test_worker_idle_and_step_counters_are_read_from_the_metrics_page() -> None:
+    from pagedserve.services.scheduler.metrics import SchedulerMetrics
     from prometheus_client import generate_latest
-
-    from services.scheduler.metrics import SchedulerMetrics
 
     m = SchedulerMetrics()
     m.worker_idle.labels("worker-0").inc(0.25)

@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 import zmq.auth
+from pagedserve.ops import cli
+from pagedserve.ops.health_view import render_blocks
+from pagedserve.ops.worker_identity import container_worker_id
+from pagedserve.shared.config import ServeConfig, config_from_args
 from rich.console import Console
-
-from ops import cli
-from ops.health_view import render_blocks
-from ops.worker_identity import container_worker_id
-from shared.config import ServeConfig, config_from_args
 
 # ---------------------------------------------------------------- argument wiring
 
@@ -37,9 +36,9 @@ def test_service_subcommands_take_every_config_flag() -> None:
 
 def test_service_subcommand_runs_the_service_with_its_config(monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[ServeConfig] = []
-    fake = types.ModuleType("services.scheduler.service")
+    fake = types.ModuleType("pagedserve.services.scheduler.service")
     fake.run = ran.append  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "services.scheduler.service", fake)
+    monkeypatch.setitem(sys.modules, "pagedserve.services.scheduler.service", fake)
 
     assert cli.main(["scheduler", "--pipeline-depth", "3", "--scheduler-ops-port", "9000"]) == 0
 
@@ -93,7 +92,7 @@ def test_a_missing_chaos_module_is_a_clear_message(capsys: pytest.CaptureFixture
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
     assert cli.run_passthrough("chaos", [], import_module=missing) == 2
-    assert "ops.chaos is not available" in capsys.readouterr().err
+    assert "pagedserve.ops.chaos is not available" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- keys

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from services.worker.sampler import SamplingRequest
-from shared.protocol.frontend import SamplingParams
+from pagedserve.services.worker.sampler import SamplingRequest
+from pagedserve.shared.protocol.frontend import SamplingParams
 
 
 def make_request(prompt: Sequence[int] = (0,), output: Sequence[int] = (), **params: Any) -> SamplingRequest:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
+from pagedserve.services.worker.penalties import apply_penalties
+from pagedserve.services.worker.sampler import Sampler
 from sampling_requests import make_request
-
-from services.worker.penalties import apply_penalties
-from services.worker.sampler import Sampler
 
 VOCAB = 12
 

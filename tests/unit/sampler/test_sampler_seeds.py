@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import torch
+from pagedserve.services.worker.sampler import Sampler
 from sampling_requests import make_request
-
-from services.worker.sampler import Sampler
 
 VOCAB = 1000
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from pagedserve.services.worker.sampler import Sampler, SamplingRequest
 from sampling_requests import make_request
-
-from services.worker.sampler import Sampler, SamplingRequest
 
 DRAWS = 2000
 

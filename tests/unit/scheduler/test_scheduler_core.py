@@ -6,11 +6,11 @@ that samples with a token derived from its length, so the policy can be checked 
 
 from __future__ import annotations
 
-from services.block_manager.manager import BlockManager
-from services.scheduler.request import Status
-from services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
-from shared.protocol.frontend import SamplingParams
-from shared.protocol.step import Execute, StepResult
+from pagedserve.services.block_manager.manager import BlockManager
+from pagedserve.services.scheduler.request import Status
+from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
+from pagedserve.shared.protocol.frontend import SamplingParams
+from pagedserve.shared.protocol.step import Execute, StepResult
 
 W = "w0"
 

@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
-
-from shared.protocol.codec import decode, encode
+from pagedserve.shared.protocol.codec import decode, encode
 
 
 def _tag(prompt: str | None, prompt_token_ids: list[int] | None) -> str:

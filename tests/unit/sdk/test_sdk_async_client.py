@@ -9,9 +9,8 @@ from typing import TypeVar
 
 import pydantic
 import pytest
+from pagedserve.shared.sdk import AsyncClient, RequestError
 from scripted_scheduler import ScriptedScheduler, expected_text, expected_tokens
-
-from shared.sdk import AsyncClient, RequestError
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -6,9 +6,8 @@ import asyncio
 import time
 
 import pytest
+from pagedserve.shared.sdk import AsyncClient, Client
 from scripted_scheduler import ScriptedScheduler, expected_text, expected_tokens
-
-from shared.sdk import AsyncClient, Client
 
 pytestmark = pytest.mark.timeout(20)
 

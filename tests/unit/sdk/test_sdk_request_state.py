@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import queue
 
-from shared.protocol.codec import decode
-from shared.protocol.frontend import CompletionOutput, Delta, Finished, Submit, Usage
-from shared.sdk.request_state import LiveRequest
+from pagedserve.shared.protocol.codec import decode
+from pagedserve.shared.protocol.frontend import CompletionOutput, Delta, Finished, Submit, Usage
+from pagedserve.shared.sdk.request_state import LiveRequest
 
 
 def live() -> LiveRequest:

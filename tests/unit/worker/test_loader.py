@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from pagedserve.kernels.torch_backend import TorchAttentionBackend
+from pagedserve.services.worker.loader import checkpoint_files, load_model
+from pagedserve.services.worker.models.registry import parse_config
+from pagedserve.services.worker.models.rope import RopeConfig
 from safetensors.torch import load_file, save_file
-
-from kernels.torch_backend import TorchAttentionBackend
-from services.worker.loader import checkpoint_files, load_model
-from services.worker.models.registry import parse_config
-from services.worker.models.rope import RopeConfig
 
 
 def _copy(src: Path, dst: Path) -> Path:

@@ -6,10 +6,9 @@ import random
 
 import pytest
 import torch
+from pagedserve.services.worker.runner import ModelRunner
+from pagedserve.shared.protocol.step import CachedRequest, Execute, Fork, NewRequest
 from worker_driver import GREEDY, StepDriver, sampling
-
-from services.worker.runner import ModelRunner
-from shared.protocol.step import CachedRequest, Execute, Fork, NewRequest
 
 
 def _prompts(seed: int = 3) -> list[list[int]]:

@@ -16,10 +16,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.worker.runner import ModelRunner
-from shared.protocol.codec import decode, encode
-from shared.protocol.frontend import SamplingParams
-from shared.protocol.step import CachedRequest, Execute, NewRequest, StepResult
+from pagedserve.services.worker.runner import ModelRunner
+from pagedserve.shared.protocol.codec import decode, encode
+from pagedserve.shared.protocol.frontend import SamplingParams
+from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest, StepResult
 
 GREEDY: dict[str, Any] = SamplingParams(temperature=0.0).model_dump()
 
