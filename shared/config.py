@@ -89,6 +89,14 @@ class ServeConfig(BaseSettings):
     )
     max_message_bytes: int = Field(64 * 1024**2, ge=1024, description="largest frame any socket accepts")
 
+    # --- the OpenAI-compatible HTTP API (services/api)
+    api_host: str = Field("127.0.0.1", description="address the OpenAI-compatible API binds")
+    api_port: int = Field(8000, ge=1, le=65535, description="port of the OpenAI-compatible API")
+    api_key: str | None = Field(None, description="if set, /v1 requires `Authorization: Bearer <api_key>`")
+    served_model_name: str | None = Field(
+        None, max_length=256, description="model name the API answers to; default: the model folder's name"
+    )
+
     # --- security
     curve_keys_dir: str | None = Field(
         None, description="folder of CURVE keys from `pagedserve keys`; None = off"

@@ -1,0 +1,52 @@
+"""The app factory: routes, error handlers, middleware, and the SDK client living as long as the app."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import Depends, FastAPI
+from pagedserve.services.api import chat, completions, routes
+from pagedserve.services.api.errors import HANDLERS
+from pagedserve.services.api.metrics import APIMetrics, MetricsMiddleware
+from pagedserve.services.api.model_card import ModelCard, load_model_card
+from pagedserve.services.api.request_ids import RequestIdMiddleware
+from pagedserve.services.api.state import APIState
+from pagedserve.shared.config import ServeConfig
+from pagedserve.shared.sdk import AsyncClient, load_client_keys
+
+HEALTH_TIMEOUT_S = 2.0
+
+
+def create_app(config: ServeConfig, card: ModelCard | None = None) -> FastAPI:
+    """An app serving `config.model` through the scheduler at `config.front_endpoint`."""
+    card = card or load_model_card(config)
+    metrics = APIMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        keys = load_client_keys(config.curve_keys_dir) if config.curve_keys_dir else {}
+        client = AsyncClient(
+            config.front_endpoint,
+            timeout_s=config.request_timeout_s,
+            heartbeat_s=config.heartbeat_interval_s,
+            max_message_bytes=config.max_message_bytes,
+            **keys,
+        )
+        async with client, httpx.AsyncClient(timeout=HEALTH_TIMEOUT_S) as http:
+            app.state.api = APIState(config, card, client, http, metrics)
+            yield
+
+    app = FastAPI(title="pagedserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    guarded = [Depends(routes.require_api_key)]
+    app.include_router(routes.router, dependencies=guarded)
+    app.include_router(completions.router, dependencies=guarded)
+    app.include_router(chat.router, dependencies=guarded)
+    app.include_router(routes.health_router)
+    for exc_class, handler in HANDLERS.items():
+        app.add_exception_handler(exc_class, handler)
+    known = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics"}
+    app.add_middleware(MetricsMiddleware, metrics=metrics, routes=known)
+    app.add_middleware(RequestIdMiddleware)
+    return app

@@ -1,0 +1,60 @@
+"""POST /v1/chat/completions: messages rendered by the model's chat template, n completions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pagedserve.services.api.chat_template import render_chat
+from pagedserve.services.api.disconnect import ClientGone
+from pagedserve.services.api.errors import as_api_errors
+from pagedserve.services.api.generation import Fanout, generate_all
+from pagedserve.services.api.responses import chat_choice, usage_body
+from pagedserve.services.api.sampling import Prompt, chat_sampling
+from pagedserve.services.api.schemas import ChatCompletionRequest
+from pagedserve.services.api.state import (
+    CLIENT_CLOSED_REQUEST,
+    api_state,
+    check_model,
+    now_s,
+    response_id,
+    run_unless_disconnected,
+    stream_response,
+)
+from pagedserve.services.api.streaming import StreamShape, chat_chunks
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> dict[str, Any] | Response:
+    state = api_state(request)
+    check_model(state, body.model)
+    card = state.card
+    token_ids = render_chat(card, body.messages, body.add_generation_prompt)
+    sampling = chat_sampling(body, len(token_ids), card.max_model_len)
+    prompts = [Prompt(token_ids=token_ids)]
+    rid = response_id(request, "chatcmpl")
+    created = now_s()
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        shape = StreamShape(card, rid, created, sampling.n, 1, include_usage, body.logprobs)
+        with as_api_errors("messages"):
+            fanout = await Fanout.open(state.client, prompts, sampling, rid)
+        return await stream_response(request, fanout, lambda events: chat_chunks(shape, events), "messages")
+    try:
+        (result,) = await run_unless_disconnected(
+            request, generate_all(state.client, prompts, sampling, rid), "messages"
+        )
+    except ClientGone:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": card.name,
+        "choices": [chat_choice(card, out.index, out, body.logprobs) for out in result.outputs],
+        "usage": usage_body([result]),
+        "system_fingerprint": None,
+    }

@@ -1,0 +1,74 @@
+"""POST /v1/completions: one or more prompts (text or token ids), each with n completions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pagedserve.services.api.disconnect import ClientGone
+from pagedserve.services.api.errors import as_api_errors
+from pagedserve.services.api.generation import Fanout, generate_all
+from pagedserve.services.api.responses import completion_choice, usage_body
+from pagedserve.services.api.sampling import completion_prompts, completion_sampling
+from pagedserve.services.api.schemas import CompletionRequest
+from pagedserve.services.api.state import (
+    CLIENT_CLOSED_REQUEST,
+    api_state,
+    check_model,
+    now_s,
+    response_id,
+    run_unless_disconnected,
+    stream_response,
+)
+from pagedserve.services.api.streaming import StreamShape, completion_chunks
+
+router = APIRouter()
+
+
+@router.post("/v1/completions", response_model=None)
+async def create_completion(body: CompletionRequest, request: Request) -> dict[str, Any] | Response:
+    state = api_state(request)
+    check_model(state, body.model)
+    sampling = completion_sampling(body)
+    prompts = completion_prompts(body)
+    rid = response_id(request, "cmpl")
+    card = state.card
+    echo = (
+        [p.text if p.text is not None else card.decode(p.token_ids or []) for p in prompts]
+        if body.echo
+        else None
+    )
+    created = now_s()
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        shape = StreamShape(
+            card, rid, created, sampling.n, len(prompts), include_usage, body.logprobs is not None, echo
+        )
+        with as_api_errors("prompt"):
+            fanout = await Fanout.open(state.client, prompts, sampling, rid)
+        return await stream_response(
+            request, fanout, lambda events: completion_chunks(shape, events), "prompt"
+        )
+    try:
+        results = await run_unless_disconnected(
+            request, generate_all(state.client, prompts, sampling, rid), "prompt"
+        )
+    except ClientGone:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    choices = [
+        completion_choice(
+            card, i * sampling.n + out.index, out, echo[i] if echo else None, body.logprobs is not None
+        )
+        for i, result in enumerate(results)
+        for out in result.outputs
+    ]
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": card.name,
+        "choices": choices,
+        "usage": usage_body(results),
+        "system_fingerprint": None,
+    }

@@ -1,0 +1,51 @@
+"""What the API must know of the model: the name it answers to, its tokenizer and its context.
+
+The API never loads weights (nor torch): the tokenizer renders chat templates and names the tokens
+of logprobs; the scheduler stays the one that validates prompts against the context.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pagedserve.services.worker.bundled import resolve_model
+from pagedserve.shared.config import ServeConfig
+
+
+@dataclass(slots=True)
+class ModelCard:
+    name: str
+    path: Path
+    tokenizer: Any | None  # a transformers tokenizer; None for a checkpoint without one
+    max_model_len: int
+    created: int  # seconds since the epoch, for /v1/models
+
+    def token_text(self, token_id: int) -> str:
+        """How one token reads on its own (logprobs name tokens by text, as OpenAI does)."""
+        if self.tokenizer is None:
+            return f"<{token_id}>"
+        return self.tokenizer.decode([token_id])
+
+    def decode(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return "".join(self.token_text(t) for t in token_ids)
+        return self.tokenizer.decode(token_ids)
+
+
+def load_model_card(config: ServeConfig) -> ModelCard:
+    path = resolve_model(config.model)
+    hf = json.loads((path / "config.json").read_text())
+    text_config = hf.get("text_config", hf)
+    # The same rule as the scheduler's: the configured length, capped by the model's positions.
+    context = int(text_config.get("max_position_embeddings", 2048))
+    max_model_len = min(config.max_model_len or context, context)
+    tokenizer = None
+    if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    name = config.served_model_name or path.name
+    return ModelCard(name, path, tokenizer, max_model_len, int((path / "config.json").stat().st_mtime))

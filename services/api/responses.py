@@ -1,0 +1,97 @@
+"""Our results in OpenAI's response shapes: choices, logprobs, usage (non-streamed and streamed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagedserve.services.api.model_card import ModelCard
+from pagedserve.shared.sdk import Completion, Result
+
+# The scheduler's finish reasons are OpenAI's ("stop": EOS, a stop id or string; "length":
+# max_tokens or the context); "abort" only reaches a client that is already gone.
+FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
+
+
+def finish_reason(reason: str) -> str:
+    return FINISH_REASONS.get(reason, reason)
+
+
+def usage_body(results: list[Result]) -> dict[str, Any]:
+    prompt = sum(r.num_prompt_tokens for r in results)
+    completion = sum(r.usage.completion_tokens for r in results)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(r.usage.cached_tokens for r in results)},
+    }
+
+
+def _top(card: ModelCard, entry: list[Any]) -> list[tuple[str, float]]:
+    """One SDK logprob entry `[sampled_logprob, [[token_id, logprob], ...best first]]` -> its top list."""
+    return [(card.token_text(int(tid)), float(lp)) for tid, lp in entry[1]]
+
+
+# ---------------------------------------------------------------- chat
+
+
+def chat_logprobs(card: ModelCard, token_ids: list[int], logprobs: list[Any] | None) -> dict[str, Any] | None:
+    if logprobs is None:
+        return None
+    content = []
+    for tid, entry in zip(token_ids, logprobs, strict=False):
+        token = card.token_text(tid)
+        content.append(
+            {
+                "token": token,
+                "logprob": float(entry[0]),
+                "bytes": list(token.encode()),
+                "top_logprobs": [
+                    {"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in _top(card, entry)
+                ],
+            }
+        )
+    return {"content": content, "refusal": None}
+
+
+def chat_choice(card: ModelCard, index: int, out: Completion, want_logprobs: bool) -> dict[str, Any]:
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": out.text, "refusal": None, "tool_calls": []},
+        "logprobs": chat_logprobs(card, out.token_ids, out.logprobs) if want_logprobs else None,
+        "finish_reason": finish_reason(out.finish_reason),
+    }
+
+
+# ---------------------------------------------------------------- completions
+
+
+def completion_logprobs(
+    card: ModelCard, token_ids: list[int], logprobs: list[Any] | None, text_offset: int = 0
+) -> dict[str, Any] | None:
+    """The legacy completions shape: parallel lists, top_logprobs as {token: logprob} maps."""
+    if logprobs is None:
+        return None
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    offset = text_offset
+    for tid, entry in zip(token_ids, logprobs, strict=False):
+        token = card.token_text(tid)
+        tokens.append(token)
+        token_logprobs.append(float(entry[0]))
+        tops.append(dict(_top(card, entry)))
+        offsets.append(offset)
+        offset += len(token)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def completion_choice(
+    card: ModelCard, index: int, out: Completion, echo: str | None, want_logprobs: bool
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "text": (echo or "") + out.text,
+        "logprobs": completion_logprobs(card, out.token_ids, out.logprobs, len(echo or ""))
+        if want_logprobs
+        else None,
+        "finish_reason": finish_reason(out.finish_reason),
+    }

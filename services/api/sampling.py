@@ -1,0 +1,126 @@
+"""OpenAI request -> what the scheduler runs: our SamplingParams and one prompt per Submit.
+
+Every limit is SamplingParams' own (one place); a value it refuses becomes a 400 naming the
+request's field, under OpenAI's name for it (`top_logprobs`, `max_completion_tokens`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pagedserve.services.api.errors import APIError, from_validation_error
+from pagedserve.services.api.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+from pagedserve.shared.protocol.frontend import SamplingParams
+from pydantic import ValidationError
+
+# OpenAI defaults where ours differ (ours: temperature 1.0, max_tokens 16 as well).
+_PASSED_IF_SET = (
+    "temperature",
+    "top_p",
+    "n",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "min_tokens",
+    "stop_token_ids",
+    "priority",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One prompt of a request: text (the scheduler tokenizes it) or token ids."""
+
+    text: str | None = None
+    token_ids: list[int] | None = None
+
+
+def _common(req: _Sampling) -> dict[str, Any]:
+    if req.logit_bias:
+        raise APIError(400, "logit_bias is not supported yet", "logit_bias", "unsupported")
+    fields = {name: getattr(req, name) for name in _PASSED_IF_SET if getattr(req, name) is not None}
+    if req.stop is not None:
+        fields["stop"] = [req.stop] if isinstance(req.stop, str) else req.stop
+    fields["ignore_eos"] = req.ignore_eos
+    fields["include_stop_str_in_output"] = req.include_stop_str_in_output
+    return fields
+
+
+def _build(fields: dict[str, Any], rename: dict[str, str] | None = None) -> SamplingParams:
+    try:
+        return SamplingParams(**fields)
+    except ValidationError as exc:
+        raise from_validation_error(exc, rename) from None
+
+
+def completion_sampling(req: CompletionRequest) -> SamplingParams:
+    if req.suffix is not None:
+        raise APIError(400, "suffix is not supported yet", "suffix", "unsupported")
+    if req.best_of is not None and req.best_of != req.n:
+        raise APIError(400, "best_of other than n is not supported yet", "best_of", "unsupported")
+    if req.echo and req.logprobs is not None:
+        raise APIError(
+            400, "echo with logprobs (prompt logprobs) is not supported yet", "echo", "unsupported"
+        )
+    fields = _common(req)
+    if req.max_tokens is not None:
+        fields["max_tokens"] = req.max_tokens
+    if req.logprobs is not None:
+        fields["logprobs"] = req.logprobs
+    return _build(fields)
+
+
+def completion_prompts(req: CompletionRequest) -> list[Prompt]:
+    """A string, a list of strings, a list of token ids or a list of lists: one Prompt each."""
+    p = req.prompt
+    if isinstance(p, str):
+        prompts = [Prompt(text=p)]
+    elif p and all(isinstance(x, int) for x in p):
+        prompts = [Prompt(token_ids=list(p))]  # type: ignore[arg-type]
+    else:
+        prompts = [Prompt(text=x) if isinstance(x, str) else Prompt(token_ids=list(x)) for x in p]  # type: ignore[union-attr]
+    if not prompts:
+        raise APIError(400, "prompt: must not be empty", "prompt", "invalid_value")
+    for i, one in enumerate(prompts):
+        if not (one.text or one.token_ids):
+            raise APIError(400, f"prompt[{i}]: must not be empty", "prompt", "invalid_value")
+    return prompts
+
+
+def chat_sampling(req: ChatCompletionRequest, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
+    _refuse_unsupported_chat(req)
+    fields = _common(req)
+    rename = {}
+    if req.max_completion_tokens is not None:
+        fields["max_tokens"] = req.max_completion_tokens
+        rename["max_tokens"] = "max_completion_tokens"
+    elif req.max_tokens is not None:
+        fields["max_tokens"] = req.max_tokens
+    else:
+        # OpenAI's chat default is "until the context is full".
+        fields["max_tokens"] = max(1, max_model_len - num_prompt_tokens)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs", "invalid_value")
+    if req.logprobs:
+        fields["logprobs"] = req.top_logprobs or 0
+        rename["logprobs"] = "top_logprobs"
+    return _build(fields, rename)
+
+
+def _refuse_unsupported_chat(req: ChatCompletionRequest) -> None:
+    fmt = req.response_format
+    if fmt is not None and fmt.get("type", "text") != "text":
+        raise APIError(
+            400,
+            f"response_format {fmt.get('type')!r} is not supported yet (only 'text')",
+            "response_format",
+            "unsupported",
+        )
+    if req.tools:
+        raise APIError(400, "tools are not supported yet", "tools", "unsupported")
+    if req.tool_choice not in (None, "none"):
+        raise APIError(400, "tool_choice is not supported yet", "tool_choice", "unsupported")

@@ -1,0 +1,109 @@
+"""What every route needs: the app's long-lived objects, and the steps all generation routes share."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pagedserve.services.api.disconnect import ClientGone, on_disconnect, unless_disconnected
+from pagedserve.services.api.errors import APIError, as_api_errors
+from pagedserve.services.api.generation import Event, Fanout
+from pagedserve.services.api.metrics import APIMetrics
+from pagedserve.services.api.model_card import ModelCard
+from pagedserve.shared.config import ServeConfig
+from pagedserve.shared.sdk import AsyncClient
+
+MAX_REQUEST_ID_CHARS = 64
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client hung up first"; nobody reads it
+
+
+@dataclass(slots=True)
+class APIState:
+    config: ServeConfig
+    card: ModelCard
+    client: AsyncClient
+    http: httpx.AsyncClient  # for the scheduler's /readyz
+    metrics: APIMetrics
+
+
+def api_state(request: Request) -> APIState:
+    return request.app.state.api
+
+
+def check_model(state: APIState, model: str) -> None:
+    if model != state.card.name:
+        raise APIError(
+            404,
+            f"model {model!r} does not exist; this server serves {state.card.name!r}",
+            "model",
+            "model_not_found",
+        )
+
+
+def response_id(request: Request, prefix: str) -> str:
+    """`<prefix>-<X-Request-Id>` when the client sent one (echoed by the request-id middleware)."""
+    given = request.headers.get("x-request-id")
+    if given is None:
+        return f"{prefix}-{uuid.uuid4().hex}"
+    if not 0 < len(given) <= MAX_REQUEST_ID_CHARS or not given.isprintable():
+        raise APIError(
+            400,
+            f"X-Request-Id must be 1 to {MAX_REQUEST_ID_CHARS} printable characters, got {len(given)}",
+            "X-Request-Id",
+            "invalid_value",
+        )
+    return f"{prefix}-{given}"
+
+
+def now_s() -> int:
+    return int(time.time())
+
+
+async def run_unless_disconnected(request: Request, work: Any, prompt_field: str) -> Any:
+    """A non-streamed request's work; a hang-up cancels it (aborting its requests) -> 499."""
+    with as_api_errors(prompt_field):
+        return await unless_disconnected(request, work)
+
+
+async def stream_response(
+    request: Request,
+    fanout: Fanout,
+    render: Callable[[AsyncIterator[Event]], AsyncIterator[str]],
+    prompt_field: str,
+) -> Response:
+    """Wait for the first event before sending headers, so that a refusal (a prompt too long, no
+    workers, a full queue) still gets its status; then stream, aborting on a hang-up."""
+    events = fanout.events()
+    try:
+        with as_api_errors(prompt_field):
+            first = await unless_disconnected(request, anext(events))
+    except ClientGone:
+        await fanout.close()
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    except BaseException:
+        await fanout.close()
+        raise
+
+    async def replay() -> AsyncIterator[Event]:
+        yield first
+        async for event in events:
+            yield event
+
+    async def body() -> AsyncIterator[str]:
+        # Starlette stops a stream only when a write fails; a request still queued writes nothing,
+        # so the hang-up is watched on the receive channel too.
+        watcher = on_disconnect(request, fanout.close)
+        try:
+            async for chunk in render(replay()):
+                yield chunk
+        finally:
+            watcher.cancel()
+            await fanout.close()
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
