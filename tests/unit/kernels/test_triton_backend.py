@@ -7,8 +7,8 @@ import torch
 import triton_env  # noqa: F401  (before any kernels import: selects the Triton interpreter)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from paged_reference import TOLERANCES, PagedBatch, make_paged_batch, reference_attention
 from pagedserve.kernels.attention import AttentionMetadata, get_backend
+from pagedserve.kernels.paged_reference import TOLERANCES, PagedBatch, make_paged_batch, reference_attention
 from pagedserve.kernels.triton_backend import TritonAttentionBackend
 from triton_env import DEVICE, max_examples
 

@@ -1,4 +1,5 @@
-"""A dense reference for paged attention, plus random paged batches, for the Triton kernel tests.
+"""A dense reference for paged attention, plus random paged batches: what the Triton kernels are checked
+against, by their unit tests and on a real GPU by `python -m pagedserve.ops.gpu.check`. Only torch.
 
 Deliberately plain: each request's context is gathered through its block table into contiguous K/V,
 then softmax(q k^T) v in fp32 with a causal offset. Nothing shared with the kernels or the torch backend.
