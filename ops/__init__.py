@@ -1,1 +1,4 @@
-"""Operating pagedserve: the `pagedserve` command, the local process supervisor, health views."""
+"""Operating pagedserve, one package per job: `cli` (the `pagedserve` command), `deploy` (the local
+supervised deployment), `bench` and `chaos` (their commands), `microbench` (core micro-benchmarks),
+`gpu` (the Triton kernels checked on a real GPU). Nothing under services/, shared/ or kernels/ imports ops.
+"""

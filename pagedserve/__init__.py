@@ -1,13 +1,12 @@
 """pagedserve's public face: `from pagedserve import Client, AsyncClient, LLM, SamplingParams`.
 
-Imports are lazy so the client SDK (Client, AsyncClient, SamplingParams) never pulls in torch.
+Imports are lazy so the client SDK (Client, AsyncClient, SamplingParams) never pulls in torch, and
+`pagedserve.kernels` needs nothing but torch and triton (the GPU check runs where pydantic is not).
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from pagedserve.shared.protocol.frontend import SamplingParams
 
 __all__ = [
     "LLM",
@@ -24,6 +23,7 @@ __all__ = [
 _LAZY = {
     "LLM": ("pagedserve.services.engine", "LLM"),
     "RequestOutput": ("pagedserve.services.engine", "RequestOutput"),
+    "SamplingParams": ("pagedserve.shared.protocol.frontend", "SamplingParams"),
     "Client": ("pagedserve.shared.sdk", "Client"),
     "AsyncClient": ("pagedserve.shared.sdk", "AsyncClient"),
     "RequestError": ("pagedserve.shared.sdk", "RequestError"),

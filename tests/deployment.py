@@ -10,7 +10,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from pagedserve.ops.supervisor import Supervisor
+from pagedserve.ops.deploy.supervisor import Supervisor
 from pagedserve.shared.config import ServeConfig
 
 

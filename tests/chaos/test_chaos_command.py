@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from pagedserve.ops import chaos
-from pagedserve.ops.chaos_targets import ProcessWorkers, is_worker_command
+from pagedserve.ops.chaos import command as chaos
+from pagedserve.ops.chaos.targets import ProcessWorkers, is_worker_command
 
 
 @pytest.fixture(scope="module")

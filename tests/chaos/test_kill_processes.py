@@ -9,7 +9,7 @@ import time
 
 import pytest
 from deployment import blocks, start, workers_ready
-from pagedserve.ops.process_group import RestartPolicy
+from pagedserve.ops.deploy.process_group import RestartPolicy
 from pagedserve.shared.sdk import RequestError
 
 from pagedserve import LLM, AsyncClient, SamplingParams

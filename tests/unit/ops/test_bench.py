@@ -7,11 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from pagedserve.ops.bench import main, parse_args
-from pagedserve.ops.bench_peers import PathResult
-from pagedserve.ops.bench_report import build_report
-from pagedserve.ops.bench_services import parse_metrics
-from pagedserve.ops.bench_workload import (
+from pagedserve.ops.bench.command import main, parse_args
+from pagedserve.ops.bench.peers import PathResult
+from pagedserve.ops.bench.report import build_report
+from pagedserve.ops.bench.services import parse_metrics
+from pagedserve.ops.bench.workload import (
     Workload,
     make_workload,
     max_len_utilization,

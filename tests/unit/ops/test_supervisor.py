@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from pagedserve.ops.process_group import ChildSpec, ProcessGroup, RestartPolicy
-from pagedserve.ops.supervisor import DeploymentFailed, Supervisor, config_env
+from pagedserve.ops.deploy.process_group import ChildSpec, ProcessGroup, RestartPolicy
+from pagedserve.ops.deploy.supervisor import DeploymentFailed, Supervisor, config_env
 from pagedserve.shared.config import ServeConfig
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -119,7 +119,7 @@ def test_children_die_with_a_supervisor_that_is_killed(tmp_path: Path) -> None:
     # The supervisor itself SIGKILLed (no stop()): the kernel's parent-death signal ends its children.
     parent = textwrap.dedent(f"""
         import sys, time
-        from pagedserve.ops.process_group import ChildSpec, ProcessGroup
+        from pagedserve.ops.deploy.process_group import ChildSpec, ProcessGroup
         group = ProcessGroup([ChildSpec("worker-0", {SLEEPER!r})])
         group.start()
         print("CHILD", group.pid("worker-0"), flush=True)
@@ -229,7 +229,7 @@ def test_up_stops_every_child_on_sigterm_and_exits_cleanly(tmp_path: Path) -> No
     script = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from pagedserve.ops.up import run_up
+        from pagedserve.ops.deploy.up import run_up
         from pagedserve.shared.config import ServeConfig
         scheduler = {fake_readyz_server(port)!r}
         def launcher(service, worker_id):

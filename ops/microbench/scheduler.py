@@ -1,6 +1,6 @@
 """Micro-benchmark: the cost of one `schedule()` with many waiting and running requests.
 
-    .venv/bin/python ops/bench_scheduler.py [--waiting 10000] [--running 256] [--out bench/results/scheduler.json]
+    python -m pagedserve.ops.microbench.scheduler [--waiting 10000] [--running 256] [--out bench/results/scheduler.json]
 
 Target: under 1 ms per schedule() with 10,000 waiting and 256 running (the waiting queue's length
 must not matter: only heads of priority levels are looked at).

@@ -87,15 +87,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
-    from pagedserve.ops.bench_peers import (
+    from pagedserve.ops.bench.peers import (
         BenchSettings,
         PathResult,
         run_hf_continuous,
         run_hf_static,
         run_pagedserve,
     )
-    from pagedserve.ops.bench_report import build_report, machine_info, print_report, write_chart
-    from pagedserve.ops.bench_workload import make_workload, max_len_utilization
+    from pagedserve.ops.bench.report import build_report, machine_info, print_report, write_chart
+    from pagedserve.ops.bench.workload import make_workload, max_len_utilization
     from pagedserve.services.worker.bundled import resolve_model
 
     torch.set_num_threads(args.threads)
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
     services: list[PathResult] = []
     if args.services:
-        from pagedserve.ops.bench_services import run_services
+        from pagedserve.ops.bench.services import run_services
 
         print(f"bench: running services at depths {args.depths} ...", file=sys.stderr, flush=True)
         services = run_services(workload, settings, args.depths, args.threads)

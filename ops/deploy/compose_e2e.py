@@ -1,9 +1,9 @@
 """The host side of ops/compose_e2e.sh: what it checks against the containers, one subcommand each.
 
-    python -m pagedserve.ops.compose_e2e free-ports 5
-    python -m pagedserve.ops.compose_e2e wait-ready --scheduler-ops URL --workers 2
-    python -m pagedserve.ops.compose_e2e generate --endpoint tcp://127.0.0.1:PORT
-    python -m pagedserve.ops.compose_e2e kill-under-load --project P --endpoint E --scheduler-ops URL --block-manager-ops URL
+    python -m pagedserve.ops.deploy.compose_e2e free-ports 5
+    python -m pagedserve.ops.deploy.compose_e2e wait-ready --scheduler-ops URL --workers 2
+    python -m pagedserve.ops.deploy.compose_e2e generate --endpoint tcp://127.0.0.1:PORT
+    python -m pagedserve.ops.deploy.compose_e2e kill-under-load --project P --endpoint E --scheduler-ops URL --block-manager-ops URL
 
 Needs only the client side of pagedserve (the SDK, rich, the Docker SDK for Python): no torch.
 Each subcommand exits 0 when its check holds, and says why not otherwise.
@@ -27,14 +27,14 @@ PROMPTS = [
 
 
 def free_ports(n: int) -> int:
-    from pagedserve.ops.chaos_deployment import free_ports as pick
+    from pagedserve.ops.chaos.deployment import free_ports as pick
 
     print(" ".join(str(p) for p in pick(n)))
     return 0
 
 
 def wait_ready(scheduler_ops: str, workers: int, timeout_s: float) -> int:
-    from pagedserve.ops.chaos_watch import ready_workers
+    from pagedserve.ops.chaos.watch import ready_workers
 
     deadline = time.monotonic() + timeout_s
     last: list[str] | None = None
@@ -115,7 +115,7 @@ def kill_under_load(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pagedserve.ops.compose_e2e", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m pagedserve.ops.deploy.compose_e2e", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("free-ports")
     p.add_argument("n", type=int)

@@ -1,6 +1,6 @@
 """Micro-benchmark: one Sampler.sample call over a SmolLM2-sized vocabulary, per batch size and setting.
 
-    .venv/bin/python ops/bench_sampler.py [--batches 1 32 256] [--threads 1] [--out bench/results/sampler.json]
+    python -m pagedserve.ops.microbench.sampler [--batches 1 32 256] [--threads 1] [--out bench/results/sampler.json]
 
 Logits are N(0, 3^2): flatter than a real model's, so top-p nuclei are wide (a few hundred tokens)
 and the top-k/top-p candidate search is near its worst case.

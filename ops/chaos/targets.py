@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pagedserve.ops.supervisor import Supervisor, worker_name
+from pagedserve.ops.deploy.supervisor import Supervisor, worker_name
 from pagedserve.shared.config import ServeConfig
 
 
@@ -156,7 +156,7 @@ class ContainerWorkers:
         for c in self.client.containers.list(filters={"label": label, "status": "running"}):
             if not c.labels.get("com.docker.compose.service", "").startswith("worker"):
                 continue
-            # The worker names itself <hostname>-<container id[:12]> (ops/worker_identity.py),
+            # The worker names itself <hostname>-<container id[:12]> (ops/deploy/worker_identity.py),
             # and keeps that name across restarts of the same container.
             hostname = c.attrs["Config"]["Hostname"][:40]
             pid = c.attrs["State"]["Pid"] or None

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from pagedserve.ops.supervisor import DeploymentFailed, Launcher, Supervisor, service_argv
+from pagedserve.ops.deploy.supervisor import DeploymentFailed, Launcher, Supervisor, service_argv
 from pagedserve.shared.config import ServeConfig
 
 

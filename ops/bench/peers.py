@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pagedserve.ops.bench_workload import Workload, static_batch_accounting, static_batches
+from pagedserve.ops.bench.workload import Workload, static_batch_accounting, static_batches
 from pagedserve.services.worker.kv_cache import KVCacheShape, num_blocks_for_budget
 from pagedserve.services.worker.loader import torch_dtype
 from pagedserve.services.worker.models.registry import ModelConfig, parse_config

@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from pagedserve.ops import ops_http
-from pagedserve.ops.process_group import ChildSpec, ProcessGroup, RestartPolicy
+from pagedserve.ops.deploy import ops_http
+from pagedserve.ops.deploy.process_group import ChildSpec, ProcessGroup, RestartPolicy
 from pagedserve.shared.config import ServeConfig
 
 BLOCK_MANAGER = "block-manager"

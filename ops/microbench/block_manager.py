@@ -1,6 +1,6 @@
 """Micro-benchmark of the block-manager core (pure Python, one process, no sockets).
 
-    .venv/bin/python ops/bench_block_manager.py [--requests 10000] [--out bench/results/block_manager.json]
+    python -m pagedserve.ops.microbench.block_manager [--requests 10000] [--out bench/results/block_manager.json]
 
 Times are the process's CPU time, so other load on a shared machine does not distort the rates.
 
@@ -18,16 +18,12 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-# Runnable as a plain script from the repository root.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pagedserve.services.block_manager.manager import BlockManager  # noqa: E402
-from pagedserve.shared.protocol.blocks import grow_op  # noqa: E402
+from pagedserve.services.block_manager.manager import BlockManager
+from pagedserve.shared.protocol.blocks import grow_op
 
 TARGET_BLOCK_OPS_PER_S = 200_000
 

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pagedserve.ops import ops_http
-from pagedserve.ops.chaos_targets import Victim
+from pagedserve.ops.chaos.targets import Victim
+from pagedserve.ops.deploy import ops_http
 
 POLL_S = 0.05
 LOST_METRIC = "pagedserve_workers_lost_total"

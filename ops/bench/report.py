@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pagedserve.ops.bench_peers import PathResult
+from pagedserve.ops.bench.peers import PathResult
 from rich.console import Console
 from rich.table import Table
 

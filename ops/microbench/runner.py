@@ -1,7 +1,7 @@
 """Benchmark: decode tokens/s of the model runner alone on SmolLM2-135M, next to transformers' generate.
 
-    .venv/bin/python ops/bench_runner.py [--batches 1 8 32] [--dtype float32] [--threads N]
-                                         [--out bench/results/runner.json]
+    python -m pagedserve.ops.microbench.runner [--batches 1 8 32] [--dtype float32] [--threads N]
+                                               [--out bench/results/runner.json]
 
 Both sides get the same prompts (--prompt-len random tokens, no padding), greedy decoding, the same
 dtype and the same torch threads. Decode tokens/s = batch * decode steps / decode time:

@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pagedserve.ops.chaos_deployment import Deployment, DeploymentError, attached, started
-from pagedserve.ops.chaos_load import LoadSettings, run_load
-from pagedserve.ops.chaos_report import build_report, print_report
-from pagedserve.ops.chaos_watch import DeploymentWatch, blocks, ready_workers, workers_lost
-from pagedserve.ops.supervisor import DeploymentFailed
+from pagedserve.ops.chaos.deployment import Deployment, DeploymentError, attached, started
+from pagedserve.ops.chaos.load import LoadSettings, run_load
+from pagedserve.ops.chaos.report import build_report, print_report
+from pagedserve.ops.chaos.watch import DeploymentWatch, blocks, ready_workers, workers_lost
+from pagedserve.ops.deploy.supervisor import DeploymentFailed
 from rich.console import Console
 
 MIN_READY_TO_KILL = 2  # never kill the last ready worker: requests would wait, not recompute

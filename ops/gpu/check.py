@@ -1,7 +1,8 @@
 """GPU check of the Triton attention kernels: a correctness sweep compiled for real, then decode timing.
 
-Run it through ops/gpu_check.sh on a CUDA machine. Imports only torch, triton and kernels/ (plus the
-tests' dense reference, itself torch-only): the GPU image has no pyzmq, pydantic or structlog.
+Run it through ops/gpu_check.sh on a CUDA machine (`python -m pagedserve.ops.gpu.check`). Imports only
+torch, triton and pagedserve.kernels (the dense reference included): the GPU image has no pyzmq, pydantic
+or structlog.
 
 Decode attention is memory-bound, so its figure of merit is achieved bandwidth: bytes of K/V (and
 Q/O) it must read or write over its time, as a fraction of the device's peak.
@@ -17,15 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests" / "unit" / "kernels")]
+# Before the kernels are imported: @triton.jit picks compiler or interpreter when a kernel is defined.
 os.environ.setdefault("TRITON_INTERPRET", "0")
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
-from paged_reference import TOLERANCES, make_paged_batch, reference_attention  # noqa: E402
 from pagedserve.kernels.attention import AttentionMetadata  # noqa: E402
+from pagedserve.kernels.paged_reference import TOLERANCES, make_paged_batch, reference_attention  # noqa: E402
 from pagedserve.kernels.torch_backend import TorchAttentionBackend  # noqa: E402
 from pagedserve.kernels.triton.decode_attention import choose_num_splits, decode_attention  # noqa: E402
 from pagedserve.kernels.triton_backend import TritonAttentionBackend  # noqa: E402
@@ -248,7 +248,7 @@ def _markdown(device_name: str, peak: float | None, sweep: list[dict], decode: l
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gpu")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/gpu"))
     parser.add_argument("--skip-sweep", action="store_true")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or triton.knobs.runtime.interpret:

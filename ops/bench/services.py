@@ -20,8 +20,8 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
-from pagedserve.ops.bench_peers import WARMUP_PROMPTS, WARMUP_TOKENS, BenchSettings, PathResult
-from pagedserve.ops.bench_workload import Workload
+from pagedserve.ops.bench.peers import WARMUP_PROMPTS, WARMUP_TOKENS, BenchSettings, PathResult
+from pagedserve.ops.bench.workload import Workload
 
 METRICS = (
     "pagedserve_worker_idle_seconds_total",
@@ -69,7 +69,7 @@ async def _generate_all(
 
 
 def run_services_depth(workload: Workload, settings: BenchSettings, depth: int, threads: int) -> PathResult:
-    from pagedserve.ops.supervisor import Supervisor
+    from pagedserve.ops.deploy.supervisor import Supervisor
     from pagedserve.shared.config import ServeConfig
 
     config = ServeConfig(

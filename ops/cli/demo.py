@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import TextIO
 
-from pagedserve.ops.generate import generate_text
-from pagedserve.ops.supervisor import Supervisor, resolve_model_first
+from pagedserve.ops.cli.generate import generate_text
+from pagedserve.ops.deploy.supervisor import Supervisor, resolve_model_first
 from pagedserve.shared.config import ServeConfig
 
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."

@@ -125,9 +125,9 @@ def _cmd_service(args: argparse.Namespace) -> int:
 
 
 def _with_worker_id(config: ServeConfig) -> ServeConfig:
-    """In a container: name an unnamed worker after its container (see ops/worker_identity.py),
+    """In a container: name an unnamed worker after its container (see ops/deploy/worker_identity.py),
     and leave the name where the compose healthcheck looks for its pool."""
-    from pagedserve.ops import worker_identity
+    from pagedserve.ops.deploy import worker_identity
 
     if not worker_identity.in_container():
         return config
@@ -138,8 +138,8 @@ def _with_worker_id(config: ServeConfig) -> ServeConfig:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from pagedserve.ops.supervisor import resolve_model_first
-    from pagedserve.ops.up import run_up
+    from pagedserve.ops.deploy.supervisor import resolve_model_first
+    from pagedserve.ops.deploy.up import run_up
     from pagedserve.shared.log import configure_logging
 
     config = config_from_args(args)
@@ -153,7 +153,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from pagedserve.ops.demo import DEFAULT_PROMPT, run_demo
+    from pagedserve.ops.cli.demo import DEFAULT_PROMPT, run_demo
     from pagedserve.shared.log import configure_logging
 
     config = config_from_args(args)
@@ -174,7 +174,7 @@ def _add_ready_timeout(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from pagedserve.ops.generate import generate_text
+    from pagedserve.ops.cli.generate import generate_text
 
     config = ServeConfig()
     try:
@@ -195,10 +195,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_health(args: argparse.Namespace) -> int:
     """Exit 0 when the invariants hold, 1 when any is broken, 2 when /blocks cannot be read."""
-    from pagedserve.ops import ops_http
+    from pagedserve.ops.deploy import ops_http
 
     if args.url is None:
-        from pagedserve.ops.supervisor import ops_url
+        from pagedserve.ops.deploy.supervisor import ops_url
 
         config = ServeConfig()
         args.url = ops_url(config, config.block_manager_ops_port)
@@ -211,14 +211,14 @@ def _cmd_health(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(dump, indent=2))
     else:
-        from pagedserve.ops.health_view import print_blocks
+        from pagedserve.ops.cli.health_view import print_blocks
 
         print_blocks(dump, show_all=args.all, max_rows=args.max_rows)
     return 0 if dump.get("invariants", {}).get("ok", False) else 1
 
 
 def _cmd_keys(args: argparse.Namespace) -> int:
-    from pagedserve.ops.keys import create_keys
+    from pagedserve.ops.cli.keys import create_keys
 
     try:
         paths = create_keys(args.dir, force=args.force)
@@ -241,12 +241,9 @@ def run_passthrough(
     try:
         module = import_module(module_name)
     except ModuleNotFoundError as e:
-        if e.name not in (module_name, "ops"):
+        if e.name not in (module_name, "pagedserve.ops"):
             raise  # the module exists but one of its own imports is missing: show that
-        print(
-            f"pagedserve {command}: {module_name} is not available in this install ({module_name.replace('.', '/')}.py)",
-            file=sys.stderr,
-        )
+        print(f"pagedserve {command}: {module_name} is not available in this install", file=sys.stderr)
         return 2
     result = module.main(argv)  # type: ignore[attr-defined]
     return int(result or 0)

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pagedserve.ops.chaos_targets import ContainerWorkers, ProcessWorkers, SupervisedWorkers, WorkerTarget
-from pagedserve.ops.chaos_watch import ready_workers
-from pagedserve.ops.process_group import RestartPolicy
-from pagedserve.ops.supervisor import Supervisor, ops_url, resolve_model_first, worker_name
+from pagedserve.ops.chaos.targets import ContainerWorkers, ProcessWorkers, SupervisedWorkers, WorkerTarget
+from pagedserve.ops.chaos.watch import ready_workers
+from pagedserve.ops.deploy.process_group import RestartPolicy
+from pagedserve.ops.deploy.supervisor import Supervisor, ops_url, resolve_model_first, worker_name
 from pagedserve.shared.config import ServeConfig
 
 # The kills are ours and come every few seconds: restart at once, every time. The default policy

@@ -9,8 +9,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from pagedserve.ops.chaos_load import LoadOutcome
-from pagedserve.ops.chaos_watch import Kill
+from pagedserve.ops.chaos.load import LoadOutcome
+from pagedserve.ops.chaos.watch import Kill
 from rich.console import Console
 from rich.table import Table
 
