@@ -13,7 +13,8 @@ from typing import Any
 
 import zmq
 import zmq.auth
-from pagedserve.shared.protocol.codec import decode, encode
+from pagedserve.shared.protocol.codec import ProtocolError, decode
+from pagedserve.shared.protocol.messages import encode_message
 
 
 @dataclass(slots=True)
@@ -80,9 +81,11 @@ def start_authenticator(ctx: zmq.Context, keys: CurveKeys) -> Any:
     return auth
 
 
-def send(sock: zmq.Socket, message_type: str, body: dict[str, Any], to: bytes | None = None) -> None:
-    """One frame to a DEALER peer, or [identity, frame] from a ROUTER. Never blocks: a full queue drops."""
-    frame = encode(message_type, body)
+def send(sock: zmq.Socket, message: Any, to: bytes | None = None) -> None:
+    """One declared message (shared/protocol) to a DEALER peer, or [identity, frame] from a ROUTER.
+
+    Never blocks: a full queue drops."""
+    frame = encode_message(message)
     try:
         if to is None:
             sock.send(frame, zmq.NOBLOCK)
@@ -100,8 +103,6 @@ def recv_router(sock: zmq.Socket, max_bytes: int) -> tuple[bytes, dict[str, Any]
     if len(frames) == 2 and frames[0] == b"":
         frames = frames[1:]
     if len(frames) != 1:
-        from pagedserve.shared.protocol.codec import ProtocolError
-
         raise RouterFrameError(identity, ProtocolError("bad_frame", f"expected one frame, got {len(frames)}"))
     try:
         return identity, decode(frames[0], max_bytes)

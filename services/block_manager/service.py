@@ -23,7 +23,20 @@ from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
 from pagedserve.shared.ops_http import OpsServer, json_response
-from pagedserve.shared.protocol.blocks import BLOCK_OPS, BLOCK_REPLY
+from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply
+from pagedserve.shared.protocol.codec import ProtocolError
+from pagedserve.shared.protocol.control import (
+    Heartbeat,
+    PoolInfo,
+    Pools,
+    PoolsReply,
+    Register,
+    Registered,
+    RenewOwner,
+    WorkerAnnouncement,
+)
+from pagedserve.shared.protocol.frontend import Error
+from pagedserve.shared.protocol.messages import message_table, read_message
 from pagedserve.shared.transport import (
     CurveKeys,
     RouterFrameError,
@@ -33,6 +46,9 @@ from pagedserve.shared.transport import (
     start_authenticator,
 )
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+# What the block manager takes: schedulers' batches and probes, workers' registrations.
+_RECEIVES = message_table(BlockBatch, Register, Heartbeat, RenewOwner, Pools)
 
 
 class BlockManagerMetrics:
@@ -130,7 +146,7 @@ class BlockManagerService:
                         code = getattr(exc.error, "code", "bad_frame")
                         self.metrics.bad_frames.labels(code).inc()
                         self.log.warning("bad_frame", code=code, error=str(exc.error))
-                        send(self.sock, "error", {"code": code, "message": str(exc.error)}, to=exc.identity)
+                        send(self.sock, Error(code=code, message=str(exc.error)), to=exc.identity)
                         continue
                     self.handle(identity, msg)
             now = time.monotonic()
@@ -140,56 +156,42 @@ class BlockManagerService:
                 self.drop_silent_workers(now)
         self.close()
 
-    def handle(self, identity: bytes, msg: dict[str, Any]) -> None:
-        kind = msg["type"]
+    def handle(self, identity: bytes, frame: dict[str, Any]) -> None:
         now = time.monotonic()
         try:
-            if kind == BLOCK_OPS:
-                with self.lock:
-                    reply = self.core.apply(msg["ops"], now)
-                self.metrics.batches.inc()
-                reply["seq"] = msg.get("seq")
-                reply["instance"] = self.instance
-                send(self.sock, BLOCK_REPLY, reply, to=identity)
-            elif kind in ("register", "heartbeat"):
-                self.register(msg, now)
-                if kind == "register":
-                    send(
-                        self.sock,
-                        "registered",
-                        {"pool_id": msg["pool_id"], "instance": self.instance},
-                        to=identity,
-                    )
-            elif kind == "renew_owner":
-                with self.lock:
-                    self.core.renew_owner(msg["owner"], now)
-            elif kind == "pools":
-                with self.lock:
-                    pools = {
-                        pid: [nb, bs, self.incarnations.get(pid, "")]
-                        for pid, (nb, bs) in self.core.pools().items()
-                    }
-                send(
-                    self.sock,
-                    "pools_reply",
-                    {"seq": msg.get("seq"), "pools": pools, "instance": self.instance},
-                    to=identity,
-                )
-            else:
-                send(
-                    self.sock,
-                    "error",
-                    {"code": "unknown_type", "message": f"unknown message type {kind!r}"},
-                    to=identity,
-                )
-        except (KeyError, TypeError, ValueError) as exc:
-            self.metrics.bad_frames.labels("bad_fields").inc()
-            self.log.warning("bad_message", type=kind, error=repr(exc))
-            send(self.sock, "error", {"code": "bad_fields", "message": f"{kind}: {exc!r}"}, to=identity)
+            msg = read_message(frame, _RECEIVES)
+        except ProtocolError as exc:
+            self.metrics.bad_frames.labels(exc.code).inc()
+            self.log.warning("bad_message", type=frame.get("type"), code=exc.code, error=exc.message)
+            send(self.sock, Error(code=exc.code, message=exc.message), to=identity)
+            return
+        if isinstance(msg, BlockBatch):
+            with self.lock:
+                reply = self.core.apply(msg.ops, now)
+            self.metrics.batches.inc()
+            send(
+                self.sock,
+                BlockReply(msg.seq, reply["results"], reply["free_blocks"], self.instance),
+                to=identity,
+            )
+        elif isinstance(msg, WorkerAnnouncement):
+            self.register(msg, now)
+            if isinstance(msg, Register):
+                send(self.sock, Registered(msg.pool_id, self.instance), to=identity)
+        elif isinstance(msg, RenewOwner):
+            with self.lock:
+                self.core.renew_owner(msg.owner, now)
+        else:
+            with self.lock:
+                pools = {
+                    pid: PoolInfo(nb, bs, self.incarnations.get(pid, ""))
+                    for pid, (nb, bs) in self.core.pools().items()
+                }
+            send(self.sock, PoolsReply(msg.seq, pools, self.instance), to=identity)
 
-    def register(self, msg: dict[str, Any], now: float) -> None:
-        pool_id, incarnation = str(msg["pool_id"]), str(msg["incarnation"])
-        num_blocks, block_size = int(msg["num_blocks"]), int(msg["block_size"])
+    def register(self, msg: WorkerAnnouncement, now: float) -> None:
+        pool_id, incarnation = msg.pool_id, msg.incarnation
+        num_blocks, block_size = msg.num_blocks, msg.block_size
         self.last_heartbeat[pool_id] = now
         if self.incarnations.get(pool_id) == incarnation:
             return

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagedserve.services.scheduler.admission import RequestRejected, check_request
-from pagedserve.shared.protocol.frontend import CLIENT_MESSAGES, Abort, Finished, Ping, Submit
+from pagedserve.shared.protocol.frontend import CLIENT_MESSAGES, Abort, Error, Finished, Ping, Submit
 from pydantic import ValidationError
 
 
@@ -97,15 +97,15 @@ class FinishedStore:
 
     def __init__(self, capacity: int = 10_000) -> None:
         self.capacity = capacity
-        self._items: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._items: OrderedDict[str, Finished | Error] = OrderedDict()
 
-    def put(self, request_id: str, message_type: str, body: dict[str, Any]) -> None:
-        self._items[request_id] = {"type": message_type, "body": body}
+    def put(self, request_id: str, reply: Finished | Error) -> None:
+        self._items[request_id] = reply
         self._items.move_to_end(request_id)
         while len(self._items) > self.capacity:
             self._items.popitem(last=False)
 
-    def get(self, request_id: str) -> dict[str, Any] | None:
+    def get(self, request_id: str) -> Finished | Error | None:
         return self._items.get(request_id)
 
 

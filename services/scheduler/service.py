@@ -32,10 +32,23 @@ from pagedserve.services.scheduler.scheduler import OutputEvent, RequestDone, Sc
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
 from pagedserve.shared.ops_http import OpsServer, json_response
-from pagedserve.shared.protocol.blocks import BLOCK_OPS, BLOCK_REPLY
-from pagedserve.shared.protocol.codec import decode, encode
-from pagedserve.shared.protocol.frontend import Abort, Ping, Submit
-from pagedserve.shared.protocol.step import StepResult
+from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply, free_op
+from pagedserve.shared.protocol.codec import ProtocolError, decode
+from pagedserve.shared.protocol.control import Heartbeat, Hello, Pools, PoolsReply, RenewOwner, Reset
+from pagedserve.shared.protocol.frontend import (
+    Abort,
+    Accepted,
+    CompletionOutput,
+    Delta,
+    Error,
+    Finished,
+    Ping,
+    Pong,
+    Submit,
+    Usage,
+)
+from pagedserve.shared.protocol.messages import encode_message, message_table, read_message
+from pagedserve.shared.protocol.step import ExecuteMessage, StepResult, StepResultMessage
 from pagedserve.shared.transport import (
     CurveKeys,
     RouterFrameError,
@@ -45,6 +58,9 @@ from pagedserve.shared.transport import (
     start_authenticator,
 )
 from prometheus_client import generate_latest
+
+# What workers send the scheduler (step socket and heartbeat socket).
+_FROM_WORKERS = message_table(Heartbeat, Hello, StepResultMessage)
 
 
 @dataclass(slots=True)
@@ -186,7 +202,7 @@ class SchedulerService:
             now = time.monotonic()
             if now >= next_renew:
                 next_renew = now + self.config.lease_renew_interval_s
-                send(self.bm, "renew_owner", {"owner": self.owner})
+                send(self.bm, RenewOwner(self.owner))
             if now >= self.next_tick:
                 self.next_tick = now + 0.1
                 self.tick(now)
@@ -212,12 +228,7 @@ class SchedulerService:
                 code = getattr(exc.error, "code", "bad_frame")
                 self.metrics.rejected.labels(code).inc()
                 self.log.warning("bad_frame", code=code, error=str(exc.error))
-                send(
-                    sock,
-                    "error",
-                    {"code": code, "message": str(exc.error), "request_id": None},
-                    to=exc.identity,
-                )
+                send(sock, Error(code=code, message=str(exc.error)), to=exc.identity)
                 continue
             handler(identity, msg)
 
@@ -230,7 +241,7 @@ class SchedulerService:
         try:
             parsed = parse_client_message(msg)
             if isinstance(parsed, Ping):
-                send(self.front, "pong", {}, to=client)
+                send(self.front, Pong(), to=client)
             elif isinstance(parsed, Abort):
                 self.abort(parsed.request_id, client)
             else:
@@ -238,15 +249,13 @@ class SchedulerService:
         except RequestRejected as exc:
             self.metrics.rejected.labels(exc.code).inc()
             self.log.warning("request_rejected", request_id=rid, code=exc.code, error=exc.message)
-            send(
-                self.front, "error", {"code": exc.code, "message": exc.message, "request_id": rid}, to=client
-            )
+            send(self.front, Error(code=exc.code, message=exc.message, request_id=rid), to=client)
 
     def submit(self, submit: Submit, client: bytes, now: float) -> None:
         rid = submit.request_id
         stored = self.finished.get(rid)
         if stored is not None:  # a retry of something already done: answer, do not run it again
-            send(self.front, stored["type"], stored["body"], to=client)
+            send(self.front, stored, to=client)
             return
         if rid in self.core.groups:
             if not submit.attach:
@@ -271,35 +280,24 @@ class SchedulerService:
             max_tokens=submit.sampling.max_tokens,
             n=submit.sampling.n,
         )
-        send(self.front, "accepted", {"request_id": rid, "num_prompt_tokens": len(tokens)}, to=client)
+        send(self.front, Accepted(request_id=rid, num_prompt_tokens=len(tokens)), to=client)
 
     def _replay(self, rid: str, client: bytes) -> None:
         """A reconnected client gets everything so far; it keeps what it lacks by offset."""
-        send(
-            self.front,
-            "accepted",
-            {"request_id": rid, "num_prompt_tokens": len(self.core.groups[rid][0].prompt_token_ids)},
-            to=client,
-        )
+        num_prompt_tokens = len(self.core.groups[rid][0].prompt_token_ids)
+        send(self.front, Accepted(request_id=rid, num_prompt_tokens=num_prompt_tokens), to=client)
         if not self.clients.streaming.get(rid):
             return
         for req in self.core.groups[rid]:
             if req.output_token_ids:
                 text = self.core.texts[req.request_id]
-                send(
-                    self.front,
-                    "delta",
-                    {
-                        "request_id": rid,
-                        "index": req.index,
-                        "offset": 0,
-                        "text_offset": 0,
-                        "token_ids": list(req.output_token_ids),
-                        "text": text.text[: text.emitted],
-                        "logprobs": None,
-                    },
-                    to=client,
+                delta = Delta(
+                    request_id=rid,
+                    index=req.index,
+                    token_ids=list(req.output_token_ids),
+                    text=text.text[: text.emitted],
                 )
+                send(self.front, delta, to=client)
 
     def abort(self, rid: str, client: bytes) -> None:
         if rid not in self.core.groups:
@@ -324,20 +322,17 @@ class SchedulerService:
         self.metrics.tokens.labels("generated").inc(len(ev.token_ids))
         client = self.clients.route.get(ev.request_id)
         if client is not None and self.clients.streaming.get(ev.request_id) and (ev.token_ids or ev.text):
-            send(
-                self.front,
-                "delta",
-                {
-                    "request_id": ev.request_id,
-                    "index": ev.index,
-                    "offset": sent[0],
-                    "text_offset": sent[1],
-                    "token_ids": ev.token_ids,
-                    "text": ev.text,
-                    "logprobs": ev.logprobs,
-                },
-                to=client,
+            # Per token: built without validation, the scheduler is its own trusted author.
+            delta = Delta.model_construct(
+                request_id=ev.request_id,
+                index=ev.index,
+                offset=sent[0],
+                text_offset=sent[1],
+                token_ids=ev.token_ids,
+                text=ev.text,
+                logprobs=ev.logprobs,
             )
+            send(self.front, delta, to=client)
         sent[0] += len(ev.token_ids)
         sent[1] += len(ev.text)
 
@@ -362,30 +357,27 @@ class SchedulerService:
                 "timeout": "the request did not finish before its timeout",
                 "too_large_for_pool": "the request needs more KV blocks than a worker's whole pool",
             }.get(done.error_code, done.error_code)
-            kind, body = "error", {"code": done.error_code, "message": message, "request_id": done.request_id}
+            reply: Finished | Error = Error(code=done.error_code, message=message, request_id=done.request_id)
         else:
-            kind, body = (
-                "finished",
-                {
-                    "request_id": done.request_id,
-                    "outputs": [
-                        {
-                            "index": r.index,
-                            "token_ids": list(r.output_token_ids),
-                            "text": text,
-                            "finish_reason": r.finish_reason or "abort",
-                            "logprobs": lps,
-                        }
-                        for r, text, lps in zip(done.completions, done.texts, done.logprobs, strict=True)
-                    ],
-                    "usage": {
-                        "prompt_tokens": done.num_prompt_tokens,
-                        "completion_tokens": sum(len(r.output_token_ids) for r in done.completions),
-                        "cached_tokens": done.num_cached_tokens,
-                    },
-                },
+            reply = Finished(
+                request_id=done.request_id,
+                outputs=[
+                    CompletionOutput(
+                        index=r.index,
+                        token_ids=list(r.output_token_ids),
+                        text=text,
+                        finish_reason=r.finish_reason or "abort",
+                        logprobs=lps,
+                    )
+                    for r, text, lps in zip(done.completions, done.texts, done.logprobs, strict=True)
+                ],
+                usage=Usage(
+                    prompt_tokens=done.num_prompt_tokens,
+                    completion_tokens=sum(len(r.output_token_ids) for r in done.completions),
+                    cached_tokens=done.num_cached_tokens,
+                ),
             )
-        self.finished.put(done.request_id, kind, body)
+        self.finished.put(done.request_id, reply)
         self.log.info(
             "request_finished",
             request_id=done.request_id,
@@ -393,32 +385,32 @@ class SchedulerService:
             completion_tokens=sum(len(r.output_token_ids) for r in done.completions),
         )
         if client is not None:
-            send(self.front, kind, body, to=client)
+            send(self.front, reply, to=client)
 
     # ------------------------------------------------------------------ workers
 
-    def on_worker_message(self, identity: bytes, msg: dict[str, Any]) -> None:
+    def on_worker_message(self, identity: bytes, frame: dict[str, Any]) -> None:
         now = time.monotonic()
         try:
-            if msg["type"] == "heartbeat":
-                self.on_heartbeat(msg, now)
-            elif msg["type"] == "hello":
-                self.on_heartbeat(msg, now, step_socket=identity == str(msg["worker_id"]).encode())
-            elif msg["type"] == "step_result":
-                self.on_step_result(msg["worker_id"], StepResult.from_wire(msg["result"]), now)
-            else:
-                self.log.warning("unexpected_worker_message", type=msg["type"])
-        except (KeyError, TypeError, ValueError) as exc:
-            self.log.warning("bad_worker_message", error=repr(exc))
+            msg = read_message(frame, _FROM_WORKERS)
+        except ProtocolError as exc:
+            self.log.warning("bad_worker_message", type=frame.get("type"), code=exc.code, error=exc.message)
+            return
+        if isinstance(msg, StepResultMessage):
+            self.on_step_result(msg.worker_id, msg.result, now)
+        else:
+            self.on_heartbeat(
+                msg, now, step_socket=isinstance(msg, Hello) and identity == msg.worker_id.encode()
+            )
 
-    def on_heartbeat(self, msg: dict[str, Any], now: float, step_socket: bool = False) -> None:
-        wid, inc = str(msg["worker_id"]), str(msg["incarnation"])
+    def on_heartbeat(self, msg: Heartbeat | Hello, now: float, step_socket: bool = False) -> None:
+        wid, inc = msg.worker_id, msg.incarnation
         link = self.links.get(wid)
         if link is not None and link.incarnation != inc:
             self.lose_worker(wid, "restarted")  # same name, new process: its old state is gone
             link = None
         if link is None:
-            link = self.links[wid] = WorkerLink(wid, inc, int(msg["num_blocks"]), int(msg["block_size"]), now)
+            link = self.links[wid] = WorkerLink(wid, inc, msg.num_blocks, msg.block_size, now)
             self.log.info(
                 "worker_joined", worker_id=wid, num_blocks=link.num_blocks, block_size=link.block_size
             )
@@ -430,15 +422,15 @@ class SchedulerService:
     def activate(self, link: WorkerLink) -> None:
         # A worker we dropped may still hold request state (a late heartbeat, a block-manager
         # outage): it forgets everything before its first step. Harmless for a fresh one.
-        if not self.send_to_worker(link.worker_id, "reset", {}):
+        if not self.send_to_worker(link.worker_id, Reset()):
             return
         self.core.add_worker(link.worker_id, link.num_blocks, link.block_size)
         link.active = True
         self.metrics.workers.set(sum(1 for w in self.links.values() if w.active))
 
-    def send_to_worker(self, wid: str, kind: str, body: dict[str, Any]) -> bool:
+    def send_to_worker(self, wid: str, message: ExecuteMessage | Reset) -> bool:
         try:
-            self.workers_sock.send_multipart([wid.encode(), encode(kind, body)], zmq.NOBLOCK)
+            self.workers_sock.send_multipart([wid.encode(), encode_message(message)], zmq.NOBLOCK)
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH (ROUTER_MANDATORY) or a full queue
             self.lose_worker(wid, f"unroutable: {exc}")
@@ -453,7 +445,7 @@ class SchedulerService:
         ]
         moved = self.core.remove_worker(wid)
         if held and not self.bm_down:
-            self.block_rpc([["free", rid] for rid in held])
+            self.block_rpc([free_op(rid) for rid in held])
         self.metrics.workers_lost.inc()
         self.metrics.workers.set(sum(1 for w in self.links.values() if w.active))
         self.log.warning(
@@ -487,18 +479,20 @@ class SchedulerService:
         """One batched RPC; None if the block manager did not answer in time (it is then down)."""
         self.bm_seq += 1
         seq = self.bm_seq
-        send(self.bm, BLOCK_OPS, {"seq": seq, "ops": ops})
+        send(self.bm, BlockBatch(seq, ops))
         deadline = time.monotonic() + self.config.rpc_timeout_s
         while (left := deadline - time.monotonic()) > 0:
             if not self.bm.poll(int(left * 1000) + 1):
                 break
-            reply = decode(self.bm.recv(), self.config.max_message_bytes)
-            if reply.get("type") == BLOCK_REPLY and reply.get("seq") == seq:
-                if self.bm_instance is not None and reply.get("instance") != self.bm_instance:
-                    self.block_manager_lost("restarted")
-                    return None
-                self.bm_instance = reply.get("instance")
-                return reply
+            frame = decode(self.bm.recv(), self.config.max_message_bytes)
+            if frame.get("type") != BlockReply.TYPE or frame.get("seq") != seq:
+                continue  # a late reply to a batch that timed out, or a probe's
+            reply = BlockReply.from_wire(frame)
+            if self.bm_instance is not None and reply.instance != self.bm_instance:
+                self.block_manager_lost("restarted")
+                return None
+            self.bm_instance = reply.instance
+            return reply.answer
         self.block_manager_lost("timeout")
         return None
 
@@ -519,17 +513,18 @@ class SchedulerService:
 
     def probe_block_manager(self) -> None:
         self.bm_seq += 1
-        send(self.bm, "pools", {"seq": self.bm_seq})
+        send(self.bm, Pools(self.bm_seq))
         if not self.bm.poll(200):
             return
-        reply = decode(self.bm.recv(), self.config.max_message_bytes)
-        if reply.get("type") != "pools_reply":
+        frame = decode(self.bm.recv(), self.config.max_message_bytes)
+        if frame.get("type") != PoolsReply.TYPE:
             return
+        reply = PoolsReply.from_wire(frame)
         self.bm_down = False
-        self.bm_instance = reply.get("instance")
-        self.log.info("block_manager_back", instance=self.bm_instance, pools=sorted(reply.get("pools", {})))
+        self.bm_instance = reply.instance
+        self.log.info("block_manager_back", instance=self.bm_instance, pools=sorted(reply.pools))
         for link in self.links.values():
-            if link.worker_id in reply.get("pools", {}) and not link.active and link.routable:
+            if link.worker_id in reply.pools and not link.active and link.routable:
                 self.activate(link)
 
     # ------------------------------------------------------------------ timers and steps
@@ -575,7 +570,7 @@ class SchedulerService:
                     return sent
                 execute = self.core.commit(plan, reply, now)
                 if execute is not None:
-                    if not self.send_to_worker(wid, "execute", {"execute": execute.to_wire()}):
+                    if not self.send_to_worker(wid, ExecuteMessage(execute)):
                         break
                     sent = True
                 elif plan.entries or not all(op[0] == "free" for op in plan.block_ops):

@@ -19,14 +19,18 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import zmq
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
-from pagedserve.shared.protocol.codec import decode
-from pagedserve.shared.protocol.step import Execute
+from pagedserve.shared.protocol.codec import ProtocolError, decode
+from pagedserve.shared.protocol.control import Heartbeat, Hello, Register, Registered, Reset
+from pagedserve.shared.protocol.messages import message_table, read_message
+from pagedserve.shared.protocol.step import ExecuteMessage, StepResultMessage
 from pagedserve.shared.transport import CurveKeys, make_socket, send
+
+# What the scheduler sends a worker's step socket.
+_FROM_SCHEDULER = message_table(ExecuteMessage, Reset)
 
 
 class WorkerService:
@@ -59,19 +63,20 @@ class WorkerService:
         self.ctx = zmq.Context()
         self.stopping = threading.Event()
 
-    def announcement(self) -> dict[str, Any]:
+    def announcement(
+        self, kind: type[Hello] | type[Heartbeat] | type[Register]
+    ) -> Hello | Heartbeat | Register:
         """Who this worker is: sent with every heartbeat so a restarted peer learns it at once."""
-        return {
-            "worker_id": self.worker_id,
-            "pool_id": self.worker_id,
-            "incarnation": self.incarnation,
-            "num_blocks": self.runner.num_blocks,
-            "block_size": self.runner.block_size,
-            "vocab_size": self.runner.vocab_size,
-            "max_model_len": self.runner.max_model_len,
-            "eos_token_ids": list(self.runner.eos_token_ids),
-            "model": str(self.model_path),
-        }
+        return kind(
+            self.worker_id,
+            self.incarnation,
+            self.runner.num_blocks,
+            self.runner.block_size,
+            self.runner.vocab_size,
+            self.runner.max_model_len,
+            list(self.runner.eos_token_ids),
+            str(self.model_path),
+        )
 
     def _dealer(self, endpoint: str, identity: str | None = None) -> zmq.Socket:
         sock = make_socket(
@@ -89,15 +94,15 @@ class WorkerService:
         bm = self._dealer(self.config.block_manager_endpoint)
         try:
             while not self.stopping.is_set():
-                send(bm, "register", self.announcement())
+                send(bm, self.announcement(Register))
                 if bm.poll(1000):
                     reply = decode(bm.recv())
-                    if reply["type"] == "registered":
+                    if reply["type"] == Registered.TYPE:
                         self.log.info(
                             "pool_registered",
                             num_blocks=self.runner.num_blocks,
                             block_size=self.runner.block_size,
-                            bm_instance=reply.get("instance"),
+                            bm_instance=Registered.from_wire(reply).instance,
                         )
                         return
                 self.log.info("waiting_for_block_manager", endpoint=self.config.block_manager_endpoint)
@@ -107,11 +112,11 @@ class WorkerService:
     def heartbeat_loop(self) -> None:
         bm = self._dealer(self.config.block_manager_endpoint)
         sched = self._dealer(self.config.worker_endpoint, identity=f"{self.worker_id}/hb")
-        body = self.announcement()
+        beat = self.announcement(Heartbeat)
         try:
             while not self.stopping.is_set():
-                send(bm, "heartbeat", body)
-                send(sched, "heartbeat", body)
+                send(bm, beat)
+                send(sched, beat)
                 self.stopping.wait(self.config.heartbeat_interval_s)
         finally:
             bm.close(0)
@@ -134,26 +139,27 @@ class WorkerService:
                     # once it has heard from it (after its own restart, this socket reconnects
                     # later than the heartbeat socket, and a step sent before would be lost).
                     if time.monotonic() - last_hello >= self.config.heartbeat_interval_s:
-                        send(sched, "hello", self.announcement())
+                        send(sched, self.announcement(Hello))
                         last_hello = time.monotonic()
                     continue
-                msg = decode(sched.recv(), self.config.max_message_bytes)
-                if msg["type"] == "reset":
+                try:
+                    msg = read_message(decode(sched.recv(), self.config.max_message_bytes), _FROM_SCHEDULER)
+                except ProtocolError as exc:
+                    self.log.warning("unexpected_message", code=exc.code, error=exc.message)
+                    continue
+                if isinstance(msg, Reset):
                     self.runner.requests.clear()  # every request state; the KV tensors stay allocated
                     self.log.info("worker_state_reset")
                     continue
-                if msg["type"] != "execute":
-                    self.log.warning("unexpected_message", type=msg["type"])
-                    continue
                 idle_s = time.monotonic() - last_sent
-                execute = Execute.from_wire(msg["execute"])
+                execute = msg.execute
                 try:
                     result = self.runner.execute(execute)
                 except Exception:
                     self.log.exception("step_failed", step=execute.step)
                     raise
                 result.timings["idle_s"] = idle_s
-                send(sched, "step_result", {"worker_id": self.worker_id, "result": result.to_wire()})
+                send(sched, StepResultMessage(self.worker_id, result))
                 last_sent = time.monotonic()
         finally:
             self.stopping.set()

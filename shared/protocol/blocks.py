@@ -9,7 +9,8 @@ Hot path, so plain lists (no field names, no per-field validation beyond the fra
     ["free", request_id]                                        blocks whose ref count hit 0
     ["renew", [request_ids]]                                    how many leases existed
 
-    reply: {"results": [one per op, in order], "free_blocks": {pool_id: n}}
+    frames: BlockBatch {seq, ops} -> BlockReply {seq, results: [one per op, in order],
+            free_blocks: {pool_id: n}, instance}
 
 An op naming an unknown pool or request, or with malformed arguments, has `{"error": message}`
 as its result; the other ops of the batch still run. Frames carry a `seq` so a caller that timed
@@ -20,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from pagedserve.shared.protocol.codec import ProtocolError, encode
+from pagedserve.shared.protocol.codec import ProtocolError
 
 BLOCK_OPS = "block_ops"  # frame type: scheduler -> block manager
 BLOCK_REPLY = "block_reply"  # frame type: block manager -> scheduler
@@ -113,36 +114,73 @@ def renew_op(request_ids: Iterable[str]) -> list[Any]:
 # ---------------------------------------------------------------- frames
 
 
-def encode_batch(seq: int, ops: list[list[Any]]) -> bytes:
-    return encode(BLOCK_OPS, {"seq": seq, "ops": ops})
+@dataclass(slots=True)
+class BlockBatch:
+    """scheduler -> block manager: the ops of one step. Each op is checked later, one by one."""
+
+    TYPE: ClassVar[str] = BLOCK_OPS
+
+    seq: int
+    ops: list[list[Any]]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"seq": self.seq, "ops": self.ops}
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> BlockBatch:
+        seq, ops = body.get("seq"), body.get("ops")
+        if type(seq) is not int:
+            raise ProtocolError(
+                "bad_frame", f"field 'seq' of {BLOCK_OPS} must be an int, got {type(seq).__name__}"
+            )
+        if type(ops) is not list:
+            raise ProtocolError(
+                "bad_frame", f"field 'ops' of {BLOCK_OPS} must be a list, got {type(ops).__name__}"
+            )
+        return cls(seq, ops)
 
 
-def batch_from_message(message: dict[str, Any]) -> tuple[int, list[list[Any]]]:
-    """(seq, ops) of a decoded `block_ops` frame; each op is checked later, one by one."""
-    seq, ops = message.get("seq"), message.get("ops")
-    if type(seq) is not int:
-        raise ProtocolError(
-            "bad_frame", f"field 'seq' of {BLOCK_OPS} must be an int, got {type(seq).__name__}"
-        )
-    if type(ops) is not list:
-        raise ProtocolError(
-            "bad_frame", f"field 'ops' of {BLOCK_OPS} must be a list, got {type(ops).__name__}"
-        )
-    return seq, ops
+@dataclass(slots=True)
+class BlockReply:
+    """block manager -> scheduler: one result per op, in order, and every pool's free blocks.
 
+    `instance` changes on every start of the block manager: a new one means every table is gone."""
 
-def encode_reply(seq: int, reply: dict[str, Any]) -> bytes:
-    return encode(BLOCK_REPLY, {"seq": seq, "results": reply["results"], "free_blocks": reply["free_blocks"]})
+    TYPE: ClassVar[str] = BLOCK_REPLY
 
+    seq: int
+    results: list[Any]
+    free_blocks: dict[str, int]
+    instance: str = ""
 
-def reply_from_message(message: dict[str, Any]) -> tuple[int, list[Any], dict[str, int]]:
-    """(seq, results, free_blocks) of a decoded `block_reply` frame."""
-    seq, results, free_blocks = message.get("seq"), message.get("results"), message.get("free_blocks")
-    if type(seq) is not int or type(results) is not list or type(free_blocks) is not dict:
-        raise ProtocolError(
-            "bad_frame", f"{BLOCK_REPLY} needs 'seq' (int), 'results' (list), 'free_blocks' (map)"
-        )
-    return seq, results, free_blocks
+    @property
+    def answer(self) -> dict[str, Any]:
+        """The reply in the form `BlockManager.apply` returns in-process."""
+        return {"results": self.results, "free_blocks": self.free_blocks}
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "results": self.results,
+            "free_blocks": self.free_blocks,
+            "instance": self.instance,
+        }
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> BlockReply:
+        seq, results, free_blocks = body.get("seq"), body.get("results"), body.get("free_blocks")
+        instance = body.get("instance", "")
+        if (
+            type(seq) is not int
+            or type(results) is not list
+            or type(free_blocks) is not dict
+            or type(instance) is not str
+        ):
+            raise ProtocolError(
+                "bad_frame",
+                f"{BLOCK_REPLY} needs 'seq' (int), 'results' (list), 'free_blocks' (map), 'instance' (str)",
+            )
+        return cls(seq, results, free_blocks, instance)
 
 
 # ---------------------------------------------------------------- reading results
@@ -150,10 +188,6 @@ def reply_from_message(message: dict[str, Any]) -> tuple[int, list[Any], dict[st
 
 def error_result(message: str) -> dict[str, str]:
     return {"error": message}
-
-
-def is_error(result: Any) -> bool:
-    return type(result) is dict
 
 
 def _raise_if_error(result: Any) -> None:

@@ -19,7 +19,7 @@ Worker semantics of one Execute (the order matters):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass(slots=True)
@@ -156,3 +156,39 @@ class StepResult:
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> StepResult:
         return cls(m["step"], m["ids"], m["tokens"], m["logprobs"], m["timings"])
+
+
+# ---------------------------------------------------------------- frames
+
+
+@dataclass(slots=True)
+class ExecuteMessage:
+    """scheduler -> worker: run this step."""
+
+    TYPE: ClassVar[str] = "execute"
+
+    execute: Execute
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"execute": self.execute.to_wire()}
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> ExecuteMessage:
+        return cls(Execute.from_wire(body["execute"]))
+
+
+@dataclass(slots=True)
+class StepResultMessage:
+    """worker -> scheduler: the tokens of the oldest step in flight."""
+
+    TYPE: ClassVar[str] = "step_result"
+
+    worker_id: str
+    result: StepResult
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"worker_id": self.worker_id, "result": self.result.to_wire()}
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> StepResultMessage:
+        return cls(body["worker_id"], StepResult.from_wire(body["result"]))

@@ -10,22 +10,21 @@ from pagedserve.shared.protocol import decode
 from pagedserve.shared.protocol.blocks import (
     BLOCK_OPS,
     Allocation,
+    BlockBatch,
     BlockOpError,
+    BlockReply,
     Growth,
     alloc_op,
     alloc_result,
-    batch_from_message,
     count_result,
-    encode_batch,
-    encode_reply,
     fork_op,
     fork_result,
     free_op,
     grow_op,
     grow_result,
     renew_op,
-    reply_from_message,
 )
+from pagedserve.shared.protocol.messages import encode_message
 
 
 def test_apply_runs_ops_in_order_and_returns_one_result_each(manager: BlockManager) -> None:
@@ -90,12 +89,16 @@ def test_batch_and_reply_frames_round_trip_through_msgpack(manager: BlockManager
         fork_op("a", "b", "s"),
         free_op("b"),
     ]
-    message = decode(encode_batch(7, ops))
+    message = decode(encode_message(BlockBatch(7, ops)))
     assert message["type"] == BLOCK_OPS
-    seq, got_ops = batch_from_message(message)
+    batch = BlockBatch.from_wire(message)
+    seq, got_ops = batch.seq, batch.ops
     assert seq == 7 and got_ops == ops
     reply = manager.apply(got_ops, 0.0)
-    seq, results, free_blocks = reply_from_message(decode(encode_reply(seq, reply)))
+    got = BlockReply.from_wire(
+        decode(encode_message(BlockReply(seq, reply["results"], reply["free_blocks"])))
+    )
+    seq, results, free_blocks = got.seq, got.results, got.free_blocks
     assert seq == 7 and free_blocks == {"w0": NUM_BLOCKS - 2}
     assert alloc_result(results[0]) == Allocation([0], 0, 3)
     assert grow_result(results[1]) == Growth((1,), (), ())

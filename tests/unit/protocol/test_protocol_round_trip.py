@@ -1,0 +1,123 @@
+"""Every message type that crosses a socket survives encode -> msgpack -> decode -> read unchanged."""
+
+from __future__ import annotations
+
+import pytest
+from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply, alloc_op, free_op, grow_op
+from pagedserve.shared.protocol.codec import ProtocolError, decode
+from pagedserve.shared.protocol.control import (
+    Heartbeat,
+    Hello,
+    PoolInfo,
+    Pools,
+    PoolsReply,
+    Register,
+    Registered,
+    RenewOwner,
+    Reset,
+)
+from pagedserve.shared.protocol.frontend import (
+    Abort,
+    Accepted,
+    CompletionOutput,
+    Delta,
+    Error,
+    Finished,
+    Ping,
+    Pong,
+    SamplingParams,
+    Submit,
+    Usage,
+)
+from pagedserve.shared.protocol.messages import MESSAGES, encode_message, message_table, read_message
+from pagedserve.shared.protocol.step import (
+    CachedRequest,
+    Execute,
+    ExecuteMessage,
+    Fork,
+    NewRequest,
+    StepResult,
+    StepResultMessage,
+)
+
+ANNOUNCEMENT = ("w0", "inc-1", 64, 16, 32000, 2048, [2], "/models/tiny")
+
+EXAMPLES = [
+    Submit(request_id="r1", prompt="hi", sampling=SamplingParams(n=2, stop=["\n"], seed=3)),
+    Abort(request_id="r1"),
+    Ping(),
+    Accepted(request_id="r1", num_prompt_tokens=3),
+    Delta(request_id="r1", index=1, offset=4, text_offset=9, token_ids=[5], text="é", logprobs=[[-0.1, []]]),
+    Finished(
+        request_id="r1",
+        outputs=[CompletionOutput(index=0, token_ids=[5, 6], text="ab", finish_reason="stop")],
+        usage=Usage(prompt_tokens=3, completion_tokens=2, cached_tokens=1),
+    ),
+    Error(code="too_large", message="frame of 9 bytes exceeds the limit of 8 bytes", request_id=None),
+    Pong(),
+    Hello(*ANNOUNCEMENT),
+    Heartbeat(*ANNOUNCEMENT),
+    Register(*ANNOUNCEMENT),
+    Registered("w0", "bm-instance"),
+    Reset(),
+    RenewOwner("scheduler-1:0"),
+    Pools(7),
+    PoolsReply(7, {"w0": PoolInfo(64, 16, "inc-1")}, "bm-instance"),
+    ExecuteMessage(
+        Execute(
+            step=3,
+            new_requests=[NewRequest("a", [1, 2, 3], 3, 0, 3, [0], {"temperature": 0.0, "seed": None})],
+            cached_requests=[CachedRequest("b", 1, [4], [(0, 5)])],
+            finished_ids=["c"],
+            copies=[(1, 5)],
+            forks=[Fork("a", "a#1", 11)],
+        )
+    ),
+    StepResultMessage(
+        "w0", StepResult(3, ["a", "a#1"], [7, 8], [None, [-0.5, [[8, -0.5]]]], {"step_s": 0.01})
+    ),
+    BlockBatch(9, [alloc_op("w0", "a", "s:0", [1, 2, 3], 3), grow_op("b", 1, [4]), free_op("c")]),
+    BlockReply(9, [[[0], 0, 3], [[], [], []], 2], {"w0": 61}, "bm-instance"),
+]
+
+
+def test_the_examples_cover_every_declared_message_type():
+    tags = {m.type if hasattr(m, "model_dump") else m.TYPE for m in EXAMPLES}
+    assert tags == set(MESSAGES)
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_message_round_trips_through_the_wire(message):
+    frame = decode(encode_message(message))
+    assert frame["v"] == 1
+    assert read_message(frame, MESSAGES) == message
+
+
+def test_a_heartbeat_keeps_pool_id_on_the_wire_for_older_block_managers():
+    frame = decode(encode_message(Heartbeat(*ANNOUNCEMENT)))
+    assert frame["pool_id"] == frame["worker_id"] == "w0"
+
+
+@pytest.mark.parametrize(
+    ("message", "field", "value"),
+    [
+        (Heartbeat(*ANNOUNCEMENT), "num_blocks", "64"),
+        (Register(*ANNOUNCEMENT), "block_size", 0),
+        (Hello(*ANNOUNCEMENT), "incarnation", None),
+        (RenewOwner("s"), "owner", 5),
+        (Pools(1), "seq", "1"),
+        (BlockBatch(1, []), "ops", {}),
+    ],
+)
+def test_a_control_message_with_a_bad_field_is_refused_naming_the_field(message, field, value):
+    frame = decode(encode_message(message))
+    frame[field] = value
+    with pytest.raises(ProtocolError, match=field):
+        read_message(frame)
+
+
+def test_a_receiver_refuses_a_type_it_does_not_take_naming_what_it_takes():
+    frame = decode(encode_message(Reset()))
+    with pytest.raises(ProtocolError, match="heartbeat") as info:
+        read_message(frame, message_table(Heartbeat))
+    assert info.value.code == "unknown_type"
