@@ -1,0 +1,146 @@
+"""The layers, read off the imports of every source file (with `ast`, lazy imports inside functions too).
+
+    ops        may import anything of pagedserve
+    services   may import shared and kernels, never ops; the scheduler never imports the engine
+    shared     imports neither services nor ops
+    kernels    imports neither services nor ops
+
+Nothing in the package imports a test module or a bare top-level folder (`shared`, `ops`, ...: the
+wheel holds only `pagedserve`), and no source file edits sys.path.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FOLDERS = ("services", "shared", "kernels", "ops")
+
+
+@dataclass(frozen=True, slots=True)
+class Import:
+    where: str  # path:line, for the failure message
+    importer: str  # the importing module, pagedserve.<folder>....
+    imported: str  # the absolute name of the imported module (or of its package, for `from x import y`)
+
+    def __str__(self) -> str:
+        return f"{self.where} imports {self.imported}"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["pagedserve", *parts]) if parts[0] != "pagedserve" else ".".join(parts)
+
+
+def source_files() -> list[Path]:
+    files = [REPO / "pagedserve" / "__init__.py"]
+    for folder in FOLDERS:
+        files += sorted(p for p in (REPO / folder).rglob("*.py") if "__pycache__" not in p.parts)
+    return files
+
+
+def imports_of(path: Path) -> Iterator[Import]:
+    importer = module_name(path)
+    package = importer if path.name == "__init__.py" else importer.rpartition(".")[0]
+    where = path.relative_to(REPO).as_posix()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(f"{where}:{node.lineno}", importer, alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the importing package
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            yield Import(f"{where}:{node.lineno}", importer, module)
+            # `from pagedserve.ops import cli` imports the module pagedserve.ops.cli too.
+            for alias in node.names:
+                yield Import(f"{where}:{node.lineno}", importer, f"{module}.{alias.name}")
+
+
+ALL_IMPORTS = [imp for path in source_files() for imp in imports_of(path)]
+
+
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def violations(importers: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
+    """One line per offending import statement (`from a import b` also names a.b: keep the first)."""
+    found: dict[str, str] = {}
+    for imp in ALL_IMPORTS:
+        if any(within(imp.importer, p) for p in importers) and any(
+            within(imp.imported, f) for f in forbidden
+        ):
+            found.setdefault(imp.where, str(imp))
+    return list(found.values())
+
+
+def test_the_source_files_are_found_and_parsed() -> None:
+    importers = {imp.importer.split(".")[1] for imp in ALL_IMPORTS if imp.importer != "pagedserve"}
+    assert importers == set(FOLDERS)
+
+
+def test_services_import_nothing_from_ops() -> None:
+    found = violations(("pagedserve.services",), ("pagedserve.ops",))
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("folder", ["shared", "kernels"])
+def test_shared_and_kernels_import_nothing_from_services_or_ops(folder: str) -> None:
+    found = violations((f"pagedserve.{folder}",), ("pagedserve.services", "pagedserve.ops"))
+    assert not found, "\n".join(found)
+
+
+def test_the_scheduler_does_not_import_the_engine() -> None:
+    found = violations(("pagedserve.services.scheduler",), ("pagedserve.services.engine",))
+    assert not found, "\n".join(found)
+
+
+def test_nothing_imports_a_bare_top_level_folder_or_a_test_module() -> None:
+    test_modules = {p.stem for p in (REPO / "tests").rglob("*.py")} | {"tests", "conftest"}
+    bare = set(FOLDERS) | test_modules
+    found = [str(imp) for imp in ALL_IMPORTS if imp.imported.split(".")[0] in bare]
+
+    assert not found, "\n".join(found)
+
+
+def _edits_sys_path(node: ast.AST) -> bool:
+    """sys.path.insert/append/extend(...), sys.path[...] = ..., sys.path = ..., sys.path += ..."""
+
+    def is_sys_path(n: ast.AST) -> bool:
+        return (
+            isinstance(n, ast.Attribute)
+            and n.attr == "path"
+            and isinstance(n.value, ast.Name)
+            and n.value.id == "sys"
+        )
+
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return is_sys_path(node.func.value) and node.func.attr in ("insert", "append", "extend")
+    targets: list[ast.AST] = []
+    if isinstance(node, ast.Assign):
+        targets = list(node.targets)
+    elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+        targets = [node.target]
+    return any(is_sys_path(t) or (isinstance(t, ast.Subscript) and is_sys_path(t.value)) for t in targets)
+
+
+def test_no_file_edits_sys_path() -> None:
+    files = source_files() + sorted((REPO / "tests").rglob("*.py"))
+    found = [
+        f"{path.relative_to(REPO)}:{node.lineno}"
+        for path in files
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if _edits_sys_path(node)
+    ]
+
+    assert not found, "\n".join(found)
