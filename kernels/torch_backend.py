@@ -4,7 +4,7 @@ Decode rows (one query) are batched: their K/V blocks are gathered into a padded
 runs per length bucket. Rows with several queries (prefill, a continued chunk, a prefix-cache hit)
 run one SDPA each over their gathered context. GQA is folded into the query side everywhere
 (q viewed [..., kv_heads, q_per_kv, ...] against K/V of kv_heads), never by repeating K/V: see
-/work/shared/PERF-NOTES.md for the measurements behind each choice.
+docs/cpu-performance.md for the measurements behind each choice.
 """
 
 from __future__ import annotations
