@@ -15,6 +15,26 @@ from pagedserve.services.worker.bundled import resolve_model
 from pagedserve.shared.config import ServeConfig
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE writes each byte as one printable character; this maps them back."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_OF_CHAR = _byte_level_alphabet()
+
+
 @dataclass(slots=True)
 class ModelCard:
     name: str
@@ -28,6 +48,15 @@ class ModelCard:
         if self.tokenizer is None:
             return f"<{token_id}>"
         return self.tokenizer.decode([token_id])
+
+    def token_bytes(self, token_id: int) -> list[int]:
+        """The token's own bytes: one byte of a multi-byte character is not text on its own, and its
+        decoded form ("\ufffd") would hide which byte it is."""
+        if self.tokenizer is not None:
+            piece = self.tokenizer.convert_ids_to_tokens(token_id)
+            if isinstance(piece, str) and piece and all(ch in _BYTE_OF_CHAR for ch in piece):
+                return [_BYTE_OF_CHAR[ch] for ch in piece]  # a byte-level BPE piece (GPT-2, Llama 3, SmolLM)
+        return list(self.token_text(token_id).encode())
 
     def decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:

@@ -27,9 +27,9 @@ def usage_body(results: list[Result]) -> dict[str, Any]:
     }
 
 
-def _top(card: ModelCard, entry: list[Any]) -> list[tuple[str, float]]:
+def _top(card: ModelCard, entry: list[Any]) -> list[tuple[int, str, float]]:
     """One SDK logprob entry `[sampled_logprob, [[token_id, logprob], ...best first]]` -> its top list."""
-    return [(card.token_text(int(tid)), float(lp)) for tid, lp in entry[1]]
+    return [(int(tid), card.token_text(int(tid)), float(lp)) for tid, lp in entry[1]]
 
 
 # ---------------------------------------------------------------- chat
@@ -45,9 +45,10 @@ def chat_logprobs(card: ModelCard, token_ids: list[int], logprobs: list[Any] | N
             {
                 "token": token,
                 "logprob": float(entry[0]),
-                "bytes": list(token.encode()),
+                "bytes": card.token_bytes(tid),
                 "top_logprobs": [
-                    {"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in _top(card, entry)
+                    {"token": t, "logprob": lp, "bytes": card.token_bytes(i)}
+                    for i, t, lp in _top(card, entry)
                 ],
             }
         )
@@ -78,7 +79,7 @@ def completion_logprobs(
         token = card.token_text(tid)
         tokens.append(token)
         token_logprobs.append(float(entry[0]))
-        tops.append(dict(_top(card, entry)))
+        tops.append({t: lp for _, t, lp in _top(card, entry)})
         offsets.append(offset)
         offset += len(token)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}

@@ -1,0 +1,80 @@
+"""Start the OpenAI-compatible API as a real subprocess (`python -m pagedserve.services.api`) in
+front of a deployment from deployment.py, on a free port; stop it with SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from deployment import free_ports
+from pagedserve.shared.config import ServeConfig
+
+
+class ApiServer:
+    def __init__(self, config: ServeConfig, log_path: Path, *extra_args: str) -> None:
+        (self.port,) = free_ports(1)
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"{self.base}/v1"
+        args = [
+            sys.executable,
+            "-m",
+            "pagedserve.services.api",
+            "--model",
+            config.model,
+            "--front-endpoint",
+            config.front_endpoint,
+            "--scheduler-ops-port",
+            str(config.scheduler_ops_port),
+            "--api-port",
+            str(self.port),
+            "--log-format",
+            "json",
+            *extra_args,
+        ]
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=dict(os.environ))
+
+    def wait_healthy(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"the API exited with {self.proc.returncode}:\n{self.log_path.read_text()}"
+                )
+            try:
+                reply = httpx.get(f"{self.base}/health", timeout=2)
+                if reply.status_code == 200:
+                    return
+                last = reply.text
+            except httpx.HTTPError as exc:
+                last = repr(exc)
+            time.sleep(0.2)
+        raise TimeoutError(
+            f"the API was not healthy within {timeout_s} s: {last}\n{self.log_path.read_text()}"
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def with_chat_template(folder: Path) -> Path:
+    """Give a tiny model (byte tokenizer, no template) a small chat template of its own."""
+    (folder / "chat_template.jinja").write_text(
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    return folder
