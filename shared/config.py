@@ -150,3 +150,9 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> ServeConfig:
     given = {k: v for k, v in vars(args).items() if k in ServeConfig.model_fields and v is not None}
     given.update(overrides)
     return ServeConfig(**given)
+
+
+def config_default(name: str) -> Any:
+    """A field's default as declared here, never the environment's value: for signatures (LLM, the
+    model runner, the scheduler's limits) that must default the way a deployment does."""
+    return ServeConfig.model_fields[name].default

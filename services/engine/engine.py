@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 
 from pagedserve.services.block_manager.manager import BlockManager
-from pagedserve.services.scheduler.scheduler import OutputEvent, RequestDone, Scheduler
+from pagedserve.services.scheduler.scheduler import OutputEvent, RequestDone, Scheduler, StepOutcome
 from pagedserve.shared.protocol.step import StepResult
 
 WORKER_ID = "worker-0"
@@ -44,18 +44,11 @@ class Engine:
         sched = self.scheduler
         events: list[OutputEvent | RequestDone] = []
         while sched.can_schedule(WORKER_ID):
-            now = self.clock()
-            plan = sched.schedule(WORKER_ID, now)
-            events.extend(sched.take_rejected())
-            if not plan.block_ops:
-                break
-            reply = self.block_manager.apply(plan.block_ops, now)
-            execute = sched.commit(plan, reply, now)
-            if execute is not None:
-                self.results.append(self.runner.execute(execute))
-            elif not plan.entries and all(op[0] == "free" for op in plan.block_ops):
-                continue  # only memory came back: plan again with it
-            else:
+            outcome = self._step_once()
+            events.extend(outcome.events)
+            if outcome.execute is not None:
+                self.results.append(self.runner.execute(outcome.execute))
+            if not outcome.again:
                 break
         if self.results:
             self._idle_rounds = 0
@@ -71,12 +64,13 @@ class Engine:
             )
         return events
 
+    def _step_once(self) -> StepOutcome:
+        now = self.clock()
+        return self.scheduler.step_once(WORKER_ID, now, lambda ops: self.block_manager.apply(ops, now))
+
     def flush(self) -> None:
         """Run until nothing is in flight and every freeable block went back (tests check free == total)."""
         while self.results or self.scheduler.has_unfinished():
             self.step()
         for _ in range(2):  # frees queued by the last results go out with the next (empty) plan
-            plan = self.scheduler.schedule(WORKER_ID, self.clock())
-            if plan.block_ops:
-                reply = self.block_manager.apply(plan.block_ops, self.clock())
-                assert self.scheduler.commit(plan, reply, self.clock()) is None
+            assert self._step_once().execute is None

@@ -1,18 +1,42 @@
-"""The scheduler's front door: turn raw client frames into validated requests, or one clear Error.
+"""The scheduler's front door: client frames in, replies out.
 
-Pure apart from the tokenizer: no sockets. Every refusal names the field and the limit, and
-changes nothing: the caller sends the Error and goes on serving.
+A raw frame becomes a validated Submit / Abort / Ping, or one clear Error naming the field and the
+limit (and nothing changes: the service goes on serving). The core's events become Delta,
+Finished and Error replies, routed by the per-client book; a reconnecting client gets a replay.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any
 
+import zmq
 from pagedserve.services.scheduler.admission import RequestRejected, check_request
-from pagedserve.shared.protocol.frontend import CLIENT_MESSAGES, Abort, Error, Finished, Ping, Submit
+from pagedserve.services.scheduler.clients import ClientBook, FinishedStore
+from pagedserve.services.scheduler.metrics import SchedulerMetrics
+from pagedserve.services.scheduler.model_info import ModelInfo
+from pagedserve.services.scheduler.outputs import OutputEvent, RequestDone
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.shared.protocol.frontend import (
+    CLIENT_MESSAGES,
+    Abort,
+    Accepted,
+    CompletionOutput,
+    Delta,
+    Error,
+    Finished,
+    Ping,
+    Pong,
+    Submit,
+    Usage,
+)
+from pagedserve.shared.transport import send
 from pydantic import ValidationError
+
+_ERROR_MESSAGES = {
+    "no_workers": "no live worker could serve the request before its timeout",
+    "timeout": "the request did not finish before its timeout",
+    "too_large_for_pool": "the request needs more KV blocks than a worker's whole pool",
+}
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -41,74 +65,6 @@ def parse_client_message(msg: dict[str, Any]) -> Submit | Abort | Ping:
         raise RequestRejected("invalid_request", describe_validation_error(exc)) from None
 
 
-@dataclass(slots=True)
-class ClientBook:
-    """Who asked for what: routes, liveness and per-client limits."""
-
-    max_inflight: int
-    route: dict[str, bytes] = field(default_factory=dict)  # request id -> client identity
-    streaming: dict[str, bool] = field(default_factory=dict)
-    live: dict[bytes, set[str]] = field(default_factory=dict)  # client -> its live request ids
-    last_seen: dict[bytes, float] = field(default_factory=dict)
-
-    def seen(self, client: bytes, now: float) -> None:
-        self.last_seen[client] = now
-
-    def admit(self, client: bytes, request_id: str, stream: bool) -> None:
-        ids = self.live.setdefault(client, set())
-        if len(ids) >= self.max_inflight:
-            raise RequestRejected(
-                "too_many_requests",
-                f"this client already has {len(ids)} requests in flight; "
-                f"the limit is max_inflight_per_client={self.max_inflight}",
-            )
-        ids.add(request_id)
-        self.route[request_id] = client
-        self.streaming[request_id] = stream
-
-    def reroute(self, client: bytes, request_id: str, stream: bool) -> None:
-        old = self.route.get(request_id)
-        if old is not None and old in self.live:
-            self.live[old].discard(request_id)
-        self.live.setdefault(client, set()).add(request_id)
-        self.route[request_id] = client
-        self.streaming[request_id] = stream
-
-    def done(self, request_id: str) -> bytes | None:
-        client = self.route.pop(request_id, None)
-        self.streaming.pop(request_id, None)
-        if client is not None and client in self.live:
-            self.live[client].discard(request_id)
-            if not self.live[client]:
-                del self.live[client]
-        return client
-
-    def lapsed(self, now: float, timeout_s: float) -> list[tuple[bytes, list[str]]]:
-        """Clients with live requests whose heartbeats stopped."""
-        out = []
-        for client, ids in self.live.items():
-            if ids and now - self.last_seen.get(client, now) > timeout_s:
-                out.append((client, sorted(ids)))
-        return out
-
-
-class FinishedStore:
-    """Results of finished requests, so a retry by request id is a lookup, not a second run."""
-
-    def __init__(self, capacity: int = 10_000) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[str, Finished | Error] = OrderedDict()
-
-    def put(self, request_id: str, reply: Finished | Error) -> None:
-        self._items[request_id] = reply
-        self._items.move_to_end(request_id)
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
-
-    def get(self, request_id: str) -> Finished | Error | None:
-        return self._items.get(request_id)
-
-
 def tokenize_submit(submit: Submit, tokenizer: Any, max_model_len: int, vocab_size: int) -> list[int]:
     if submit.prompt_token_ids is not None:
         tokens = list(submit.prompt_token_ids)
@@ -122,4 +78,180 @@ def tokenize_submit(submit: Submit, tokenizer: Any, max_model_len: int, vocab_si
     return tokens
 
 
-__all__ = ["ClientBook", "Finished", "FinishedStore", "parse_client_message", "tokenize_submit"]
+class FrontDoor:
+    """The client side of the scheduler service: the front ROUTER socket and everything said on it."""
+
+    def __init__(
+        self,
+        sock: zmq.Socket,
+        core: Scheduler,
+        model: ModelInfo,
+        clients: ClientBook,
+        request_timeout_s: float,
+        metrics: SchedulerMetrics,
+        log: Any,
+    ) -> None:
+        self.sock = sock
+        self.core = core
+        self.model = model
+        self.clients = clients
+        self.request_timeout_s = request_timeout_s
+        self.metrics = metrics
+        self.log = log
+        self.finished = FinishedStore()
+        self.streams: dict[tuple[str, int], list[int]] = {}  # (request, index) -> [tokens sent, chars sent]
+
+    def on_message(self, client: bytes, msg: dict[str, Any], now: float) -> None:
+        self.clients.seen(client, now)
+        rid = msg.get("request_id") if isinstance(msg.get("request_id"), str) else None
+        try:
+            parsed = parse_client_message(msg)
+            if isinstance(parsed, Ping):
+                send(self.sock, Pong(), to=client)
+            elif isinstance(parsed, Abort):
+                self.abort(parsed.request_id, now)
+            else:
+                self.submit(parsed, client, now)
+        except RequestRejected as exc:
+            self.metrics.rejected.labels(exc.code).inc()
+            self.log.warning("request_rejected", request_id=rid, code=exc.code, error=exc.message)
+            send(self.sock, Error(code=exc.code, message=exc.message, request_id=rid), to=client)
+
+    def submit(self, submit: Submit, client: bytes, now: float) -> None:
+        rid = submit.request_id
+        stored = self.finished.get(rid)
+        if stored is not None:  # a retry of something already done: answer, do not run it again
+            send(self.sock, stored, to=client)
+            return
+        if self.core.is_live(rid):
+            if not submit.attach:
+                raise RequestRejected(
+                    "duplicate_request_id",
+                    f"request_id: {rid!r} is already live; use a new id, or attach=True to reconnect",
+                )
+            self.clients.reroute(client, rid, submit.stream)
+            self._replay(rid, client)
+            return
+        tokens = tokenize_submit(
+            submit, self.model.tokenizer, self.model.max_model_len, self.model.vocab_size
+        )
+        self.clients.admit(client, rid, submit.stream)
+        timeout = submit.timeout_s or self.request_timeout_s
+        self.core.add_request(rid, tokens, submit.sampling, now, deadline=now + timeout)
+        self.metrics.tokens.labels("prompt").inc(len(tokens))
+        self.log.info(
+            "request_accepted",
+            request_id=rid,
+            prompt_tokens=len(tokens),
+            max_tokens=submit.sampling.max_tokens,
+            n=submit.sampling.n,
+        )
+        send(self.sock, Accepted(request_id=rid, num_prompt_tokens=len(tokens)), to=client)
+
+    def _replay(self, rid: str, client: bytes) -> None:
+        """A reconnected client gets everything so far; it keeps what it lacks by offset."""
+        completions = self.core.completions(rid)
+        num_prompt_tokens = len(completions[0].prompt_token_ids)
+        send(self.sock, Accepted(request_id=rid, num_prompt_tokens=num_prompt_tokens), to=client)
+        if not self.clients.streaming.get(rid):
+            return
+        for req in completions:
+            if req.output_token_ids:
+                delta = Delta(
+                    request_id=rid,
+                    index=req.index,
+                    token_ids=list(req.output_token_ids),
+                    text=self.core.emitted_text(req),
+                )
+                send(self.sock, delta, to=client)
+
+    def abort(self, rid: str, now: float) -> None:
+        if not self.core.is_live(rid):
+            raise RequestRejected("unknown_request", f"request_id: {rid!r} is not live")
+        self.log.info("request_aborted", request_id=rid)
+        self.dispatch(self.core.abort(rid), now)
+
+    def abort_lapsed_clients(self, now: float, client_timeout_s: float) -> None:
+        """A client whose heartbeats stopped is gone: its requests end, their blocks come back."""
+        for client, ids in self.clients.lapsed(now, client_timeout_s):
+            self.log.warning("client_lost", requests=ids)
+            for rid in ids:
+                self.dispatch(self.core.abort(rid), now)
+            self.clients.last_seen.pop(client, None)
+
+    # ------------------------------------------------------------------ events -> clients
+
+    def dispatch(self, events: list[OutputEvent | RequestDone], now: float) -> None:
+        for event in events:
+            if isinstance(event, OutputEvent):
+                self._send_delta(event, now)
+            else:
+                self._send_done(event, now)
+
+    def _send_delta(self, ev: OutputEvent, now: float) -> None:
+        sent = self.streams.setdefault((ev.request_id, ev.index), [0, 0])
+        if sent[0] == 0 and ev.token_ids and (group := self.core.completions(ev.request_id)):
+            self.metrics.ttft.observe(now - group[0].arrival)
+        self.metrics.tokens.labels("generated").inc(len(ev.token_ids))
+        client = self.clients.route.get(ev.request_id)
+        if client is not None and self.clients.streaming.get(ev.request_id) and (ev.token_ids or ev.text):
+            # Per token: built without validation, the scheduler is its own trusted author.
+            delta = Delta.model_construct(
+                request_id=ev.request_id,
+                index=ev.index,
+                offset=sent[0],
+                text_offset=sent[1],
+                token_ids=ev.token_ids,
+                text=ev.text,
+                logprobs=ev.logprobs,
+            )
+            send(self.sock, delta, to=client)
+        sent[0] += len(ev.token_ids)
+        sent[1] += len(ev.text)
+
+    def _send_done(self, done: RequestDone, now: float) -> None:
+        for req in done.completions:
+            self.streams.pop((done.request_id, req.index), None)
+            if (
+                req.first_token_at is not None
+                and req.last_token_at is not None
+                and len(req.output_token_ids) > 1
+            ):
+                self.metrics.itl.observe(
+                    (req.last_token_at - req.first_token_at) / (len(req.output_token_ids) - 1)
+                )
+        head = done.completions[0]
+        self.metrics.e2e.observe(now - head.arrival)
+        self.metrics.finished.labels(done.error_code or head.finish_reason or "unknown").inc()
+        client = self.clients.done(done.request_id)
+        if done.error_code is not None:
+            message = _ERROR_MESSAGES.get(done.error_code, done.error_code)
+            reply: Finished | Error = Error(code=done.error_code, message=message, request_id=done.request_id)
+        else:
+            reply = Finished(
+                request_id=done.request_id,
+                outputs=[
+                    CompletionOutput(
+                        index=r.index,
+                        token_ids=list(r.output_token_ids),
+                        text=text,
+                        finish_reason=r.finish_reason or "abort",
+                        logprobs=lps,
+                    )
+                    for r, text, lps in zip(done.completions, done.texts, done.logprobs, strict=True)
+                ],
+                usage=Usage(
+                    prompt_tokens=done.num_prompt_tokens,
+                    completion_tokens=sum(len(r.output_token_ids) for r in done.completions),
+                    cached_tokens=done.num_cached_tokens,
+                ),
+            )
+        self.finished.put(done.request_id, reply)
+        self.log.info(
+            "request_finished",
+            request_id=done.request_id,
+            reason=done.error_code or head.finish_reason,
+            completion_tokens=sum(len(r.output_token_ids) for r in done.completions),
+        )
+        if client is not None:
+            send(self.sock, reply, to=client)

@@ -11,7 +11,6 @@ class InFlightStep:
     step: int
     request_ids: list[str]
     sent_at: float
-    num_tokens: int
 
 
 @dataclass(slots=True)
@@ -29,10 +28,10 @@ class PipelineWindow:
     def __len__(self) -> int:
         return len(self.steps)
 
-    def open(self, request_ids: list[str], now: float, num_tokens: int) -> int:
+    def open(self, request_ids: list[str], now: float) -> int:
         step = self.next_step
         self.next_step += 1
-        self.steps.append(InFlightStep(step, request_ids, now, num_tokens))
+        self.steps.append(InFlightStep(step, request_ids, now))
         return step
 
     def close(self, step: int) -> InFlightStep:
@@ -43,8 +42,3 @@ class PipelineWindow:
 
     def oldest_sent_at(self) -> float | None:
         return self.steps[0].sent_at if self.steps else None
-
-    def clear(self) -> list[InFlightStep]:
-        lost = list(self.steps)
-        self.steps.clear()
-        return lost

@@ -62,10 +62,14 @@ class Request:
         return self.num_scheduled < self.num_known
 
     @property
-    def wants_more(self) -> bool:
-        """Would another decode produce a token the client may still need?"""
-        return len(self.output_token_ids) + self.pending < self.sampling.max_tokens
-
-    @property
     def freeable(self) -> bool:
         return self.status in (Status.FINISHED, Status.PREEMPTED) and self.in_flight == 0
+
+    def reset_to_waiting(self) -> None:
+        """It holds nothing any more (preempted, or its worker is gone): recompute from the start.
+
+        Outputs so far stay: a recompute prefills prompt + outputs and the stream goes on."""
+        self.status = Status.WAITING
+        self.on_worker = False
+        self.num_scheduled = self.num_known_sent = self.pending = self.in_flight = 0
+        self.shares_last_block = False

@@ -1,0 +1,78 @@
+"""The per-client book: who asked for what, whether they stream, when each client was last heard;
+and the results of finished requests, so a retry by request id is a lookup, not a second run."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from pagedserve.services.scheduler.admission import RequestRejected
+from pagedserve.shared.protocol.frontend import Error, Finished
+
+
+@dataclass(slots=True)
+class ClientBook:
+    """Who asked for what: routes, liveness and per-client limits."""
+
+    max_inflight: int
+    route: dict[str, bytes] = field(default_factory=dict)  # request id -> client identity
+    streaming: dict[str, bool] = field(default_factory=dict)
+    live: dict[bytes, set[str]] = field(default_factory=dict)  # client -> its live request ids
+    last_seen: dict[bytes, float] = field(default_factory=dict)
+
+    def seen(self, client: bytes, now: float) -> None:
+        self.last_seen[client] = now
+
+    def admit(self, client: bytes, request_id: str, stream: bool) -> None:
+        ids = self.live.setdefault(client, set())
+        if len(ids) >= self.max_inflight:
+            raise RequestRejected(
+                "too_many_requests",
+                f"this client already has {len(ids)} requests in flight; "
+                f"the limit is max_inflight_per_client={self.max_inflight}",
+            )
+        ids.add(request_id)
+        self.route[request_id] = client
+        self.streaming[request_id] = stream
+
+    def reroute(self, client: bytes, request_id: str, stream: bool) -> None:
+        old = self.route.get(request_id)
+        if old is not None and old in self.live:
+            self.live[old].discard(request_id)
+        self.live.setdefault(client, set()).add(request_id)
+        self.route[request_id] = client
+        self.streaming[request_id] = stream
+
+    def done(self, request_id: str) -> bytes | None:
+        client = self.route.pop(request_id, None)
+        self.streaming.pop(request_id, None)
+        if client is not None and client in self.live:
+            self.live[client].discard(request_id)
+            if not self.live[client]:
+                del self.live[client]
+        return client
+
+    def lapsed(self, now: float, timeout_s: float) -> list[tuple[bytes, list[str]]]:
+        """Clients with live requests whose heartbeats stopped."""
+        out = []
+        for client, ids in self.live.items():
+            if ids and now - self.last_seen.get(client, now) > timeout_s:
+                out.append((client, sorted(ids)))
+        return out
+
+
+class FinishedStore:
+    """Results of finished requests, so a retry by request id is a lookup, not a second run."""
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[str, Finished | Error] = OrderedDict()
+
+    def put(self, request_id: str, reply: Finished | Error) -> None:
+        self._items[request_id] = reply
+        self._items.move_to_end(request_id)
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def get(self, request_id: str) -> Finished | Error | None:
+        return self._items.get(request_id)

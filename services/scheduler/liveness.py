@@ -1,0 +1,84 @@
+"""Which workers are alive: heartbeats, hellos from step sockets, closed connections, late steps.
+
+A worker is `routable` once its step socket has spoken (after a scheduler restart the heartbeat
+socket may reconnect first, and a ROUTER drops a message to an identity it does not know), and
+`active` once the core knows it. Deaths are noticed by heartbeats, sped up by the socket: for a
+moment after a connection closes, the heartbeat timeout drops to 1.5 heartbeats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pagedserve.shared.protocol.control import WorkerAnnouncement
+
+
+@dataclass(slots=True)
+class WorkerLink:
+    worker_id: str
+    incarnation: str
+    num_blocks: int
+    block_size: int
+    last_heartbeat: float
+    active: bool = False  # known to the core (its pool is registered and reachable)
+    routable: bool = False  # its step socket has spoken to us: steps sent to it arrive
+
+
+class WorkerLiveness:
+    def __init__(self, heartbeat_interval_s: float, worker_timeout_s: float, step_timeout_s: float) -> None:
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.worker_timeout_s = worker_timeout_s
+        self.step_timeout_s = step_timeout_s
+        self.links: dict[str, WorkerLink] = {}
+        self.disconnect_seen_at = float("-inf")
+
+    def restarted(self, msg: WorkerAnnouncement) -> bool:
+        """Same name, new process: its old state is gone."""
+        link = self.links.get(msg.worker_id)
+        return link is not None and link.incarnation != msg.incarnation
+
+    def heard(self, msg: WorkerAnnouncement, now: float, step_socket: bool) -> tuple[WorkerLink, bool]:
+        """(its link, whether it just joined)."""
+        link = self.links.get(msg.worker_id)
+        joined = link is None
+        if link is None:
+            link = self.links[msg.worker_id] = WorkerLink(
+                msg.worker_id, msg.incarnation, msg.num_blocks, msg.block_size, now
+            )
+        link.last_heartbeat = now
+        link.routable = link.routable or step_socket
+        return link, joined
+
+    def touch(self, worker_id: str, now: float) -> None:
+        """A step result is a sign of life too."""
+        link = self.links.get(worker_id)
+        if link is not None:
+            link.last_heartbeat = now
+
+    def drop(self, worker_id: str) -> WorkerLink | None:
+        return self.links.pop(worker_id, None)
+
+    def connection_closed(self, now: float) -> None:
+        self.disconnect_seen_at = now
+
+    def overdue(
+        self, now: float, oldest_step_sent_at: Callable[[str], float | None]
+    ) -> list[tuple[str, str]]:
+        """(worker id, why) of every worker to declare lost now."""
+        timeout = self.worker_timeout_s
+        if now - self.disconnect_seen_at < timeout:
+            # Some worker connection just closed: whoever also missed a heartbeat and a half is gone.
+            timeout = min(timeout, 1.5 * self.heartbeat_interval_s)
+        lost = []
+        for wid, link in self.links.items():
+            silent = now - link.last_heartbeat
+            oldest = oldest_step_sent_at(wid)
+            if silent > timeout:
+                lost.append((wid, f"no heartbeat for {silent:.1f}s"))
+            elif oldest is not None and now - oldest > self.step_timeout_s:
+                lost.append((wid, f"step unanswered for {now - oldest:.1f}s"))
+        return lost
+
+    def active_ids(self) -> list[str]:
+        return [w for w, link in self.links.items() if link.active]

@@ -1,0 +1,198 @@
+"""Planning one step for one worker: running requests first, then admission, under two budgets.
+
+The token budget is `max_num_batched_tokens`; the block budget is the mirror of the pool's free
+blocks. Decodes go first (one token each), then prompts already being prefilled in chunks, then
+waiting requests in policy order. A running request that cannot grow preempts the lowest-priority,
+newest running one, and nobody is admitted in that step. The plan lists the block-manager ops of
+the step (ONE batched RPC); nothing is final until `Scheduler.commit` reads the reply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagedserve.services.scheduler.forks import plan_forks
+from pagedserve.services.scheduler.limits import SchedulerLimits, SchedulerStats
+from pagedserve.services.scheduler.placement import WorkerState
+from pagedserve.services.scheduler.request import Request, Status
+from pagedserve.shared.paging import blocks_for
+from pagedserve.shared.protocol.blocks import OP_FREE, alloc_op, free_op, grow_op
+
+
+@dataclass(slots=True)
+class PlanEntry:
+    request: Request
+    op_index: int
+    num_tokens: int  # new: max new tokens asked for; cached: tokens scheduled
+    new: bool
+    forks: list[tuple[int, Request]] = field(default_factory=list)  # (op index, child)
+
+
+@dataclass(slots=True)
+class StepPlan:
+    worker_id: str
+    block_ops: list[list[Any]]
+    entries: list[PlanEntry]
+    forget: list[str]  # ids the worker drops before this step
+
+    @property
+    def empty(self) -> bool:
+        return not self.entries
+
+    @property
+    def only_frees(self) -> bool:
+        """Nothing to run, memory to give back: planning again may find room."""
+        return not self.entries and all(op[0] == OP_FREE for op in self.block_ops)
+
+
+def schedulable(req: Request) -> bool:
+    """Running, and another step would compute something: a prompt chunk, or a token still wanted."""
+    if req.status is not Status.RUNNING:
+        return False
+    num_output = len(req.output_token_ids)
+    known = len(req.prompt_token_ids) + num_output
+    if req.num_scheduled < known:
+        return True  # prefilling
+    return num_output + req.pending < req.sampling.max_tokens and req.num_scheduled < known + req.pending
+
+
+def blocks_to_grow(req: Request, num_tokens: int, block_size: int) -> int:
+    need = blocks_for(req.num_scheduled + num_tokens, block_size) - blocks_for(req.num_scheduled, block_size)
+    # A forked request's partly filled last block is shared: its first write copies it.
+    return need + (1 if req.shares_last_block and req.num_scheduled % block_size else 0)
+
+
+@dataclass(slots=True)
+class _Draft:
+    """One step being planned: its ops and entries, and what is left of both budgets."""
+
+    state: WorkerState
+    owner: str
+    tokens: int  # token budget left
+    blocks: int  # free blocks left (as far as the mirror knows)
+    ops: list[list[Any]] = field(default_factory=list)
+    entries: list[PlanEntry] = field(default_factory=list)
+
+
+class Planner:
+    def __init__(
+        self,
+        limits: SchedulerLimits,
+        stats: SchedulerStats,
+        release: Callable[[Request], None],
+        reject: Callable[[Request], None],
+    ) -> None:
+        self.limits = limits
+        self.stats = stats
+        self._release = release  # a finished request's free op is out: the core forgets it
+        self._reject = reject  # a request that can never fit its worker's pool
+
+    def plan(self, state: WorkerState, owner: str, now: float) -> StepPlan:
+        draft = _Draft(state, owner, self.limits.max_num_batched_tokens, state.free_blocks)
+        for req in state.to_free:
+            draft.ops.append(free_op(req.request_id))
+            self._after_free(req, state)
+        state.to_free.clear()
+        draft.ops.extend(free_op(rid) for rid in state.stray)
+        state.stray.clear()
+        state.starving = False
+        self._plan_running(draft)
+        self._plan_admission(draft, now)
+        forget, state.forget = state.forget, []
+        return StepPlan(state.worker_id, draft.ops, draft.entries, forget)
+
+    def _plan_running(self, draft: _Draft) -> None:
+        state, bs = draft.state, draft.state.block_size
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        for req in state.running:
+            if schedulable(req):
+                (prefills if req.prefilling else decodes).append(req)
+        for want_prefill, queue in ((False, decodes), (True, prefills)):
+            for req in queue:
+                if draft.tokens <= 0:
+                    break
+                if req.status is not Status.RUNNING:
+                    continue  # preempted a moment ago, for someone earlier in this loop
+                n = min(draft.tokens, req.num_known - req.num_scheduled) if want_prefill else 1
+                need = blocks_to_grow(req, n, bs)
+                if need > draft.blocks and want_prefill:
+                    # A prompt chunk shrinks to the memory there is before anyone is preempted.
+                    n = min(n, draft.blocks * bs + (-req.num_scheduled) % bs)
+                    need = blocks_to_grow(req, n, bs) if n > 0 else need
+                if need > draft.blocks or n <= 0:
+                    state.starving = True
+                    self._preempt_for(draft)
+                    continue
+                new_known = req.known_since(req.num_known_sent) if req.num_known_sent < req.num_known else []
+                entry = PlanEntry(req, len(draft.ops), n, new=False)
+                draft.ops.append(grow_op(req.request_id, n, new_known))
+                if want_prefill and req.num_scheduled + n == req.num_known:
+                    entry.forks = plan_forks(req, draft.owner, draft.ops)
+                draft.entries.append(entry)
+                draft.blocks -= need
+                draft.tokens -= n
+
+    def _plan_admission(self, draft: _Draft, now: float) -> None:
+        """Policy order, head-of-line: a big request is not overtaken forever by small ones."""
+        state, bs = draft.state, draft.state.block_size
+        while (
+            not state.starving
+            and draft.tokens > 0
+            and len(state.waiting)
+            and len(state.running) + sum(1 for e in draft.entries if e.new) < self.limits.max_num_seqs
+        ):
+            req = state.waiting.peek(now)
+            assert req is not None
+            tokens = req.known_token_ids()
+            if blocks_for(len(tokens) + 1, bs) > state.num_blocks:
+                # Could never fit, even alone: waiting would wedge the queue behind it.
+                state.waiting.pop(req)
+                self._reject(req)
+                continue
+            max_new = min(draft.tokens, len(tokens))
+            need = blocks_for(max_new, bs)
+            if need + self.limits.watermark_blocks > draft.blocks and not (
+                need <= draft.blocks and not state.running
+            ):
+                break
+            state.waiting.pop(req)
+            entry = PlanEntry(req, len(draft.ops), max_new, new=True)
+            draft.ops.append(alloc_op(state.worker_id, req.request_id, draft.owner, tokens, max_new))
+            if max_new == len(tokens):
+                entry.forks = plan_forks(req, draft.owner, draft.ops)
+            draft.entries.append(entry)
+            draft.blocks -= need
+            draft.tokens -= max_new
+
+    def _preempt_for(self, draft: _Draft) -> None:
+        """Free memory by preempting the lowest-priority, newest running request.
+
+        While a victim's steps are in flight its blocks stay taken, so the needy request waits a
+        step or two rather than several victims falling at once."""
+        state = draft.state
+        if any(r.status is Status.PREEMPTED for r in state.running):
+            return  # memory is already on its way back
+        scheduled = {id(e.request) for e in draft.entries}
+        candidates = [r for r in state.running if r.status is Status.RUNNING and id(r) not in scheduled]
+        if not candidates:
+            return
+        victim = min(candidates, key=lambda r: (r.sampling.priority, -r.arrival))
+        victim.status = Status.PREEMPTED
+        self.stats.preemptions += 1
+        if victim.in_flight == 0:
+            state.running.remove(victim)
+            draft.ops.append(free_op(victim.request_id))
+            self._after_free(victim, state)
+
+    def _after_free(self, req: Request, state: WorkerState) -> None:
+        """A free op for `req` is in this batch: the worker forgets it; a preempted one queues again."""
+        if req.on_worker:
+            state.forget.append(req.request_id)
+        if req.status is Status.PREEMPTED:
+            req.reset_to_waiting()
+            state.waiting.push_front(req)
+        else:
+            self._release(req)
