@@ -65,16 +65,32 @@ class AttentionBackend(ABC):
 
 
 def get_backend(name: str, device: torch.device | str) -> AttentionBackend:
-    """`auto` picks triton on CUDA and torch elsewhere."""
+    """`auto` picks triton on CUDA, and on the CPU our C++ kernel (torch if it cannot be built here)."""
     device = torch.device(device)
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
+        if device.type == "cuda":
+            name = "triton"
+        else:
+            from pagedserve.kernels.cpu.build import KernelBuildError
+
+            try:
+                return get_backend("cpp", device)
+            except KernelBuildError as e:
+                # Still correct, only slower: say so once, loudly, and run.
+                import structlog
+
+                structlog.get_logger("pagedserve.kernels").warning("cpp_attention_unavailable", error=str(e))
+                name = "torch"
     if name == "torch":
         from pagedserve.kernels.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend()
+    if name == "cpp":
+        from pagedserve.kernels.cpu_backend import CppAttentionBackend
+
+        return CppAttentionBackend()
     if name == "triton":
         from pagedserve.kernels.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend()
-    raise ValueError(f"attention_backend must be one of auto, torch, triton; got {name!r}")
+    raise ValueError(f"attention_backend must be one of auto, torch, cpp, triton; got {name!r}")

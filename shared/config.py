@@ -26,8 +26,8 @@ class ServeConfig(BaseSettings):
     model: str = Field("smollm2-135m", description="checkpoint folder, or the bundled name 'smollm2-135m'")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights and activations")
     device: str = Field("cpu", description="torch device of the worker: cpu or cuda[:N]")
-    attention_backend: Literal["auto", "torch", "triton"] = Field(
-        "auto", description="auto = triton on CUDA, torch on the CPU"
+    attention_backend: Literal["auto", "torch", "cpp", "triton"] = Field(
+        "auto", description="auto = triton on CUDA, the C++ kernel on the CPU (torch if it cannot build)"
     )
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads of a CPU worker")
     worker_id: str | None = Field(None, max_length=64, description="this worker's name; default host-pid")

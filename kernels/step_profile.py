@@ -1,0 +1,168 @@
+"""Where one worker step's time goes: linears, attention, K/V gathers, sampling, Python between kernels.
+
+    .venv/bin/python -m pagedserve.kernels.step_profile [--dtype float32 bfloat16] [--batch 64]
+                                                        [--backend torch cpp] [--steps 12]
+
+A ModelRunner on the bundled SmolLM2-135M holds `--batch` requests whose contexts are spread like the
+bench workload's (16-256 prompt tokens plus what they generated), samples at temperature 0.6, and runs
+decode steps. Wall time per step is the median of un-profiled steps; the breakdown comes from one
+torch.profiler pass over a few more steps. Variants (dtype x backend) are interleaved step by step in
+one process, so a shared, noisy machine moves them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from pagedserve.services.worker.bundled import resolve_model
+from pagedserve.services.worker.runner import ModelRunner
+from pagedserve.shared.protocol.frontend import SamplingParams
+from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest
+from torch.profiler import ProfilerActivity, profile, record_function
+
+# Op -> category. Anything not listed counts as "other ops" (norms, rotary, SiLU, adds, copies).
+CATEGORIES = {
+    "aten::linear": "linears (incl. LM head)",
+    "aten::index_select": "K/V gathers",
+    "aten::scaled_dot_product_attention": "attention math (SDPA)",
+    "pagedserve::paged_attention": "attention (C++ paged kernel)",
+    "aten::index_put_": "K/V writes",
+}
+LABELS = ("sample", "pack_batch")
+
+
+class Variant:
+    def __init__(self, dtype: str, backend: str, batch: int, block_size: int, seed: int) -> None:
+        self.name = f"{dtype}/{backend}"
+        path = resolve_model("smollm2-135m")
+        rng = random.Random(seed)
+        self.prompt_lens = [rng.randint(16, 256) for _ in range(batch)]
+        budget = max(self.prompt_lens) + 512
+        blocks_each = -(-budget // block_size)
+        self.runner = ModelRunner(
+            path,
+            dtype=dtype,
+            block_size=block_size,
+            num_blocks=batch * blocks_each + 1,
+            attention_backend=backend,
+        )
+        params = SamplingParams(temperature=0.6, ignore_eos=True).model_dump()
+        vocab = self.runner.vocab_size
+        self.ids = [f"r{i}" for i in range(batch)]
+        news = [
+            NewRequest(
+                rid,
+                [rng.randrange(vocab) for _ in range(n)],
+                n,
+                0,
+                n,
+                list(range(i * blocks_each + 1, (i + 1) * blocks_each + 1)),
+                params,
+            )
+            for i, (rid, n) in enumerate(zip(self.ids, self.prompt_lens, strict=True))
+        ]
+        self.step_no = 0
+        for chunk in range(0, batch, 8):  # prefill in chunks of 8 requests, as the scheduler would
+            self.execute(Execute(self._next(), new_requests=news[chunk : chunk + 8]))
+
+    def _next(self) -> int:
+        self.step_no += 1
+        return self.step_no
+
+    def execute(self, step: Execute) -> float:
+        t0 = time.perf_counter()
+        self.runner.execute(step)
+        return time.perf_counter() - t0
+
+    def decode(self) -> float:
+        return self.execute(Execute(self._next(), cached_requests=[CachedRequest(r, 1) for r in self.ids]))
+
+
+def _label(obj: Any, attr: str, label: str) -> None:
+    """Wrap obj.attr in a profiler label, so its time shows up as one row."""
+    inner: Callable[..., Any] = getattr(obj, attr)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with record_function(label):
+            return inner(*args, **kwargs)
+
+    setattr(obj, attr, wrapped)
+
+
+def breakdown(variant: Variant, steps: int) -> dict[str, float]:
+    """ms per step by category, from one profiled pass."""
+    import pagedserve.services.worker.runner as runner_module
+
+    _label(variant.runner.sampler, "sample", "sample")
+    pack = runner_module.pack_batch
+    runner_module.pack_batch = lambda *a, **k: _timed_pack(pack, *a, **k)
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            wall = sum(variant.decode() for _ in range(steps))
+    finally:
+        runner_module.pack_batch = pack
+    totals: dict[str, float] = {}
+    top_level = 0.0
+    for event in prof.key_averages():
+        name = event.key
+        ms = event.cpu_time_total / 1e3 / steps
+        if name in CATEGORIES:
+            totals[CATEGORIES[name]] = totals.get(CATEGORIES[name], 0.0) + ms
+        elif name in LABELS:
+            totals[name] = ms
+    # Ops that are nobody's child: their sum against the wall is the time spent in Python between them.
+    for event in prof.events():
+        if event.cpu_parent is None:
+            top_level += event.cpu_time_total / 1e3 / steps
+    totals["step wall"] = wall * 1e3 / steps
+    totals["python between ops"] = max(0.0, totals["step wall"] - top_level)
+    accounted = sum(v for k, v in totals.items() if k in CATEGORIES.values() or k == "sample")
+    totals["other ops"] = max(0.0, top_level - accounted - totals.get("pack_batch", 0.0))
+    return totals
+
+
+def _timed_pack(pack: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    with record_function("pack_batch"):
+        return pack(*args, **kwargs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--backend", nargs="+", default=["torch"])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"load average at start: {os.getloadavg()}")
+    variants = [Variant(d, b, args.batch, args.block_size, 0) for d in args.dtype for b in args.backend]
+    for v in variants:
+        v.decode()  # warm-up
+    times: dict[str, list[float]] = {v.name: [] for v in variants}
+    for _ in range(args.steps):
+        for v in variants:  # interleaved: load changes hit every variant alike
+            times[v.name].append(v.decode())
+    for v in variants:
+        print(
+            f"{v.name}: median decode step {statistics.median(times[v.name]) * 1e3:.1f} ms at B={args.batch}"
+        )
+    for v in variants:
+        rows = breakdown(v, max(4, args.steps // 3))
+        wall = rows.pop("step wall")
+        print(f"\n{v.name} profiled step {wall:.1f} ms")
+        for name, ms in sorted(rows.items(), key=lambda kv: -kv[1]):
+            print(f"  {name:32s} {ms:7.2f} ms  {100 * ms / wall:5.1f}%")
+    print(f"\nload average at end: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

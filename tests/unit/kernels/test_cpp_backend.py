@@ -1,0 +1,81 @@
+"""The C++ CPU kernel (CppAttentionBackend) against the torch backend, its oracle, on random paged steps.
+
+Shapes, block sizes 8-128, GQA ratios, mixed decode / prefill / continued-chunk rows, float32 and
+bfloat16 caches. Unused cache slots hold large garbage, so a read past a row's context shows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pagedserve.kernels.attention import AttentionMetadata, get_backend
+from pagedserve.kernels.cpu_backend import CppAttentionBackend
+from pagedserve.kernels.paged_reference import PagedBatch, make_paged_batch
+from pagedserve.kernels.torch_backend import TorchAttentionBackend
+
+# bf16 outputs are rounded once more by each side; the torch backend's SDPA also rounds P to bf16.
+TOLERANCE = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2)}
+
+
+def _meta(batch: PagedBatch) -> AttentionMetadata:
+    return AttentionMetadata(
+        slot_mapping=batch.slot_mapping,
+        query_start_loc=batch.query_start_loc,
+        seq_lens=batch.seq_lens,
+        block_tables=batch.block_tables,
+        max_query_len=max(batch.query_lens),
+        max_seq_len=max(batch.seq_lens_list),
+        query_lens_cpu=batch.query_lens,
+        seq_lens_cpu=batch.seq_lens_list,
+    )
+
+
+@st.composite
+def steps(draw: st.DrawFn) -> dict:
+    num_kv_heads = draw(st.sampled_from([1, 2, 3]))
+    group = draw(st.sampled_from([1, 2, 3, 4]))
+    rows = draw(st.integers(1, 6))
+    seq_lens, query_lens = [], []
+    for _ in range(rows):
+        seq_len = draw(st.integers(1, 300))
+        kind = draw(st.sampled_from(["decode", "prefill", "chunk"]))
+        q_len = {"decode": 1, "prefill": seq_len, "chunk": draw(st.integers(1, seq_len))}[kind]
+        seq_lens.append(seq_len)
+        query_lens.append(q_len)
+    return {
+        "seq_lens": seq_lens,
+        "query_lens": query_lens,
+        "num_heads": num_kv_heads * group,
+        "num_kv_heads": num_kv_heads,
+        "head_dim": draw(st.sampled_from([16, 32, 64, 80])),
+        "block_size": draw(st.sampled_from([8, 16, 32, 64, 128])),
+        "dtype": draw(st.sampled_from([torch.float32, torch.bfloat16])),
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=steps())
+def test_cpp_matches_the_torch_backend(case: dict) -> None:
+    batch = make_paged_batch(**case, device=torch.device("cpu"))
+    meta = _meta(batch)
+    scale = case["head_dim"] ** -0.5
+    expected = TorchAttentionBackend().forward(batch.query, batch.k_cache, batch.v_cache, meta, scale)
+    got = CppAttentionBackend().forward(batch.query, batch.k_cache, batch.v_cache, meta, scale)
+    atol, rtol = TOLERANCE[case["dtype"]]
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got.float(), expected.float(), atol=atol, rtol=rtol)
+
+
+def test_auto_is_the_cpp_kernel_on_the_cpu() -> None:
+    assert get_backend("auto", "cpu").name == "cpp"
+
+
+def test_a_context_longer_than_its_block_table_is_refused() -> None:
+    batch = make_paged_batch([40], [1], 4, 2, 16, 16, torch.float32, torch.device("cpu"), seed=0)
+    meta = _meta(batch)
+    meta.seq_lens = torch.tensor([60], dtype=torch.int32)  # 4 blocks; the table has 3
+    with pytest.raises(RuntimeError, match="more blocks than block_tables has columns"):
+        CppAttentionBackend().forward(batch.query, batch.k_cache, batch.v_cache, meta, 0.25)
