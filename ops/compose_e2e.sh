@@ -147,7 +147,9 @@ host_tools() {
   echo "    python $("$VENV/bin/python" -V 2>&1 | cut -d' ' -f2), $("${COMPOSE[@]}" version)"
 }
 
-py() { "$VENV/bin/python" "$@"; }
+# -P: the cwd (the repository root, whose pagedserve/ holds only __init__.py) must not shadow the
+# installed package.
+py() { "$VENV/bin/python" -P "$@"; }
 
 # ---------------------------------------------------------------- 3. the base image
 

@@ -14,7 +14,9 @@ results=bench/results/gpu
 mkdir -p "$results"
 export TRITON_INTERPRET=0 TRITON_DEFAULT_FP_FUSION=1
 # This checkout as the `pagedserve` package without installing it (the GPU image has torch and triton,
-# maybe not pip's build tools): links laid out as setup.py maps the folders, first on the path.
+# maybe not pip's build tools): links laid out as setup.py maps the folders, first on the path. Every
+# python runs with -P: the repository root (the cwd) must not come first, its pagedserve/ holds only
+# __init__.py.
 site=$(mktemp -d)
 trap 'rm -rf "$site"' EXIT
 mkdir "$site/pagedserve"
@@ -32,14 +34,14 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv 2>&1 | t
   | tee -a "$results/device.txt"
 
 step "1/3 kernel correctness + decode bandwidth (pagedserve.ops.gpu.check)"
-timeout 240 "$py" -m pagedserve.ops.gpu.check --out "$results" 2>&1 | tee "$results/gpu_check.log"
+timeout 240 "$py" -P -m pagedserve.ops.gpu.check --out "$results" 2>&1 | tee "$results/gpu_check.log"
 rc=${PIPESTATUS[0]}; [ "$rc" -eq 0 ] || { echo "pagedserve.ops.gpu.check failed (exit $rc)"; status=1; }
 
 step "2/3 Triton kernel unit tests, compiled"
 if "$py" -c 'import pytest, hypothesis' 2>/dev/null; then
   # --noconftest: the suite-wide conftest imports test helpers this image cannot load.
   # Fewer examples than on the CPU: every new shape is a fresh compile.
-  PAGEDSERVE_TRITON_EXAMPLES=${PAGEDSERVE_TRITON_EXAMPLES:-10} timeout 150 "$py" -m pytest -q -p no:cacheprovider \
+  PAGEDSERVE_TRITON_EXAMPLES=${PAGEDSERVE_TRITON_EXAMPLES:-10} timeout 150 "$py" -P -m pytest -q -p no:cacheprovider \
     --noconftest -o addopts="" tests/unit/kernels/test_triton_write_kv.py tests/unit/kernels/test_triton_decode.py \
     tests/unit/kernels/test_triton_prefill.py tests/unit/kernels/test_triton_backend.py 2>&1 | tee "$results/pytest.log"
   rc=${PIPESTATUS[0]}; [ "$rc" -eq 0 ] || { echo "kernel tests failed (exit $rc)"; status=1; }
@@ -48,7 +50,7 @@ else
 fi
 
 step "3/3 pagedserve bench on the triton backend"
-if command -v pagedserve >/dev/null 2>&1; then bench=(pagedserve bench); else bench=("$py" -m pagedserve.ops.cli bench); fi
+if command -v pagedserve >/dev/null 2>&1; then bench=(pagedserve bench); else bench=("$py" -P -m pagedserve.ops.cli bench); fi
 if "${bench[@]}" --help 2>&1 | grep -q -- "--attention-backend"; then
   timeout 90 "${bench[@]}" --attention-backend triton --device cuda 2>&1 | tee "$results/bench.log"
   rc=${PIPESTATUS[0]}; [ "$rc" -eq 0 ] || { echo "pagedserve bench failed (exit $rc)"; status=1; }
