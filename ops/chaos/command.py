@@ -1,15 +1,22 @@
-"""`pagedserve chaos`: a bounded load while a random worker is SIGKILLed every few seconds.
+"""`pagedserve chaos`: a bounded streaming load while faults of every kind hit the deployment at random.
 
     pagedserve chaos --start 3                      start 3 workers on the bundled model, 60 s of chaos
+    pagedserve chaos --start 3 --duration 600 --fault-every 5     the long run (>= 100 faults)
+    pagedserve chaos --start 3 --faults worker_kill                only worker kills, as before
     pagedserve chaos                                attach to a running `pagedserve up` (default endpoints)
     pagedserve chaos --endpoint tcp://127.0.0.1:5555 --scheduler-ops http://127.0.0.1:8080 \\
                      --block-manager-ops http://127.0.0.1:8081
     pagedserve chaos --docker                       kill worker containers of `docker compose up`
 
-Every request must end finished or with an error code: one that does neither is lost. When the
-load is over the pools must become whole (every pool back, every block free), with no leaked
-block and the block manager's invariants holding. For each kill: how long until the scheduler
-noticed, and until the restarted worker and its pool were back. Exit 0 only if all of that holds.
+Faults (ops/chaos/faults.py): SIGKILL of a worker, SIGSTOP/SIGCONT of a worker for less and for
+more than the worker timeout, SIGKILL of the scheduler, of the block manager, and of the API server
+when the deployment runs one. Every request must end finished or with an error code (one that does
+neither is lost); an error is allowed only while no worker was ready. Each stream's deltas must add
+up to its result exactly, and each result must equal a fault-free run of the same prompt through
+the same deployment afterwards. When the load is over the pools must become whole (every pool
+back, every block free), with no leaked block and the block manager's invariants holding. For each
+fault: how long until it was noticed, and until the deployment was whole again. A JSON report and
+a PNG timeline beside it; exit 0 only if all of that holds.
 """
 
 from __future__ import annotations
@@ -25,13 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from pagedserve.ops.chaos.deployment import Deployment, DeploymentError, attached, started
-from pagedserve.ops.chaos.load import LoadSettings, run_load
+from pagedserve.ops.chaos.faults import FAULT_KINDS, MIN_READY_TO_HIT, FaultInjector
+from pagedserve.ops.chaos.load import LoadOutcome, LoadSettings, run_load, run_reference
+from pagedserve.ops.chaos.outputs import judge_outputs
 from pagedserve.ops.chaos.report import build_report, print_report
-from pagedserve.ops.chaos.watch import DeploymentWatch, blocks, ready_workers, workers_lost
+from pagedserve.ops.chaos.timeline import write_timeline
+from pagedserve.ops.chaos.watch import DeploymentWatch, blocks, ready_workers
 from pagedserve.ops.deploy.supervisor import DeploymentFailed
 from rich.console import Console
-
-MIN_READY_TO_KILL = 2  # never kill the last ready worker: requests would wait, not recompute
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -49,12 +57,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     where.add_argument("--endpoint", default=None, help="scheduler front endpoint (default: config)")
     where.add_argument("--scheduler-ops", default=None, help="scheduler ops URL (default: config)")
     where.add_argument("--block-manager-ops", default=None, help="block manager ops URL (default: config)")
-    where.add_argument("--docker", action="store_true", help="kill worker containers of a compose project")
+    where.add_argument("--docker", action="store_true", help="hit worker containers of a compose project")
     where.add_argument("--compose-project", default="pagedserve", help="with --docker (default: pagedserve)")
-    load = ap.add_argument_group("load and kills")
+    load = ap.add_argument_group("load and faults")
     load.add_argument("--duration", type=float, default=60.0, help="seconds of load (default: 60)")
     load.add_argument("--concurrency", type=int, default=16, help="requests in flight (default: 16)")
-    load.add_argument("--kill-every", type=float, default=5.0, help="seconds between kills (default: 5)")
+    load.add_argument(
+        "--fault-every",
+        "--kill-every",
+        dest="fault_every",
+        type=float,
+        default=5.0,
+        help="seconds between faults (default: 5)",
+    )
+    load.add_argument(
+        "--faults",
+        default=",".join(FAULT_KINDS),
+        help=f"comma-separated kinds to draw from (default: all: {','.join(FAULT_KINDS)})",
+    )
+    load.add_argument(
+        "--reference",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="afterwards, run every prompt again without faults and compare outputs (default: on)",
+    )
     load.add_argument("--max-tokens", type=int, default=48, help="output tokens per request (default: 48)")
     load.add_argument("--prompt-words", default="4,48", help="min,max words per prompt (default: 4,48)")
     load.add_argument(
@@ -70,12 +96,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="after the load: seconds for the pools to become whole",
     )
     load.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=Path("bench/results/chaos.json"), help="the JSON report")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench/results/chaos.json"),
+        help="the JSON report; the PNG timeline goes beside it (default: bench/results/chaos.json)",
+    )
     args = ap.parse_args(argv)
+    args.faults = [k.strip() for k in args.faults.split(",") if k.strip()]
+    unknown = sorted(set(args.faults) - set(FAULT_KINDS))
+    if unknown or not args.faults:
+        ap.error(f"--faults takes kinds among {','.join(FAULT_KINDS)}; got {unknown or 'none'}")
     if args.start is not None and (args.docker or args.endpoint):
         ap.error("--start runs its own deployment: it takes no --docker or --endpoint")
-    if args.start is not None and args.start < MIN_READY_TO_KILL:
-        ap.error(f"--start needs at least {MIN_READY_TO_KILL} workers: the last ready one is never killed")
+    if args.start is not None and args.start < MIN_READY_TO_HIT:
+        ap.error(f"--start needs at least {MIN_READY_TO_HIT} workers: the last ready one is never hit")
     try:
         lo, hi = (int(x) for x in args.prompt_words.split(","))
     except ValueError:
@@ -84,42 +119,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--prompt-words needs 1 <= MIN <= MAX; got {args.prompt_words!r}")
     args.prompt_words = (lo, hi)
     return args
-
-
-def kill_loop(
-    dep: Deployment,
-    watch: DeploymentWatch,
-    every_s: float,
-    until: float,
-    rng: random.Random,
-    console: Console,
-    t0: float,
-) -> int:
-    """Kill a random ready worker every `every_s` until `until`; returns how many kills were skipped."""
-    skipped = 0
-    next_kill = t0 + every_s
-    while next_kill < until:
-        time.sleep(max(next_kill - time.monotonic(), 0.0))
-        next_kill += every_s
-        ready = watch.ready()
-        busy = {k.victim for k in watch.open_kills()}  # killed and not back yet
-        choices = [v for v in dep.target.victims() if v.worker_id in ready and v.name not in busy]
-        if len(ready) < MIN_READY_TO_KILL or not choices:
-            skipped += 1
-            console.print(f"[dim]{time.monotonic() - t0:6.1f} s  no kill: {len(ready)} ready worker(s)[/]")
-            continue
-        victim = rng.choice(choices)
-        lost = (workers_lost(dep.scheduler_ops) or 0.0) if victim.worker_id is None else 0.0
-        killed_at = time.monotonic()
-        try:
-            dep.target.kill(victim)
-        except (ProcessLookupError, OSError) as e:  # it died on its own meanwhile
-            skipped += 1
-            console.print(f"[yellow]{killed_at - t0:6.1f} s  could not kill {victim.name}: {e}[/]")
-            continue
-        watch.record(victim, killed_at, len(ready), lost)
-        console.print(f"{killed_at - t0:6.1f} s  SIGKILL {victim.name} (pid {victim.pid})")
-    return skipped
 
 
 def settle(dep: Deployment, timeout_s: float) -> tuple[dict[str, Any] | None, bool, float]:
@@ -152,41 +151,74 @@ def run(dep: Deployment, args: argparse.Namespace, console: Console) -> dict[str
     )
     console.print(
         f"chaos: {args.duration:.0f} s of load ({args.concurrency} in flight) against "
-        f"{dep.workers} workers, a SIGKILL every {args.kill_every:g} s"
+        f"{dep.workers} workers, a fault every {args.fault_every:g} s among {', '.join(args.faults)}"
     )
-    watch = DeploymentWatch(dep.scheduler_ops, dep.block_manager_ops).start()
+    load_state = LoadOutcome()
+    watch = DeploymentWatch(
+        dep.scheduler_ops,
+        dep.block_manager_ops,
+        dep.workers,
+        dep.api_health,
+        in_flight=lambda: len(load_state.live),
+        restarts=dep.restarts if dep.supervisor is not None else None,
+    ).start()
+    injector = FaultInjector(
+        dep.target,
+        watch,
+        args.faults,
+        args.fault_every,
+        dep.worker_timeout_s,
+        random.Random(args.seed),
+        console.print,
+    )
     t0 = time.monotonic()
-    skipped: list[int] = []
-    killer = threading.Thread(
-        target=lambda: skipped.append(
-            kill_loop(dep, watch, args.kill_every, t0 + args.duration, random.Random(args.seed), console, t0)
-        ),
-        name="chaos-kills",
-        daemon=True,
+    faults = threading.Thread(
+        target=injector.run, args=(t0, t0 + args.duration), name="chaos-faults", daemon=True
     )
-    killer.start()
-    load = asyncio.run(run_load(settings))
-    killer.join()
+    faults.start()
+    try:
+        load = asyncio.run(run_load(settings, load_state))
+    finally:
+        faults.join(timeout=30)
+        injector.resume_all()
     console.print(
         f"{time.monotonic() - t0:6.1f} s  load over: {load.finished} finished, "
         f"{sum(load.errored.values())} errored, {load.lost} lost; waiting for whole pools"
     )
     settle_start = time.monotonic()
-    watch.wait_whole(args.settle_timeout)
+    watch.wait_recovered(args.settle_timeout)
     dump, whole, _ = settle(dep, max(args.settle_timeout - (time.monotonic() - settle_start), 1.0))
+    settle_s = time.monotonic() - settle_start
     watch.stop()
-    keys = ("duration", "concurrency", "kill_every", "max_tokens", "drain_timeout", "settle_timeout", "seed")
-    settings_json = {k: getattr(args, k) for k in keys} | {"prompt_words": list(args.prompt_words)}
+    reference = None
+    if args.reference and load.records:
+        console.print(f"reference: {len(load.records)} prompts again, without faults")
+        prompts = [r.prompt for r in load.records]
+        reference = asyncio.run(run_reference(dep.front_endpoint, prompts, args.concurrency, args.max_tokens))
+    outputs = judge_outputs(load.records, reference, watch.timeline.samples)
+    keys = (
+        "duration",
+        "concurrency",
+        "fault_every",
+        "faults",
+        "max_tokens",
+        "drain_timeout",
+        "settle_timeout",
+    )
+    settings_json = {k: getattr(args, k) for k in (*keys, "seed")} | {"prompt_words": list(args.prompt_words)}
     return build_report(
         settings_json,
         dep.to_json(),
         load,
-        watch.kills,
-        skipped[0] if skipped else 0,
+        watch.faults,
+        injector.skipped,
         t0,
         dump,
         whole,
-        time.monotonic() - settle_start,
+        settle_s,
+        outputs,
+        watch.timeline.to_json(t0),
+        injector.unavailable,
     )
 
 
@@ -213,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"JSON: {args.out}")
+    if args.out.suffix == ".json":
+        console.print(f"timeline: {write_timeline(report, args.out.with_suffix('.png'))}")
     return 0 if report["ok"] else 1
 
 

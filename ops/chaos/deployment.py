@@ -11,6 +11,7 @@ import contextlib
 import socket
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 from pagedserve.ops.chaos.targets import ContainerWorkers, ProcessWorkers, SupervisedWorkers, WorkerTarget
 from pagedserve.ops.chaos.watch import ready_workers
 from pagedserve.ops.deploy.process_group import RestartPolicy
-from pagedserve.ops.deploy.supervisor import Supervisor, ops_url, resolve_model_first, worker_name
+from pagedserve.ops.deploy.supervisor import Supervisor, ops_url, resolve_model_first
 from pagedserve.shared.config import ServeConfig
 
 # The kills are ours and come every few seconds: restart at once, every time. The default policy
@@ -41,6 +42,14 @@ class Deployment:
     workers: int  # how many workers make it whole
     supervisor: Supervisor | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    worker_timeout_s: float = ServeConfig.model_fields["worker_timeout_s"].default
+    api_health: str | None = None  # the API server's /health, when the deployment runs one
+
+    def restarts(self) -> dict[str, int]:
+        """Restarts so far of every supervised child (empty when we do not supervise it)."""
+        if self.supervisor is None:
+            return {}
+        return {name: self.supervisor.restarts(name) for name in self.supervisor.group.names()}
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -52,10 +61,13 @@ class Deployment:
             **self.details,
         }
         if self.supervisor is not None:
-            out["restarts"] = {
-                worker_name(i): self.supervisor.restarts(worker_name(i)) for i in range(self.workers)
-            }
+            out["restarts"] = self.restarts()
         return out
+
+
+def api_health_url(config: ServeConfig) -> str:
+    host = "127.0.0.1" if config.api_host in ("0.0.0.0", "", "::") else config.api_host
+    return f"http://{host}:{config.api_port}/health"
 
 
 def free_ports(n: int) -> list[int]:
@@ -82,7 +94,7 @@ def wait_for_workers(scheduler_ops: str, count: int, timeout_s: float) -> list[s
 def started(
     workers: int, model: str, threads: int, num_blocks: int | None, ready_timeout_s: float
 ) -> Iterator[Deployment]:
-    front, worker_port, bm, sched_ops, bm_ops = free_ports(5)
+    front, worker_port, bm, sched_ops, bm_ops, api = free_ports(6)
     config = ServeConfig(
         model=model,
         num_threads=threads,
@@ -93,6 +105,7 @@ def started(
         ops_host="127.0.0.1",
         scheduler_ops_port=sched_ops,
         block_manager_ops_port=bm_ops,
+        api_port=api,
         log_format="json",
     )
     try:
@@ -116,6 +129,9 @@ def started(
             workers,
             supervisor,
             {"model": config.model, "log_dir": str(log_dir)},
+            config.worker_timeout_s,
+            # The API server is one more supervised child once `pagedserve up` runs it.
+            api_health_url(config) if "api" in supervisor.group.names() else None,
         )
     finally:
         supervisor.stop()
@@ -141,7 +157,7 @@ def attached(
         target: WorkerTarget = ContainerWorkers(docker_project)
         details = {"compose_project": docker_project}
     else:
-        target = ProcessWorkers(front)
+        target = ProcessWorkers(front, block_manager_ops_port=urllib.parse.urlsplit(block_manager_ops).port)
         details = {}
     mine = [v for v in target.victims() if v.worker_id in ready]
     if not mine:
@@ -156,4 +172,6 @@ def attached(
         len(ready),
         None,
         details,
+        config.worker_timeout_s,
+        api_health_url(config) if "api" in target.services() else None,
     )

@@ -1,9 +1,13 @@
-"""The load of `pagedserve chaos`: a fixed number of lanes, each sending one request after another.
+"""The load of `pagedserve chaos`: a fixed number of lanes, each streaming one request after another.
 
 Every request ends up in exactly one bucket: finished, errored (by the code of its RequestError),
 or lost (neither, when the drain deadline comes). Prompts are text (random common words, random
 length), so the load fits any model with a tokenizer; decoding is greedy with EOS ignored, so a
-finished request has exactly `max_tokens` tokens and a kill always lands in the middle of decodes.
+finished request has exactly `max_tokens` tokens and a fault always lands in the middle of decodes.
+
+Each request streams: its deltas, concatenated, must equal its final tokens and text (a duplicated
+or missing token across a recompute or a reconnect shows up there). After the run the same prompts
+go once more through the quiet deployment (`run_reference`): every finished output must equal it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,29 @@ class LoadSettings:
 
 
 @dataclass(slots=True)
+class RequestRecord:
+    request_id: str
+    prompt: str
+    started: float
+    ended: float | None = None
+    error: str | None = None  # the RequestError code
+    streamed_tokens: list[int] = field(default_factory=list)
+    streamed_text: str = ""
+    final_tokens: list[int] | None = None
+    final_text: str | None = None
+
+    def stream_errors(self) -> tuple[int, int]:
+        """(duplicated, missing) stream tokens against the final result: (0, 0) when they agree."""
+        if self.final_tokens is None or self.streamed_tokens == self.final_tokens:
+            return 0, 0
+        got, want = collections.Counter(self.streamed_tokens), collections.Counter(self.final_tokens)
+        duplicated = sum((got - want).values())
+        missing = sum((want - got).values())
+        # The same tokens in another order is still a broken stream: count it as both.
+        return (duplicated, missing) if duplicated or missing else (1, 1)
+
+
+@dataclass(slots=True)
 class LoadOutcome:
     sent: int = 0
     finished: int = 0
@@ -46,6 +73,8 @@ class LoadOutcome:
     finish_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
     completion_tokens: int = 0
     wall_s: float = 0.0  # from the first submit until the last request ended (or was given up)
+    records: list[RequestRecord] = field(default_factory=list)
+    live: set[str] = field(default_factory=set)  # read by the watch thread for the timeline
 
     @property
     def lost(self) -> int:
@@ -71,14 +100,14 @@ def make_prompt(rng: random.Random, settings: LoadSettings) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-async def run_load(settings: LoadSettings) -> LoadOutcome:
+async def run_load(settings: LoadSettings, outcome: LoadOutcome | None = None) -> LoadOutcome:
     """Send requests for `duration_s`, then wait up to `drain_timeout_s` for the ones still live."""
     from pagedserve.shared.sdk import AsyncClient, RequestError
 
-    outcome = LoadOutcome()
+    outcome = outcome or LoadOutcome()
     rng = random.Random(settings.seed)
     run = uuid.uuid4().hex[:6]  # request ids unique across runs: a finished id would be answered from store
-    live: set[str] = set()
+    live = outcome.live
     started = time.monotonic()
     stop_sending = started + settings.duration_s
     # The SDK must not time a request out before our own deadline: that would turn lost into "timeout".
@@ -89,20 +118,30 @@ async def run_load(settings: LoadSettings) -> LoadOutcome:
         async def one(request_id: str) -> None:
             outcome.sent += 1
             live.add(request_id)
+            record = RequestRecord(request_id, make_prompt(rng, settings), time.monotonic())
+            outcome.records.append(record)
             try:
-                result = await client.generate(
-                    make_prompt(rng, settings),
+                stream = client.stream(
+                    record.prompt,
                     request_id=request_id,
                     max_tokens=settings.max_tokens,
                     temperature=0.0,
                     ignore_eos=True,
                 )
+                async for delta in stream:
+                    record.streamed_tokens += delta.token_ids
+                    record.streamed_text += delta.text
             except RequestError as e:
                 outcome.errored[e.code] += 1
+                record.error = e.code
             else:
+                result = stream.result
+                assert result is not None  # a stream that ends without error ends with its result
+                record.final_tokens, record.final_text = list(result.token_ids), result.text
                 outcome.finished += 1
                 outcome.finish_reasons[result.finish_reason] += 1
                 outcome.completion_tokens += len(result.token_ids)
+            record.ended = time.monotonic()
             live.discard(request_id)
 
         async def lane(index: int) -> None:
@@ -121,3 +160,33 @@ async def run_load(settings: LoadSettings) -> LoadOutcome:
         await asyncio.gather(*still_running, return_exceptions=True)
     outcome.wall_s = time.monotonic() - started
     return outcome
+
+
+async def run_reference(
+    endpoint: str, prompts: list[str], concurrency: int, max_tokens: int, timeout_s: float = 600.0
+) -> list[list[int] | None]:
+    """The fault-free outputs of `prompts` (greedy, EOS ignored), `concurrency` at a time; None for
+    a prompt whose reference itself failed."""
+    from pagedserve.shared.sdk import AsyncClient, RequestError
+
+    run = uuid.uuid4().hex[:6]
+    out: list[list[int] | None] = [None] * len(prompts)
+    gate = asyncio.Semaphore(concurrency)
+    async with AsyncClient(endpoint, timeout_s=timeout_s) as client:
+
+        async def one(i: int) -> None:
+            async with gate:
+                try:
+                    result = await client.generate(
+                        prompts[i],
+                        request_id=f"chaos-ref-{run}-{i}",
+                        max_tokens=max_tokens,
+                        temperature=0.0,
+                        ignore_eos=True,
+                    )
+                except RequestError:
+                    return
+                out[i] = list(result.token_ids)
+
+        await asyncio.gather(*(one(i) for i in range(len(prompts))))
+    return out

@@ -1,7 +1,8 @@
 """The result of `pagedserve chaos`: one JSON document, and the same as rich tables in a terminal.
 
-The verdict is computed once, here: lost requests, leaked blocks, broken invariants or a pool
-that never became whole again fail the run.
+The verdict is computed once, here: lost requests, wrong outputs, broken streams, errors while a
+worker could serve, leaked blocks, broken invariants, a pool that never became whole again, or a
+fault never noticed or recovered from fail the run.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from pagedserve.ops.chaos.faults import Fault
 from pagedserve.ops.chaos.load import LoadOutcome
-from pagedserve.ops.chaos.watch import Kill
 from rich.console import Console
 from rich.table import Table
 
@@ -25,12 +26,15 @@ def build_report(
     settings: dict[str, Any],
     deployment: dict[str, Any],
     load: LoadOutcome,
-    kills: list[Kill],
-    skipped_kills: int,
+    faults: list[Fault],
+    skipped: dict[str, int],
     t0: float,
     final_blocks: dict[str, Any] | None,
     settled: bool,
     settle_s: float,
+    outputs: dict[str, Any],
+    timeline: dict[str, Any],
+    unavailable: list[str] | None = None,
 ) -> dict[str, Any]:
     totals = (final_blocks or {}).get("totals", {})
     invariants = (final_blocks or {}).get("invariants", {})
@@ -45,11 +49,20 @@ def build_report(
         "whole": settled,
         "settle_s": round(settle_s, 3),
     }
-    detected = [d for k in kills if (d := k.detected_after_s()) is not None]
-    whole = [w for k in kills if (w := k.whole_after_s()) is not None]
     failures = []
     if load.lost:
         failures.append(f"{load.lost} request(s) lost")
+    if outputs["wrong"]:
+        failures.append(f"{outputs['wrong']} output(s) differ from the fault-free reference")
+    if outputs["streams_broken"] or outputs["stream_text_mismatch"]:
+        failures.append(
+            f"{outputs['streams_broken']} stream(s) with duplicated or missing tokens, "
+            f"{outputs['stream_text_mismatch']} with other text than the result"
+        )
+    if outputs["errored_while_workers_ready"]:
+        failures.append(
+            f"{outputs['errored_while_workers_ready']} request(s) errored while a worker was ready"
+        )
     if final_blocks is None:
         failures.append("/blocks could not be read")
     else:
@@ -59,20 +72,39 @@ def build_report(
             failures.append("block-manager invariants broken")
         if not settled:
             failures.append(f"pools not whole {settle_s:.0f} s after the load")
-    undetected = sum(k.detected_at is None for k in kills)
-    if undetected:
-        failures.append(f"{undetected} kill(s) never noticed by the scheduler")
+    unrecovered = [f for f in faults if f.recovered_at is None]
+    if unrecovered:
+        failures.append(
+            f"{len(unrecovered)} fault(s) never recovered from: {sorted({f.kind for f in unrecovered})}"
+        )
+    # A kill must be seen; a long pause too (past the worker timeout). A short pause should not be.
+    unseen = [f for f in faults if f.noticed_at is None and f.kind != "worker_pause_short"]
+    if unseen:
+        failures.append(f"{len(unseen)} fault(s) never noticed: {sorted({f.kind for f in unseen})}")
+    by_kind: dict[str, dict[str, Any]] = {}
+    for kind in sorted({f.kind for f in faults} | set(skipped)):
+        mine = [f for f in faults if f.kind == kind]
+        by_kind[kind] = {
+            "count": len(mine),
+            "skipped": skipped.get(kind, 0),
+            "noticed": sum(f.noticed_at is not None for f in mine),
+            "noticed_after_s": _stats([f.noticed_at - f.at for f in mine if f.noticed_at is not None]),
+            "recovered_after_s": _stats([f.recovered_at - f.at for f in mine if f.recovered_at is not None]),
+        }
     return {
         "ok": not failures,
         "failures": failures,
         "settings": settings,
         "deployment": deployment,
         "requests": load.to_json(),
-        "kills": [k.to_json(t0) for k in kills],
-        "kills_skipped": skipped_kills,
-        "detected_after_s": _stats(detected),
-        "whole_after_s": _stats(whole),
+        "outputs": outputs,
+        "faults": [f.to_json(t0) for f in faults],
+        "faults_total": len(faults),
+        "faults_skipped": sum(skipped.values()),
+        "faults_unavailable": unavailable or [],
+        "by_kind": by_kind,
         "blocks": blocks,
+        "timeline": timeline,
     }
 
 
@@ -95,40 +127,53 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
     summary.add_row("errored", f"{req['errored_total']} ({errored})")
     summary.add_row("lost", _verdict(req["lost"] == 0, str(req["lost"])))
     summary.add_row("output tokens/s", f"{req['tokens_per_s']:.1f}")
+    out = report["outputs"]
+    checked = f"{out['compared']} compared" if out["checked_against_reference"] else "no reference run"
+    summary.add_row("wrong outputs", _verdict(out["wrong"] == 0, f"{out['wrong']} ({checked})"))
     summary.add_row(
-        "kills", f"{len(report['kills'])} ({report['kills_skipped']} skipped: too few ready workers)"
+        "stream tokens dup/missing",
+        _verdict(
+            not out["streams_broken"],
+            f"{out['duplicated_stream_tokens']}/{out['missing_stream_tokens']} "
+            f"({out['streams_broken']} broken streams)",
+        ),
     )
-    det, whole = report["detected_after_s"], report["whole_after_s"]
-    summary.add_row("death noticed after", f"max {_s(det['max'])}, mean {_s(det['mean'])}")
-    summary.add_row("pool whole after", f"max {_s(whole['max'])}, mean {_s(whole['mean'])}")
+    summary.add_row(
+        "errored while a worker was ready",
+        _verdict(out["errored_while_workers_ready"] == 0, str(out["errored_while_workers_ready"])),
+    )
+    unavailable = ", ".join(report["faults_unavailable"]) or "none"
+    summary.add_row(
+        "faults", f"{report['faults_total']} ({report['faults_skipped']} skipped; unavailable: {unavailable})"
+    )
     summary.add_row("leaked blocks", _verdict(blk["leaked"] == 0, str(blk["leaked"])))
     summary.add_row("invariants", _verdict(blk["invariants_ok"], "ok" if blk["invariants_ok"] else "BROKEN"))
     pools = ", ".join(f"{p['worker_id']} {p['free']}/{p['total']}" for p in blk["pools"]) or "none"
     summary.add_row("pools free/total", _verdict(blk["whole"], f"{pools} (after {blk['settle_s']:.1f} s)"))
     console.print(summary)
 
-    kills = Table(title="kills", title_justify="left")
+    kinds = Table(title="faults by kind", title_justify="left")
     for name, justify in (
-        ("#", "right"),
-        ("at", "right"),
-        ("victim", "left"),
-        ("worker id", "left"),
-        ("noticed after", "right"),
-        ("whole after", "right"),
+        ("kind", "left"),
+        ("count", "right"),
+        ("skipped", "right"),
+        ("noticed", "right"),
+        ("noticed after (max / mean)", "right"),
+        ("recovered after (max / mean)", "right"),
     ):
-        kills.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for i, k in enumerate(report["kills"], 1):
-        kills.add_row(
-            str(i),
-            _s(k["at_s"], "s", 1),
-            k["victim"],
-            k["worker_id"] or "?",
-            _s(k["detected_after_s"], "s", 3),
-            _s(k["whole_after_s"], "s", 2),
+        kinds.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for kind, k in report["by_kind"].items():
+        kinds.add_row(
+            kind,
+            str(k["count"]),
+            str(k["skipped"]),
+            str(k["noticed"]),
+            f"{_s(k['noticed_after_s']['max'])} / {_s(k['noticed_after_s']['mean'])}",
+            f"{_s(k['recovered_after_s']['max'])} / {_s(k['recovered_after_s']['mean'])}",
         )
-    console.print(kills)
+    console.print(kinds)
     if report["ok"]:
-        console.print("[bold green]PASS[/]: nothing lost, nothing leaked, invariants hold")
+        console.print("[bold green]PASS[/]: nothing lost, no wrong output, no broken stream, nothing leaked")
     else:
         console.print("[bold red]FAIL[/]: " + "; ".join(report["failures"]))
 

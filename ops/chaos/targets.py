@@ -1,16 +1,19 @@
-"""The workers `pagedserve chaos` may kill, found one of three ways, each able to SIGKILL one.
+"""The processes `pagedserve chaos` may hit, found one of three ways, each able to signal one.
 
-- `SupervisedWorkers`: the children of a `Supervisor` this command started (`--start N`).
-- `ProcessWorkers`: worker processes of a running `pagedserve up`, found by command line in /proc;
-  its supervisor restarts them.
+- `SupervisedWorkers`: the children of a `Supervisor` this command started (`--start N`): its
+  workers, and its scheduler, block manager and API server (when the deployment runs one).
+- `ProcessWorkers`: processes of a running `pagedserve up`, found by command line in /proc
+  (workers and scheduler by their front endpoint, the block manager by its ops port); its
+  supervisor restarts them.
 - `ContainerWorkers`: worker containers of a compose project, through the Docker SDK; their
-  restart policy brings them back.
+  restart policy brings them back. Only workers: the core containers are not looked for.
+
+A signal is SIGKILL (a crash) or SIGSTOP, later SIGCONT (a hang that comes back).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +36,19 @@ class Victim:
 class WorkerTarget(Protocol):
     def victims(self) -> list[Victim]: ...
 
-    def kill(self, victim: Victim) -> None: ...
+    def signal(self, victim: Victim, sig: int) -> None: ...
+
+    def services(self) -> dict[str, int]:
+        """The core services that can be hit, by name ("scheduler", "block-manager", "api"): pid."""
+        ...
+
+    def signal_service(self, name: str, sig: int) -> int:
+        """Signal one core service; returns the pid hit."""
+        ...
+
+
+# What a core service is called as a child of `Supervisor` and on the `pagedserve` command line.
+SERVICE_NAMES = ("scheduler", "block-manager", "api")
 
 
 # ---------------------------------------------------------------- --start N
@@ -52,20 +67,35 @@ class SupervisedWorkers:
                 found.append(Victim(name, name, True, pid, i))
         return found
 
-    def kill(self, victim: Victim) -> None:
-        self.supervisor.kill_worker(victim.handle, signal.SIGKILL)
+    def signal(self, victim: Victim, sig: int) -> None:
+        self.supervisor.kill_worker(victim.handle, sig)
+
+    def services(self) -> dict[str, int]:
+        names = [n for n in self.supervisor.group.names() if n in SERVICE_NAMES]
+        return {n: pid for n in names if (pid := self.supervisor.pid(n)) is not None}
+
+    def signal_service(self, name: str, sig: int) -> int:
+        return self.supervisor.kill(name, sig)
 
 
 # ---------------------------------------------------------------- a running `pagedserve up`
 
 
-def is_worker_command(argv: list[str]) -> bool:
-    """`python -m pagedserve.ops.cli worker ...` or `.../pagedserve worker ...` (not `pagedserve chaos`)."""
+def service_command(argv: list[str]) -> str | None:
+    """The service a `python -m pagedserve.ops.cli <service>` or `.../pagedserve <service>` command
+    line runs, or `python -m pagedserve.services.api`; None for anything else (`pagedserve chaos`)."""
     for i, arg in enumerate(argv[:-1]):
         module = arg == "pagedserve.ops.cli" and i > 0 and argv[i - 1] == "-m"
         if module or os.path.basename(arg) == "pagedserve":
-            return argv[i + 1] == "worker"
-    return False
+            return argv[i + 1] if argv[i + 1] in ("worker", *SERVICE_NAMES) else None
+        if arg == "-m" and argv[i + 1] == "pagedserve.services.api":
+            return "api"
+    return None
+
+
+def is_worker_command(argv: list[str]) -> bool:
+    """`python -m pagedserve.ops.cli worker ...` or `.../pagedserve worker ...` (not `pagedserve chaos`)."""
+    return service_command(argv) == "worker"
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -103,35 +133,57 @@ class ProcessWorkers:
     endpoint (flag, PAGEDSERVE_FRONT_ENDPOINT, or the default) is ours, which holds for every child
     of `pagedserve up`. The scheduler's ready list is checked as well, by the caller."""
 
-    def __init__(self, front_endpoint: str, proc: Path = Path("/proc")) -> None:
+    def __init__(
+        self, front_endpoint: str, proc: Path = Path("/proc"), block_manager_ops_port: int | None = None
+    ) -> None:
         self.front_endpoint = front_endpoint
         self.proc = proc
+        self.block_manager_ops_port = block_manager_ops_port
         self.default_front = ServeConfig.model_fields["front_endpoint"].default
+        self.default_bm_ops = ServeConfig.model_fields["block_manager_ops_port"].default
 
     def victims(self) -> list[Victim]:
-        return list(self._scan())
+        return [v for kind, v in self._scan() if kind == "worker"]
 
-    def _scan(self) -> Iterator[Victim]:
+    def services(self) -> dict[str, int]:
+        return {kind: v.pid for kind, v in self._scan() if kind != "worker" and v.pid is not None}
+
+    def _ours(self, kind: str, argv: list[str], environ: dict[str, str]) -> bool:
+        if kind == "block-manager":  # it knows no front endpoint: matched by the ops port we read
+            port = setting(argv, environ, "block_manager_ops_port") or self.default_bm_ops
+            return self.block_manager_ops_port is not None and int(port) == self.block_manager_ops_port
+        front = setting(argv, environ, "front_endpoint") or self.default_front
+        return _same_endpoint(front, self.front_endpoint)
+
+    def _scan(self) -> Iterator[tuple[str, Victim]]:
         for pid_dir in self.proc.iterdir():
             if not pid_dir.name.isdigit() or int(pid_dir.name) == os.getpid():
                 continue
             found = _read_process(pid_dir)
-            if found is None or not is_worker_command(found[0]):
+            kind = None if found is None else service_command(found[0])
+            if found is None or kind is None or not self._ours(kind, *found):
                 continue
             argv, environ = found
-            front = setting(argv, environ, "front_endpoint") or self.default_front
-            if not _same_endpoint(front, self.front_endpoint):
-                continue
             pid = int(pid_dir.name)
+            if kind != "worker":
+                yield kind, Victim(kind, None, True, pid)
+                continue
             worker_id = setting(argv, environ, "worker_id")
             if worker_id is not None:
-                yield Victim(worker_id, worker_id, True, pid)
+                yield kind, Victim(worker_id, worker_id, True, pid)
             else:  # the service's default name, which a restarted process does not keep
-                yield Victim(f"pid {pid}", f"{socket.gethostname()}-{pid}", False, pid)
+                yield kind, Victim(f"pid {pid}", f"{socket.gethostname()}-{pid}", False, pid)
 
-    def kill(self, victim: Victim) -> None:
+    def signal(self, victim: Victim, sig: int) -> None:
         assert victim.pid is not None
-        os.kill(victim.pid, signal.SIGKILL)
+        os.kill(victim.pid, sig)
+
+    def signal_service(self, name: str, sig: int) -> int:
+        pid = self.services().get(name)
+        if pid is None:
+            raise ProcessLookupError(f"no {name} process of this deployment")
+        os.kill(pid, sig)
+        return pid
 
 
 # ---------------------------------------------------------------- docker compose
@@ -163,6 +215,12 @@ class ContainerWorkers:
             found.append(Victim(c.name, f"{hostname}-{c.id[:12]}", True, pid, c))
         return found
 
-    def kill(self, victim: Victim) -> None:
+    def signal(self, victim: Victim, sig: int) -> None:
         assert victim.pid is not None, f"{victim.name} has no process"
-        os.kill(victim.pid, signal.SIGKILL)
+        os.kill(victim.pid, sig)
+
+    def services(self) -> dict[str, int]:
+        return {}  # the core containers are not looked for: workers only
+
+    def signal_service(self, name: str, sig: int) -> int:
+        raise ProcessLookupError(f"{name}: only worker containers are hit in --docker mode")

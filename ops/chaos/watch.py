@@ -1,9 +1,17 @@
-"""What `pagedserve chaos` sees of the deployment: kills and how fast the deployment answered them.
+"""What `pagedserve chaos` sees of the deployment: faults, how fast it answered them, and a timeline.
 
-A thread polls the scheduler's /readyz about 20 times a second. For each kill it notes when the
-scheduler noticed (the victim's id left the ready list, or, for a victim of unknown id,
-`pagedserve_workers_lost` went up) and when the deployment was whole again (the restarted worker
-is back in /readyz and its pool in the block manager's /blocks).
+A thread polls the scheduler's /readyz about 20 times a second. For each fault it notes when the
+deployment was seen to miss it (`noticed`) and when it was whole again (`recovered`):
+
+- a worker fault: noticed when the victim's id leaves the ready list (or, for a victim of unknown
+  id, `pagedserve_workers_lost` goes up); recovered once it is resumed (pauses), back in /readyz
+  and its pool in the block manager's /blocks. A short pause is often never noticed: as it should.
+- a scheduler or block-manager kill: noticed when /readyz stops answering or says the block
+  manager is down; recovered when /readyz is ready with every worker and /blocks has every pool.
+- an API kill: noticed when its /health stops answering, recovered when it answers again.
+
+Twice a second it also samples the timeline: requests in flight, pool usage, ready workers,
+restarts of each supervised child.
 """
 
 from __future__ import annotations
@@ -11,49 +19,45 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from pagedserve.ops.chaos.targets import Victim
+from pagedserve.ops.chaos.faults import Fault
 from pagedserve.ops.deploy import ops_http
 
 POLL_S = 0.05
+SAMPLE_S = 0.5
 LOST_METRIC = "pagedserve_workers_lost_total"
 
 
-@dataclass(slots=True)
-class Kill:
-    victim: str  # what was hit: worker-1, a container name, a pid
-    worker_id: str | None  # its id in /readyz and /blocks, when known
-    stable_id: bool  # the restarted worker comes back under the same id
-    pid: int | None
-    killed_at: float  # time.monotonic()
-    ready_before: int  # workers in /readyz just before the kill
-    lost_before: float  # pagedserve_workers_lost just before the kill
-    detected_at: float | None = None
-    whole_at: float | None = None
-
-    def detected_after_s(self) -> float | None:
-        return None if self.detected_at is None else self.detected_at - self.killed_at
-
-    def whole_after_s(self) -> float | None:
-        return None if self.whole_at is None else self.whole_at - self.killed_at
-
-    def to_json(self, t0: float) -> dict[str, Any]:
-        def r(x: float | None) -> float | None:
-            return None if x is None else round(x, 3)
-
-        return {
-            "victim": self.victim,
-            "worker_id": self.worker_id,
-            "pid": self.pid,
-            "at_s": r(self.killed_at - t0),
-            "detected_after_s": r(self.detected_after_s()),
-            "whole_after_s": r(self.whole_after_s()),
-        }
-
-
 # ---------------------------------------------------------------- reading the ops endpoints
+
+
+def readyz(scheduler_ops: str) -> dict[str, Any] | None:
+    """The scheduler's /readyz (503 with no worker, and still a body); None when it does not answer."""
+    try:
+        _, body = ops_http.get(f"{scheduler_ops}/readyz", timeout_s=1.0)
+        return dict(json.loads(body))
+    except (OSError, ValueError):
+        return None
+
+
+def answers(url: str) -> bool:
+    """Anything HTTP came back (a 503 too): the process is alive and serving."""
+    try:
+        ops_http.get(url, timeout_s=1.0)
+        return True
+    except OSError:
+        return False
+
+
+def block_manager_instance(block_manager_ops: str) -> str | None:
+    """Which block-manager process answers (a new one after every restart); None if none does."""
+    try:
+        return str(ops_http.get_json(f"{block_manager_ops}/healthz", timeout_s=1.0).get("instance"))
+    except (OSError, ValueError):
+        return None
 
 
 def ready_workers(scheduler_ops: str) -> list[str] | None:
@@ -91,19 +95,63 @@ def pool_ids(dump: dict[str, Any] | None) -> list[str]:
 # ---------------------------------------------------------------- the watcher
 
 
+@dataclass(slots=True)
+class Sample:
+    t: float  # time.monotonic()
+    in_flight: int
+    ready: int | None  # None: the scheduler did not answer
+    blocks_used: int | None
+    blocks_total: int | None
+
+    def to_json(self, t0: float) -> list[Any]:
+        return [round(self.t - t0, 2), self.in_flight, self.ready, self.blocks_used, self.blocks_total]
+
+
+@dataclass(slots=True)
+class Timeline:
+    samples: list[Sample] = field(default_factory=list)
+    restarts: list[tuple[float, str]] = field(default_factory=list)  # (when seen, child name)
+
+    def to_json(self, t0: float) -> dict[str, Any]:
+        return {
+            "columns": ["t_s", "in_flight", "ready_workers", "blocks_used", "blocks_total"],
+            "samples": [s.to_json(t0) for s in self.samples],
+            "restarts": [[round(t - t0, 2), name] for t, name in self.restarts],
+        }
+
+
 class DeploymentWatch:
-    def __init__(self, scheduler_ops: str, block_manager_ops: str, poll_s: float = POLL_S) -> None:
+    def __init__(
+        self,
+        scheduler_ops: str,
+        block_manager_ops: str,
+        workers: int,
+        api_health: str | None = None,
+        in_flight: Callable[[], int] = lambda: 0,
+        restarts: Callable[[], dict[str, int]] | None = None,
+        poll_s: float = POLL_S,
+    ) -> None:
         self.scheduler_ops = scheduler_ops
         self.block_manager_ops = block_manager_ops
+        self.workers = workers  # how many make the deployment whole
+        self.api_health = api_health
+        self.in_flight = in_flight
+        self.restarts = restarts
         self.poll_s = poll_s
-        self.kills: list[Kill] = []
+        self.faults: list[Fault] = []
+        self.timeline = Timeline()
         self._ready: list[str] = []
+        self._restart_counts: dict[str, int] = {}
+        self._next_sample = 0.0
+        self._bm_instance: str | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-watch", daemon=True)
 
     def start(self) -> DeploymentWatch:
         self._ready = ready_workers(self.scheduler_ops) or []
+        self._bm_instance = block_manager_instance(self.block_manager_ops)
+        self._restart_counts = dict(self.restarts()) if self.restarts else {}
         self._thread.start()
         return self
 
@@ -115,24 +163,24 @@ class DeploymentWatch:
         with self._lock:
             return list(self._ready)
 
-    def open_kills(self) -> list[Kill]:
+    def open_faults(self) -> list[Fault]:
         with self._lock:
-            return [k for k in self.kills if k.whole_at is None]
+            return [f for f in self.faults if f.recovered_at is None]
 
-    def record(self, victim: Victim, killed_at: float, ready_before: int, lost_before: float) -> Kill:
-        kill = Kill(
-            victim.name, victim.worker_id, victim.stable_id, victim.pid, killed_at, ready_before, lost_before
-        )
+    def record(self, fault: Fault) -> Fault:
+        if fault.kind == "block_manager_kill":
+            # Read now: a restart is quick, and the scheduler may resync between two polls of /readyz.
+            fault.instance_before = self._bm_instance
         with self._lock:
-            self.kills.append(kill)
-        return kill
+            self.faults.append(fault)
+        return fault
 
-    def wait_whole(self, timeout_s: float) -> bool:
-        """Until every kill so far has been answered (detected, and the deployment whole again)."""
+    def wait_recovered(self, timeout_s: float) -> bool:
+        """Until every fault so far has been recovered from."""
         deadline = time.monotonic() + timeout_s
-        while self.open_kills() and time.monotonic() < deadline:
+        while self.open_faults() and time.monotonic() < deadline:
             time.sleep(self.poll_s)
-        return not self.open_kills()
+        return not self.open_faults()
 
     def _run(self) -> None:
         next_tick = time.monotonic()
@@ -142,41 +190,97 @@ class DeploymentWatch:
             self._stop.wait(next_tick - time.monotonic())
 
     def _tick(self) -> None:
-        ready = ready_workers(self.scheduler_ops)
-        if ready is None:
-            return  # the scheduler did not answer this time: nothing can be concluded
         now = time.monotonic()
-        with self._lock:
-            self._ready = ready
-        pending = self.open_kills()
+        state = readyz(self.scheduler_ops)
+        ready = None if state is None else list(state.get("workers", []))
+        if ready is not None:
+            with self._lock:
+                self._ready = ready
+        pending = self.open_faults()
+        dump = None
+        if now >= self._next_sample or any(f.noticed_at is not None for f in pending):
+            dump = blocks(self.block_manager_ops)
+        if now >= self._next_sample:
+            self._next_sample = now + SAMPLE_S
+            self._sample(now, ready, dump)
         lost = None
-        if any(k.detected_at is None and k.worker_id is None for k in pending):
+        if any(f.is_worker and f.noticed_at is None and f.worker_id is None for f in pending):
             lost = workers_lost(self.scheduler_ops)
-        for kill in pending:
-            if kill.detected_at is None and _noticed(kill, ready, lost):
-                kill.detected_at = now
-        back = [k for k in pending if k.detected_at is not None and _back(k, ready)]
-        if back:
-            pools = pool_ids(blocks(self.block_manager_ops))
-            for kill in back:
-                if _pool_back(kill, pools):
-                    kill.whole_at = time.monotonic()
+        bm_pending = any(f.kind == "block_manager_kill" for f in pending)
+        if bm_pending or now >= self._next_sample:
+            instance = block_manager_instance(self.block_manager_ops)
+            if not bm_pending and instance is not None:
+                self._bm_instance = instance
+        else:
+            instance = self._bm_instance
+        api_up = None
+        if self.api_health is not None and any(f.kind == "api_kill" for f in pending):
+            api_up = answers(self.api_health)
+        for fault in pending:
+            if fault.noticed_at is None and _noticed(fault, state, ready, lost, api_up, instance):
+                fault.noticed_at = now
+            if fault.pending_resume or fault.noticed_at is None and not fault.kind.startswith("worker_pause"):
+                continue  # a kill is recovered from only after it was seen; a pause may pass unseen
+            if _recovered(fault, state, ready, pool_ids(dump) if dump else None, self.workers, api_up):
+                fault.recovered_at = time.monotonic()
+
+    def _sample(self, now: float, ready: list[str] | None, dump: dict[str, Any] | None) -> None:
+        totals = (dump or {}).get("totals", {})
+        self.timeline.samples.append(
+            Sample(
+                now,
+                self.in_flight(),
+                None if ready is None else len(ready),
+                totals.get("used"),
+                totals.get("total"),
+            )
+        )
+        if self.restarts is None:
+            return
+        for name, count in self.restarts().items():
+            for _ in range(count - self._restart_counts.get(name, 0)):
+                self.timeline.restarts.append((now, name))
+            self._restart_counts[name] = count
 
 
-def _noticed(kill: Kill, ready: list[str], lost: float | None) -> bool:
-    if kill.worker_id is not None:
-        return kill.worker_id not in ready
-    return lost is not None and lost > kill.lost_before
+def _noticed(
+    fault: Fault,
+    state: dict[str, Any] | None,
+    ready: list[str] | None,
+    lost: float | None,
+    api_up: bool | None,
+    bm_instance: str | None,
+) -> bool:
+    if fault.kind == "api_kill":
+        return api_up is False
+    if fault.kind == "scheduler_kill":
+        return state is None
+    if fault.kind == "block_manager_kill":  # gone, replaced, or the scheduler says it is down
+        gone = bm_instance is None or bm_instance != fault.instance_before
+        return gone or (state is not None and not state.get("block_manager", True))
+    if ready is None:
+        return False
+    if fault.worker_id is not None:
+        return fault.worker_id not in ready
+    return lost is not None and lost > fault.ready_before
 
 
-def _back(kill: Kill, ready: list[str]) -> bool:
+def _recovered(
+    fault: Fault,
+    state: dict[str, Any] | None,
+    ready: list[str] | None,
+    pools: list[str] | None,
+    workers: int,
+    api_up: bool | None,
+) -> bool:
+    if fault.kind == "api_kill":
+        return bool(api_up)
+    if state is None or ready is None or pools is None:
+        return False
+    if not fault.is_worker:  # every worker ready before the kill is ready again, with its pool
+        need = min(fault.ready_before, workers)
+        return bool(state.get("ready")) and len(ready) >= need and len(pools) >= need
     # A worker that comes back under a new id (the default host-pid name) is counted instead.
-    if kill.stable_id and kill.worker_id is not None:
-        return kill.worker_id in ready
-    return len(ready) >= kill.ready_before
-
-
-def _pool_back(kill: Kill, pools: list[str]) -> bool:
-    if kill.stable_id and kill.worker_id is not None:
-        return kill.worker_id in pools
-    return len(pools) >= kill.ready_before
+    if fault.stable_id and fault.worker_id is not None:
+        return fault.worker_id in ready and fault.worker_id in pools
+    return len(ready) >= fault.ready_before and len(pools) >= fault.ready_before

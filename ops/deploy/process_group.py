@@ -117,6 +117,10 @@ class ProcessGroup:
 
     # ------------------------------------------------------------------ queries and chaos
 
+    def names(self) -> list[str]:
+        """Every child's name, in start order."""
+        return list(self._children)
+
     def pid(self, name: str) -> int | None:
         with self._lock:
             proc = self._children[name].proc

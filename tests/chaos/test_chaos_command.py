@@ -1,5 +1,6 @@
-"""`pagedserve chaos`: its own deployment under kills loses no request and leaks no block; and the
-way it finds worker processes of a running deployment in /proc."""
+"""`pagedserve chaos`: its own deployment under faults of every kind (worker SIGKILL, short and long
+SIGSTOP/SIGCONT, scheduler and block-manager SIGKILL) loses no request, changes no output, breaks
+no stream and leaks no block; and the way it finds the processes of a running deployment in /proc."""
 
 from __future__ import annotations
 
@@ -24,23 +25,74 @@ def report(tiny_model, tmp_path_factory) -> dict:
             "3",
             "--model",
             str(tiny_model("llama")),
+            "--num-blocks",
+            "256",
             "--duration",
-            "15",
-            "--kill-every",
-            "4",
+            "45",
+            "--fault-every",
+            "3",
+            "--concurrency",
+            "8",
             "--out",
             str(out),
         ]
     )
     report = json.loads(out.read_text())
     report["exit_code"] = code
+    report["png"] = out.with_suffix(".png")
     return report
 
 
-def test_no_request_is_lost_under_kills(report):
+def test_no_request_is_lost_under_faults(report):
     assert report["requests"]["sent"] > 0
     assert report["requests"]["lost"] == 0, report["requests"]["lost_ids"]
     assert report["requests"]["finished"] > 0
+
+
+def test_every_kind_of_fault_is_injected(report):
+    injected = {kind for kind, k in report["by_kind"].items() if k["count"]}
+    expected = {
+        "worker_kill",
+        "worker_pause_short",
+        "worker_pause_long",
+        "scheduler_kill",
+        "block_manager_kill",
+    }
+    assert expected <= injected, report["by_kind"]
+    # The API server joins when the deployment runs one; otherwise it is reported, not silently dropped.
+    assert "api_kill" in injected or report["faults_unavailable"] == ["api_kill"]
+
+
+def test_every_output_equals_the_fault_free_reference(report):
+    out = report["outputs"]
+    assert out["checked_against_reference"]
+    assert out["compared"] == report["requests"]["finished"] > 0
+    assert out["wrong"] == 0, out["wrong_ids"]
+
+
+def test_no_stream_duplicates_or_misses_a_token(report):
+    out = report["outputs"]
+    assert (out["duplicated_stream_tokens"], out["missing_stream_tokens"], out["streams_broken"]) == (0, 0, 0)
+    assert out["stream_text_mismatch"] == 0
+
+
+def test_no_request_errors_while_a_worker_is_ready(report):
+    assert report["outputs"]["errored_while_workers_ready"] == 0, report["outputs"]
+
+
+def test_long_pauses_are_noticed_and_short_ones_pass_unseen(report):
+    kinds = report["by_kind"]
+    assert kinds["worker_pause_long"]["noticed"] == kinds["worker_pause_long"]["count"]
+    assert kinds["worker_pause_short"]["noticed"] == 0, report["faults"]
+    for fault in report["faults"]:
+        assert fault["recovered_after_s"] is not None, fault
+
+
+def test_the_timeline_has_samples_and_restarts(report):
+    timeline = report["timeline"]
+    assert len(timeline["samples"]) >= 45 and timeline["columns"][0] == "t_s"
+    assert {name for _, name in timeline["restarts"]} >= {"scheduler", "block-manager"}
+    assert report["png"].stat().st_size > 10_000
 
 
 def test_no_block_leaks_and_the_invariants_hold(report):
@@ -50,12 +102,11 @@ def test_no_block_leaks_and_the_invariants_hold(report):
     assert len(report["blocks"]["pools"]) == 3
 
 
-def test_workers_are_killed_and_every_death_is_noticed_within_2_s(report):
-    kills = report["kills"]
-    assert len(kills) >= 2, kills
+def test_every_worker_death_is_noticed_within_2_s(report):
+    kills = [f for f in report["faults"] if f["kind"] == "worker_kill"]
+    assert kills
     for kill in kills:
-        assert kill["detected_after_s"] is not None and kill["detected_after_s"] <= 2.0, kill
-        assert kill["whole_after_s"] is not None, kill
+        assert kill["noticed_after_s"] is not None and kill["noticed_after_s"] <= 2.0, kill
 
 
 def test_a_clean_run_exits_0(report):
@@ -96,6 +147,8 @@ def test_only_workers_of_our_front_endpoint_are_victims():
             (started[0].pid, "worker-0", True),
             (started[2].pid, f"{socket.gethostname()}-{started[2].pid}", False),
         ]
+        # The scheduler of our front endpoint is a target too (its own chaos fault).
+        assert ProcessWorkers(ours).services() == {"scheduler": started[3].pid}
     finally:
         for p in started:
             p.send_signal(signal.SIGKILL)
@@ -114,7 +167,8 @@ def test_the_cli_dispatches_to_chaos(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["chaos", "--help"])
     assert exit_info.value.code == 0
-    assert "--kill-every" in capsys.readouterr().out
+    help_text = capsys.readouterr().out
+    assert "--fault-every" in help_text and "worker_pause_long" in help_text
 
 
 def test_json_default_lives_beside_the_benchmarks():
