@@ -12,13 +12,13 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.engine.engine import Engine
 from pagedserve.services.scheduler.admission import check_request
+from pagedserve.services.scheduler.model_info import load_tokenizer
 from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
+from pagedserve.shared.config import ServeConfig, config_default
 from pagedserve.shared.protocol.frontend import CompletionOutput, SamplingParams
 from tqdm import tqdm
 
@@ -45,41 +45,29 @@ class RequestOutput:
         return self.outputs[0].finish_reason
 
 
-def load_tokenizer(model_path: Path) -> Any | None:
-    """The checkpoint's tokenizer, or None for a checkpoint without one (tiny test models)."""
-    if not any(
-        (model_path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-    ):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_path))
-
-
 class LLM:
     def __init__(
         self,
         model: str = "smollm2-135m",
         *,
-        block_size: int = 16,
+        block_size: int = config_default("block_size"),
         num_blocks: int | None = None,
-        kv_cache_memory: int = 256 * 1024**2,
-        pipeline_depth: int = 2,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 2048,
+        kv_cache_memory: int = config_default("kv_cache_memory"),
+        pipeline_depth: int = config_default("pipeline_depth"),
+        max_num_seqs: int = config_default("max_num_seqs"),
+        max_num_batched_tokens: int = config_default("max_num_batched_tokens"),
         max_model_len: int | None = None,
-        aging_s: float = 5.0,
-        dtype: str = "float32",
-        device: str = "cpu",
-        attention_backend: str = "auto",
-        enable_prefix_caching: bool = True,
+        aging_s: float = config_default("aging_s"),
+        dtype: str = config_default("dtype"),
+        device: str = config_default("device"),
+        attention_backend: str = config_default("attention_backend"),
+        enable_prefix_caching: bool = config_default("enable_prefix_caching"),
     ) -> None:
         from pagedserve.services.worker.bundled import resolve_model
         from pagedserve.services.worker.runner import ModelRunner
-        from pagedserve.shared.config import ServeConfig
 
         # Validate through the same model the services use: one vocabulary, one set of limits.
-        ServeConfig(
+        config = ServeConfig(
             model=model,
             block_size=block_size,
             num_blocks=num_blocks,
@@ -106,13 +94,7 @@ class LLM:
             attention_backend=attention_backend,
         )
         self.max_model_len = min(max_model_len or self.runner.max_model_len, self.runner.max_model_len)
-        limits = SchedulerLimits(
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            aging_s=aging_s,
-            pipeline_depth=pipeline_depth,
-            max_model_len=self.max_model_len,
-        )
+        limits = SchedulerLimits.from_config(config, self.max_model_len)
         self.block_manager = BlockManager(enable_prefix_caching=enable_prefix_caching)
         self.scheduler = Scheduler(limits, self.runner.eos_token_ids, self.tokenizer, owner="llm")
         self.engine = Engine(self.scheduler, self.block_manager, self.runner)

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The bundled-model name resolves to a checkpoint folder (no torch, no weights read).
+from pagedserve.services.worker.bundled import resolve_model
+
 
 @dataclass(slots=True)
 class ModelInfo:
@@ -27,10 +30,18 @@ def _as_list(value: Any) -> list[int]:
     return [int(v) for v in value] if isinstance(value, list) else [int(value)]
 
 
-def load_model_info(model: str, max_model_len: int | None = None) -> ModelInfo:
-    from pagedserve.services.engine.llm import load_tokenizer
-    from pagedserve.services.worker.bundled import resolve_model
+def load_tokenizer(model_path: Path) -> Any | None:
+    """The checkpoint's tokenizer, or None for a checkpoint without one (tiny test models)."""
+    if not any(
+        (model_path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    ):
+        return None
+    from transformers import AutoTokenizer  # lazily: a second or two of imports
 
+    return AutoTokenizer.from_pretrained(str(model_path))
+
+
+def load_model_info(model: str, max_model_len: int | None = None) -> ModelInfo:
     path = resolve_model(model)
     config = json.loads((path / "config.json").read_text())
     text_config = config.get("text_config", config)

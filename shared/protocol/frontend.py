@@ -157,5 +157,3 @@ CLIENT_MESSAGES: dict[str, type[_Strict]] = {"submit": Submit, "abort": Abort, "
 SERVER_MESSAGES: dict[str, type[_Strict]] = {
     m.model_fields["type"].default: m for m in (Accepted, Delta, Finished, Error, Pong)
 }
-
-FINISH_REASONS = ("stop", "length", "abort", "error")
