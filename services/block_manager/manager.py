@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedserve.services.block_manager import snapshot as health
-from pagedserve.services.block_manager.batch import apply_ops
+from pagedserve.services.block_manager.block_ops import apply_ops
 from pagedserve.services.block_manager.leases import LeaseTable
 from pagedserve.services.block_manager.pool import NO_PREFIX, ROOT_PREFIX, Block, BlockPool
 from pagedserve.services.block_manager.table import NEVER, BlockTable

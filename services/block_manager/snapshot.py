@@ -12,6 +12,7 @@ from typing import Any
 from pagedserve.services.block_manager.leases import LeaseTable
 from pagedserve.services.block_manager.pool import BlockPool, block_hash
 from pagedserve.services.block_manager.table import BlockTable
+from pagedserve.shared.paging import blocks_for
 
 
 def snapshot(
@@ -93,7 +94,7 @@ def violations(
         if pool is not table.pool:
             problems.append(f"table {rid!r} points at pool {table.pool.pool_id!r}, which is not registered")
             continue
-        expected_blocks = -(-table.num_slots // pool.block_size)
+        expected_blocks = blocks_for(table.num_slots, pool.block_size)
         if len(table.block_ids) != expected_blocks:
             problems.append(
                 f"table {rid!r} has {len(table.block_ids)} blocks for {table.num_slots} slots "

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from pagedserve.kernels.attention import AttentionMetadata
+from pagedserve.shared.paging import blocks_for
 
 
 @dataclass(slots=True)
@@ -74,7 +75,7 @@ def pack_batch(
                 f"only {known} tokens (was its previous step's token never sampled?)"
             )
         blocks = state.block_ids
-        num_blocks = -(-end // block_size)
+        num_blocks = blocks_for(end, block_size)
         if num_blocks > len(blocks):
             raise ValueError(
                 f"request {state.request_id!r}: {end} tokens need {num_blocks} blocks of {block_size}, "

@@ -12,11 +12,12 @@ from typing import Any
 
 import torch
 from pagedserve.kernels.attention import get_backend
-from pagedserve.services.worker.batch import PackedBatch, RequestState, pack_batch
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
 from pagedserve.services.worker.loader import load_model, torch_dtype
 from pagedserve.services.worker.models.registry import ModelConfig
+from pagedserve.services.worker.packed_batch import PackedBatch, RequestState, pack_batch
 from pagedserve.services.worker.sampler import Sampler, SamplingRequest
+from pagedserve.shared.config import config_default
 from pagedserve.shared.protocol.step import Execute, Fork, StepResult
 
 
@@ -25,13 +26,13 @@ class ModelRunner:
         self,
         model_path: str | Path,
         *,
-        dtype: str = "float32",
-        device: str = "cpu",
-        block_size: int = 16,
+        dtype: str = config_default("dtype"),
+        device: str = config_default("device"),
+        block_size: int = config_default("block_size"),
         num_blocks: int | None = None,
-        kv_cache_memory: int = 256 * 1024**2,
-        attention_backend: str = "auto",
-        gpu_memory_utilization: float = 0.85,
+        kv_cache_memory: int = config_default("kv_cache_memory"),
+        attention_backend: str = config_default("attention_backend"),
+        gpu_memory_utilization: float = config_default("gpu_memory_utilization"),
         num_threads: int | None = None,
     ) -> None:
         if num_threads is not None:
