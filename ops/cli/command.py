@@ -1,7 +1,8 @@
 """The `pagedserve` command: run one service, a whole local deployment, or talk to one.
 
-    pagedserve block-manager | scheduler | worker [config flags]   one service (docker compose runs these)
-    pagedserve up [--workers N] [config flags]                     all of them, supervised
+    pagedserve block-manager | scheduler | worker | api [flags]    one service (docker compose runs these)
+    pagedserve up [--workers N] [--no-api] [config flags]          all of them, supervised
+    pagedserve serve [MODEL] [same flags as up]                    the same as up, the model first
     pagedserve demo ["question"]                                   up + one answer from the bundled model + down
     pagedserve generate "prompt"                                   ask a running deployment
     pagedserve health [--url URL] [--json]                         the block manager's /blocks, readable
@@ -28,6 +29,7 @@ SERVICES = {
     "block-manager": "pagedserve.services.block_manager.service",
     "scheduler": "pagedserve.services.scheduler.service",
     "worker": "pagedserve.services.worker.service",
+    "api": "pagedserve.services.api.server",
 }
 # Subcommands whose arguments belong to a module another part of the project owns.
 PASSTHROUGH = {"bench": "pagedserve.ops.bench", "chaos": "pagedserve.ops.chaos"}
@@ -45,16 +47,28 @@ def build_parser() -> argparse.ArgumentParser:
         add_config_args(p)
         p.set_defaults(handler=_cmd_service)
 
-    p = sub.add_parser("up", help="run block manager, scheduler and workers as supervised local processes")
-    p.add_argument(
-        "--workers", type=int, default=1, help="worker processes, named worker-0..N-1 (default: 1)"
-    )
-    _add_ready_timeout(p)
-    p.add_argument(
-        "--log-dir", type=Path, default=None, help="one <service>.log per child (default: this terminal)"
-    )
-    add_config_args(p)
-    p.set_defaults(handler=_cmd_up)
+    for name in ("up", "serve"):
+        p = sub.add_parser(
+            name,
+            help="run block manager, scheduler, workers and the OpenAI API as supervised local processes",
+        )
+        if name == "serve":
+            p.add_argument("served_model", nargs="?", default=None, metavar="MODEL", help="as --model")
+        p.add_argument(
+            "--workers", type=int, default=1, help="worker processes, named worker-0..N-1 (default: 1)"
+        )
+        p.add_argument(
+            "--api",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="also run the OpenAI-compatible HTTP API (default: on)",
+        )
+        _add_ready_timeout(p)
+        p.add_argument(
+            "--log-dir", type=Path, default=None, help="one <service>.log per child (default: this terminal)"
+        )
+        add_config_args(p)
+        p.set_defaults(handler=_cmd_up)
 
     p = sub.add_parser("demo", help="start everything on the bundled model, answer one question, stop")
     p.add_argument("prompt", nargs="?", default=None, help="the question (default: a short factual one)")
@@ -142,14 +156,18 @@ def _cmd_up(args: argparse.Namespace) -> int:
     from pagedserve.ops.deploy.up import run_up
     from pagedserve.shared.log import configure_logging
 
-    config = config_from_args(args)
+    model = getattr(args, "served_model", None)
+    config = config_from_args(args, **({"model": model} if model else {}))
     configure_logging("supervisor", config.log_format, config.log_level)
     try:
+        if args.api and config.served_model_name is None:
+            # The API is named after the model as the user gave it, not the resolved cache folder.
+            config = config.model_copy(update={"served_model_name": Path(config.model).name})
         config = resolve_model_first(config)
     except ValueError as e:  # no such checkpoint folder: say so before starting anything
-        print(f"pagedserve up: {e}", file=sys.stderr)
+        print(f"pagedserve {args.command}: {e}", file=sys.stderr)
         return 2
-    return run_up(config, args.workers, args.ready_timeout, args.log_dir)
+    return run_up(config, args.workers, args.ready_timeout, args.log_dir, api=args.api)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ from pagedserve.shared.config import ServeConfig
 
 BLOCK_MANAGER = "block-manager"
 SCHEDULER = "scheduler"
+API = "api"
 CORE_SERVICES = (BLOCK_MANAGER, SCHEDULER)
 
 # Given a service name and a worker id (None for the core services), the argv that runs it.
@@ -86,14 +87,18 @@ class Supervisor:
         policy: RestartPolicy | None = None,
         launcher: Launcher = service_argv,
         restart_core: bool = True,
+        api: bool = False,
     ) -> None:
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
         self.config = config
         self.workers = workers
+        self.api = api
         env = config_env(config)
         specs = [ChildSpec(s, launcher(s, None), env, restart=restart_core) for s in CORE_SERVICES]
         specs += [ChildSpec(worker_name(i), launcher("worker", worker_name(i)), env) for i in range(workers)]
+        if api:  # the OpenAI-compatible API: one more client of the front socket, restarted like the rest
+            specs.append(ChildSpec(API, launcher(API, None), env, restart=restart_core))
         self.group = ProcessGroup(specs, policy=policy, log_dir=log_dir)
 
     # ------------------------------------------------------------------ endpoints
@@ -110,12 +115,18 @@ class Supervisor:
     def block_manager_ops_url(self) -> str:
         return ops_url(self.config, self.config.block_manager_ops_port)
 
+    @property
+    def api_base_url(self) -> str:
+        host = "127.0.0.1" if self.config.api_host in ("0.0.0.0", "", "::") else self.config.api_host
+        return f"http://{host}:{self.config.api_port}/v1"
+
     def endpoints(self) -> dict[str, str]:
-        return {
+        found = {
             "front": self.front_endpoint,
             "scheduler_ops": self.scheduler_ops_url,
             "block_manager_ops": self.block_manager_ops_url,
         }
+        return found | ({"api": self.api_base_url} if self.api else {})
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -134,16 +145,20 @@ class Supervisor:
         deadline = time.monotonic() + timeout_s
         while True:
             self.check()
-            if ops_http.is_ok(url):
+            if ops_http.is_ok(url) and (not self.api or ops_http.is_ok(self.api_health_url)):
                 return
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s{self._log_hint(SCHEDULER)}")
             time.sleep(poll_s)
 
+    @property
+    def api_health_url(self) -> str:
+        return self.api_base_url.removesuffix("/v1") + "/health"
+
     def check(self) -> None:
         """Raise DeploymentFailed if the block manager, the scheduler or every worker is down for good."""
         given_up = self.group.given_up()
-        dead = [n for n in given_up if n in CORE_SERVICES]
+        dead = [n for n in given_up if n in CORE_SERVICES or n == API]
         if not dead and self.workers and sum(n.startswith("worker-") for n in given_up) == self.workers:
             dead = [worker_name(0)]
         if dead:

@@ -27,8 +27,9 @@ def run_up(
     log_dir: Path | None = None,
     out: TextIO = sys.stdout,
     launcher: Launcher = service_argv,
+    api: bool = False,
 ) -> int:
-    supervisor = Supervisor(config, workers=workers, log_dir=log_dir, launcher=launcher)
+    supervisor = Supervisor(config, workers=workers, log_dir=log_dir, launcher=launcher, api=api)
     previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     code = 0
     try:
@@ -36,6 +37,8 @@ def run_up(
         _print_endpoints(supervisor, out, log_dir)
         started = time.monotonic()
         supervisor.wait_ready(timeout_s=ready_timeout_s)
+        if api:
+            out.write(f"OpenAI-compatible API: {supervisor.api_base_url}  (model {_served_name(config)})\n")
         out.write(f"ready in {time.monotonic() - started:.1f} s; Ctrl-C stops everything\n")
         out.flush()
         while True:
@@ -58,13 +61,22 @@ def run_up(
 
 
 def _print_endpoints(supervisor: Supervisor, out: TextIO, log_dir: Path | None) -> None:
+    api = " and the OpenAI API" if supervisor.api else ""
     lines = [
-        f"pagedserve: block manager, scheduler and {supervisor.workers} worker(s)",
+        f"pagedserve: block manager, scheduler, {supervisor.workers} worker(s){api}",
         f"  front (SDK)         {supervisor.front_endpoint}",
         f"  scheduler ops       {supervisor.scheduler_ops_url}  /healthz /readyz /requests /metrics",
         f"  block manager ops   {supervisor.block_manager_ops_url}  /healthz /blocks /metrics",
     ]
+    if supervisor.api:
+        lines.append(
+            f"  OpenAI API          {supervisor.api_base_url}  /models /completions /chat/completions"
+        )
     if log_dir is not None:
         lines.append(f"  logs                {log_dir}/<service>.log")
     out.write("\n".join(lines) + "\n")
     out.flush()
+
+
+def _served_name(config: ServeConfig) -> str:
+    return config.served_model_name or Path(config.model).name

@@ -39,6 +39,7 @@ def create_app(config: ServeConfig, card: ModelCard | None = None) -> FastAPI:
             yield
 
     app = FastAPI(title="pagedserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.model_name = card.name
     guarded = [Depends(routes.require_api_key)]
     app.include_router(routes.router, dependencies=guarded)
     app.include_router(completions.router, dependencies=guarded)

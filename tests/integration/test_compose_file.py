@@ -84,9 +84,10 @@ def test_every_service_uses_the_host_network_and_has_a_healthcheck(profiles: lis
 
 
 def test_profiles_choose_cpu_or_gpu_workers() -> None:
-    assert set(rendered([])["services"]) == {"block-manager", "scheduler"}
-    assert set(rendered(["cpu"])["services"]) == {"block-manager", "scheduler", "worker"}
-    assert set(rendered(["gpu"])["services"]) == {"block-manager", "scheduler", "worker-gpu"}
+    core = {"block-manager", "scheduler", "api"}
+    assert set(rendered([])["services"]) == core
+    assert set(rendered(["cpu"])["services"]) == core | {"worker"}
+    assert set(rendered(["gpu"])["services"]) == core | {"worker-gpu"}
 
 
 def test_cpu_workers_scale_and_restart_on_failure() -> None:
@@ -97,7 +98,7 @@ def test_cpu_workers_scale_and_restart_on_failure() -> None:
     assert "container_name" not in worker and "hostname" not in worker  # --scale worker=N needs neither
     assert worker["command"] == ["worker"]  # no --worker-id: each replica names itself after its container
     assert worker["restart"] == "on-failure"
-    assert {services[s]["restart"] for s in ("block-manager", "scheduler")} == {"unless-stopped"}
+    assert {services[s]["restart"] for s in ("block-manager", "scheduler", "api")} == {"unless-stopped"}
 
 
 def test_gpu_worker_reserves_an_nvidia_device_on_a_cuda_image() -> None:

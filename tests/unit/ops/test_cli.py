@@ -223,3 +223,25 @@ def test_health_json_prints_the_dump_and_fails_on_violations(
 def test_health_of_an_unreachable_block_manager_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["health", "--url", "http://127.0.0.1:9"]) == 2
     assert "cannot read http://127.0.0.1:9/blocks" in capsys.readouterr().err
+
+
+def test_serve_is_up_with_the_model_first_and_the_api_on_by_default() -> None:
+    parser = cli.build_parser()
+    serve = parser.parse_args(["serve", "/models/tiny", "--workers", "2", "--api-port", "8100"])
+    up = parser.parse_args(["up", "--no-api"])
+
+    assert (serve.served_model, serve.workers, serve.api, config_from_args(serve).api_port) == (
+        "/models/tiny",
+        2,
+        True,
+        8100,
+    )
+    assert up.api is False and up.handler is serve.handler
+
+
+def test_api_is_a_service_subcommand_with_its_flags() -> None:
+    args = cli.build_parser().parse_args(["api", "--api-key", "k", "--served-model-name", "mine"])
+    config = config_from_args(args)
+
+    assert cli.SERVICES["api"] == "pagedserve.services.api.server"
+    assert (config.api_key, config.served_model_name, config.api_port) == ("k", "mine", 8000)

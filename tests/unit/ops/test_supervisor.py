@@ -180,6 +180,10 @@ def test_supervisor_names_its_children_and_passes_the_config() -> None:
         ("worker", "worker-0"),
         ("worker", "worker-1"),
     ]
+    seen.clear()
+    with_api = Supervisor(config, workers=1, launcher=launcher, api=True)
+    assert seen[-1] == ("api", None)
+    assert with_api.endpoints()["api"] == "http://127.0.0.1:8000/v1"
     env = config_env(
         config, base={"PATH": "/bin", "PAGEDSERVE_BLOCK_SIZE": "64", "PAGEDSERVE_CACHE": "/models"}
     )
