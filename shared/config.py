@@ -31,6 +31,9 @@ class ServeConfig(BaseSettings):
     )
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads of a CPU worker")
     worker_id: str | None = Field(None, max_length=64, description="this worker's name; default host-pid")
+    simulate_step_ms: float | None = Field(
+        None, gt=0.0, le=60_000.0, description="worker runs no model: each step sleeps this long, fake tokens"
+    )
 
     # --- KV cache
     block_size: int = Field(16, description="tokens per KV block: a power of two, 8 to 128")

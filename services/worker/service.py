@@ -19,8 +19,10 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
+from pagedserve.services.worker.simulated import SimulatedRunner
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
 from pagedserve.shared.protocol.codec import ProtocolError, decode
@@ -29,6 +31,9 @@ from pagedserve.shared.protocol.messages import message_table, read_message
 from pagedserve.shared.protocol.step import ExecuteMessage, StepResultMessage
 from pagedserve.shared.transport import CurveKeys, make_socket, send
 
+if TYPE_CHECKING:
+    from pagedserve.services.worker.runner import ModelRunner
+
 # What the scheduler sends a worker's step socket.
 _FROM_SCHEDULER = message_table(ExecuteMessage, Reset)
 
@@ -36,7 +41,6 @@ _FROM_SCHEDULER = message_table(ExecuteMessage, Reset)
 class WorkerService:
     def __init__(self, config: ServeConfig) -> None:
         from pagedserve.services.worker.bundled import resolve_model
-        from pagedserve.services.worker.runner import ModelRunner
 
         self.config = config
         self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -44,21 +48,32 @@ class WorkerService:
         self.log = configure_logging("worker", config.log_format, config.log_level).bind(
             worker_id=self.worker_id
         )
-        if config.num_threads:
-            import torch
-
-            torch.set_num_threads(config.num_threads)
         self.model_path = resolve_model(config.model)
-        self.runner = ModelRunner(
-            self.model_path,
-            dtype=config.dtype,
-            device=config.device,
-            block_size=config.block_size,
-            num_blocks=config.num_blocks,
-            kv_cache_memory=config.kv_cache_memory,
-            attention_backend=config.attention_backend,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-        )
+        self.runner: ModelRunner | SimulatedRunner
+        if config.simulate_step_ms is not None:  # no torch, no weights: a fleet on one machine
+            self.runner = SimulatedRunner(
+                self.model_path,
+                step_ms=config.simulate_step_ms,
+                block_size=config.block_size,
+                num_blocks=config.num_blocks,
+            )
+        else:
+            from pagedserve.services.worker.runner import ModelRunner  # lazily: torch
+
+            if config.num_threads:
+                import torch
+
+                torch.set_num_threads(config.num_threads)
+            self.runner = ModelRunner(
+                self.model_path,
+                dtype=config.dtype,
+                device=config.device,
+                block_size=config.block_size,
+                num_blocks=config.num_blocks,
+                kv_cache_memory=config.kv_cache_memory,
+                attention_backend=config.attention_backend,
+                gpu_memory_utilization=config.gpu_memory_utilization,
+            )
         self.keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
         self.ctx = zmq.Context()
         self.stopping = threading.Event()

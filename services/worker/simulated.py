@@ -1,0 +1,110 @@
+"""A runner that runs no model: each step sleeps a fixed time and returns deterministic fake tokens.
+
+Same interface as `ModelRunner` (execute(Execute) -> StepResult, the pool it reports, `requests`),
+so the worker service registers it, heartbeats and steps exactly as a real worker does. With it one
+scheduler and block manager can drive dozens of workers on one machine (`pagedserve bench fleet`):
+what is measured is the control plane, not the model.
+
+The token after `tokens` is a function of the request's last token and its length only, so a
+recompute (preemption, a lost worker) reproduces the same output, as greedy decoding would.
+Token ids below `FIRST_TOKEN` (the tiny models' specials, EOS among them) are never produced.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pagedserve.shared.protocol.step import Execute, StepResult
+
+FIRST_TOKEN = 3
+
+
+@dataclass(slots=True)
+class SimulatedRequest:
+    token_ids: list[int]  # prompt, then outputs
+    num_computed_tokens: int
+    num_blocks: int
+
+
+def fake_token(last: int, length: int, vocab_size: int) -> int:
+    return FIRST_TOKEN + (last * 1103515245 + length * 12345) % (vocab_size - FIRST_TOKEN)
+
+
+class SimulatedRunner:
+    def __init__(
+        self,
+        model_path: str | Path | None,
+        *,
+        step_ms: float,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+    ) -> None:
+        config: dict[str, Any] = {}
+        if model_path is not None and (Path(model_path) / "config.json").exists():
+            config = json.loads((Path(model_path) / "config.json").read_text())
+            config = config.get("text_config", config)
+        self.step_s = step_ms / 1000.0
+        self.block_size = block_size
+        self.num_blocks = num_blocks or 4096
+        self.vocab_size = int(config.get("vocab_size", 32000))
+        self.max_model_len = int(config.get("max_position_embeddings", 2048))
+        eos = config.get("eos_token_id")
+        self.eos_token_ids = (
+            [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+        )
+        self.attention_backend = "simulated"
+        self.requests: dict[str, SimulatedRequest] = {}
+
+    def execute(self, step: Execute) -> StepResult:
+        started = time.perf_counter()
+        for request_id in step.finished_ids:
+            self.requests.pop(request_id, None)
+        scheduled: list[tuple[str, SimulatedRequest, int]] = []
+        for new in step.new_requests:
+            self._check_blocks(new.request_id, new.block_ids)
+            state = SimulatedRequest(list(new.token_ids), new.num_computed_tokens, len(new.block_ids))
+            self.requests[new.request_id] = state
+            if new.num_scheduled_tokens:
+                scheduled.append((new.request_id, state, new.num_scheduled_tokens))
+        for cached in step.cached_requests:
+            state = self.requests.get(cached.request_id)
+            if state is None:
+                raise KeyError(
+                    f"step {step.step} names request {cached.request_id!r}, which this worker does not hold"
+                )
+            self._check_blocks(cached.request_id, cached.new_block_ids)
+            state.num_blocks += len(cached.new_block_ids)
+            if cached.num_scheduled_tokens:
+                scheduled.append((cached.request_id, state, cached.num_scheduled_tokens))
+        ids: list[str] = []
+        tokens: list[int] = []
+        for request_id, state, n in scheduled:
+            state.num_computed_tokens += n
+            if state.num_computed_tokens >= len(state.token_ids):  # reached its end: one new token
+                token = fake_token(state.token_ids[-1], len(state.token_ids), self.vocab_size)
+                state.token_ids.append(token)
+                ids.append(request_id)
+                tokens.append(token)
+        for fork in step.forks:  # n > 1: the child starts as a copy, with its own next token
+            parent = self.requests[fork.parent_id]
+            child = SimulatedRequest(parent.token_ids[:-1], parent.num_computed_tokens, parent.num_blocks)
+            token = fake_token(
+                child.token_ids[-1] + (fork.seed or 0) + 1, len(child.token_ids), self.vocab_size
+            )
+            child.token_ids.append(token)
+            self.requests[fork.child_id] = child
+            ids.append(fork.child_id)
+            tokens.append(token)
+        # The model's time: sleep the rest of the step (a real step's cost does not depend on us).
+        remaining = self.step_s - (time.perf_counter() - started)
+        if remaining > 0 and scheduled:
+            time.sleep(remaining)
+        return StepResult(step.step, ids, tokens, None, {"step_s": time.perf_counter() - started})
+
+    def _check_blocks(self, owner: str, block_ids: list[int]) -> None:
+        if block_ids and (min(block_ids) < 0 or max(block_ids) >= self.num_blocks):
+            raise ValueError(f"{owner!r}: block ids must be in [0, {self.num_blocks}); got {block_ids}")
