@@ -143,14 +143,5 @@ class LLM:
 
     @staticmethod
     def _to_output(done: RequestDone, prompt: list[int]) -> RequestOutput:
-        outputs = [
-            CompletionOutput(
-                index=r.index,
-                token_ids=list(r.output_token_ids),
-                text=text,
-                finish_reason=r.finish_reason or "error",
-                logprobs=lps,
-            )
-            for r, text, lps in zip(done.completions, done.texts, done.logprobs, strict=True)
-        ]
+        outputs = done.completion_outputs("error")
         return RequestOutput(done.request_id, prompt, outputs, done.num_cached_tokens, done.error_code)

@@ -20,7 +20,6 @@ from pagedserve.shared.protocol.frontend import (
     CLIENT_MESSAGES,
     Abort,
     Accepted,
-    CompletionOutput,
     Delta,
     Error,
     Finished,
@@ -230,19 +229,10 @@ class FrontDoor:
         else:
             reply = Finished(
                 request_id=done.request_id,
-                outputs=[
-                    CompletionOutput(
-                        index=r.index,
-                        token_ids=list(r.output_token_ids),
-                        text=text,
-                        finish_reason=r.finish_reason or "abort",
-                        logprobs=lps,
-                    )
-                    for r, text, lps in zip(done.completions, done.texts, done.logprobs, strict=True)
-                ],
+                outputs=done.completion_outputs("abort"),
                 usage=Usage(
                     prompt_tokens=done.num_prompt_tokens,
-                    completion_tokens=sum(len(r.output_token_ids) for r in done.completions),
+                    completion_tokens=done.num_completion_tokens,
                     cached_tokens=done.num_cached_tokens,
                 ),
             )
@@ -251,7 +241,7 @@ class FrontDoor:
             "request_finished",
             request_id=done.request_id,
             reason=done.error_code or head.finish_reason,
-            completion_tokens=sum(len(r.output_token_ids) for r in done.completions),
+            completion_tokens=done.num_completion_tokens,
         )
         if client is not None:
             send(self.sock, reply, to=client)

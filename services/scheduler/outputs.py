@@ -14,6 +14,7 @@ from typing import Any
 from pagedserve.services.scheduler.limits import SchedulerStats
 from pagedserve.services.scheduler.request import Request
 from pagedserve.services.scheduler.stopping import CompletionText, Tokenizer, stop_reason
+from pagedserve.shared.protocol.frontend import CompletionOutput
 
 
 @dataclass(slots=True)
@@ -39,6 +40,23 @@ class RequestDone:
     num_prompt_tokens: int
     num_cached_tokens: int
     error_code: str | None = None
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(len(r.output_token_ids) for r in self.completions)
+
+    def completion_outputs(self, unfinished_reason: str) -> list[CompletionOutput]:
+        """The completions as the client reads them; one that never got a reason gets `unfinished_reason`."""
+        return [
+            CompletionOutput(
+                index=r.index,
+                token_ids=list(r.output_token_ids),
+                text=text,
+                finish_reason=r.finish_reason or unfinished_reason,
+                logprobs=lps,
+            )
+            for r, text, lps in zip(self.completions, self.texts, self.logprobs, strict=True)
+        ]
 
 
 class Outputs:
