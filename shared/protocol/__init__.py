@@ -2,7 +2,9 @@
 
 - `frontend`: client SDK <-> scheduler (pydantic, validated on arrival: a trust boundary).
 - `step`: scheduler <-> worker hot path (slotted dataclasses, flat lists, no per-field validation).
-- `blocks`: scheduler / worker <-> block manager batches (the same plain style).
+- `blocks`: scheduler <-> block manager batches (the same plain style), built and read by its functions.
+- `control`: hello, heartbeat, register, reset, renew_owner, pools... (dataclasses, fields checked).
+- `messages`: every type above by its `type` tag; `encode_message` / `read_message`.
 - `codec`: msgpack frames `{"v": 1, "type": ..., ...}`; one error type for any bad frame.
 """
 
