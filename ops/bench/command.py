@@ -4,6 +4,7 @@
     pagedserve bench --quick            # 16 requests, lengths 16-64, batch sizes 8 and 16
     pagedserve bench --peers pagedserve,hf-static --hf-batch-sizes 16,32
     pagedserve bench --services --depths 1,2,3   # also through the real processes
+    pagedserve bench serve --request-rate 1,4,inf   # online over HTTP, any OpenAI-compatible server
     pagedserve bench fleet              # one scheduler driving 1..32 simulated workers (ops/bench/fleet.py)
 
 The workload (nano-vllm's bench.py, scaled down): seed 0, prompts of random token ids, prompt and
@@ -86,6 +87,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv and argv[0] == "serve":  # `pagedserve bench serve`: online, over HTTP (ops/bench/serve.py)
+        from pagedserve.ops.bench.serve import main as serve_main
+
+        return serve_main(argv[1:])
     if argv and argv[0] == "fleet":  # `pagedserve bench fleet`: simulated workers, its own flags
         from pagedserve.ops.bench.fleet import main as fleet_main
 

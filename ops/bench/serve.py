@@ -1,0 +1,214 @@
+"""`pagedserve bench serve`: online serving figures of any OpenAI-compatible server, over HTTP.
+
+    pagedserve bench serve                                    # ours at http://127.0.0.1:8000/v1, all at once
+    pagedserve bench serve --request-rate 1,4,inf --max-concurrency 32 --out bench/results/serve.json
+    pagedserve bench serve --base-url http://127.0.0.1:8001/v1 --workload bench   # another server
+
+Workloads (seeded, prompts of random token ids, EOS ignored so every output has its length):
+`random` = --num-prompts prompts of --input-len tokens, each generating --output-len (vllm bench
+serve's random dataset: 64 x 128/128 by default); `bench` = `pagedserve bench`'s workload (lengths
+uniform in --min-len..--max-len). Reports request and output throughput and mean / p50 / p90 / p99
+of TTFT, TPOT, inter-token latency and end-to-end latency per rate; writes JSON and a PNG beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pagedserve.ops.bench.serve_load import LoadSpec, run_load
+from pagedserve.ops.bench.serve_stats import summarize
+from pagedserve.ops.bench.workload import make_workload
+from tqdm import tqdm
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [math.inf if x.strip() == "inf" else float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--request-rate takes numbers or inf, comma-separated; got {text!r}"
+        ) from None
+    if not rates or any(r <= 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"--request-rate values must be > 0 (or inf); got {text!r}")
+    return rates
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="pagedserve bench serve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="an OpenAI-compatible /v1 URL")
+    ap.add_argument("--model", default=None, help="model name to ask for (default: the server's first)")
+    ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="Bearer token, if needed")
+    ap.add_argument("--request-rate", type=_rates, default=[math.inf], help="requests/s, e.g. 1,4,inf")
+    ap.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
+    ap.add_argument("--workload", choices=["random", "bench"], default="random")
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=128, help="random: prompt tokens")
+    ap.add_argument("--output-len", type=int, default=128, help="random: output tokens")
+    ap.add_argument("--min-len", type=int, default=16, help="bench: shortest prompt and output")
+    ap.add_argument("--max-len", type=int, default=256, help="bench: longest prompt and output")
+    ap.add_argument(
+        "--vocab-size", type=int, default=None, help="token ids are drawn below it (default: the model's)"
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--label", default=None, help="what is measured, for the report (server, model, load)")
+    ap.add_argument(
+        "--out", type=Path, default=Path("bench/results/serve.json"), help="JSON; the PNG goes beside"
+    )
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        ap.error("--max-concurrency must be >= 1")
+    if args.num_prompts < 1:
+        ap.error("--num-prompts must be >= 1")
+    return args
+
+
+def _server_model(base_url: str, api_key: str | None) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    reply = httpx.get(f"{base_url}/models", headers=headers, timeout=10)
+    reply.raise_for_status()
+    return reply.json()["data"][0]
+
+
+def _vocab_size(entry: dict[str, Any]) -> int:
+    """A local server's model folder says (pagedserve and vLLM list it as `root`)."""
+    config = Path(str(entry.get("root", ""))) / "config.json"
+    if config.is_file():
+        hf = json.loads(config.read_text())
+        return int(hf.get("text_config", hf)["vocab_size"])
+    raise SystemExit(f"bench serve: cannot tell the vocabulary of {entry.get('id')!r}; pass --vocab-size")
+
+
+def workload(args: argparse.Namespace, vocab_size: int) -> tuple[list[list[int]], list[int]]:
+    if args.workload == "bench":
+        w = make_workload(
+            args.num_prompts, vocab_size, seed=args.seed, min_len=args.min_len, max_len=args.max_len
+        )
+        return w.prompts, w.output_lens
+    rng = random.Random(args.seed)
+    prompts = [[rng.randrange(vocab_size) for _ in range(args.input_len)] for _ in range(args.num_prompts)]
+    return prompts, [args.output_len] * args.num_prompts
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        entry = _server_model(args.base_url, args.api_key)
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+        print(f"bench serve: no model list at {args.base_url}/models: {exc}", file=sys.stderr)
+        return 2
+    model = args.model or entry["id"]
+    prompts, output_lens = workload(args, args.vocab_size or _vocab_size(entry))
+    load_at_start = list(os.getloadavg())
+    runs = []
+    for rate in args.request_rate:
+        spec = LoadSpec(
+            args.base_url, model, prompts, output_lens, rate, args.max_concurrency, args.seed, args.api_key
+        )
+        bar = tqdm(
+            total=len(prompts), desc=f"rate {rate:g}/s", unit="req", disable=args.no_progress, file=sys.stderr
+        )
+        records, duration = asyncio.run(run_load(spec, on_done=lambda _, bar=bar: bar.update(1)))
+        bar.close()
+        summary = {"request_rate": "inf" if math.isinf(rate) else rate, **summarize(records, duration)}
+        runs.append(summary)
+        print(format_run(summary))
+    report = {
+        "label": args.label,
+        "base_url": args.base_url,
+        "model": model,
+        "workload": {
+            "kind": args.workload,
+            "num_prompts": len(prompts),
+            "input_tokens": sum(len(p) for p in prompts),
+            "output_tokens": sum(output_lens),
+            "seed": args.seed,
+            **(
+                {"input_len": args.input_len, "output_len": args.output_len}
+                if args.workload == "random"
+                else {}
+            ),
+            **({"min_len": args.min_len, "max_len": args.max_len} if args.workload == "bench" else {}),
+        },
+        "max_concurrency": args.max_concurrency,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": list(os.getloadavg()),
+        },
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    png = args.out.with_suffix(".png")
+    write_chart(report, png)
+    print(f"wrote {args.out} and {png}")
+    return 0 if all(r["failed"] == 0 for r in runs) else 1
+
+
+def format_run(run: dict[str, Any]) -> str:
+    def row(name: str, key: str) -> str:
+        d = run[key]
+        cells = "  ".join(f"{k} {v:>9.1f}" if v is not None else f"{k} {'-':>9}" for k, v in d.items())
+        return f"  {name:<18} {cells}"
+
+    return "\n".join(
+        [
+            f"rate {run['request_rate']}/s: {run['completed']} done, {run['failed']} failed in {run['duration_s']:.1f} s",
+            f"  request throughput {run['request_throughput']} req/s   output {run['output_throughput']} tok/s",
+            row("TTFT (ms)", "ttft_ms"),
+            row("TPOT (ms)", "tpot_ms"),
+            row("ITL (ms)", "itl_ms"),
+            row("E2E (ms)", "e2e_ms"),
+            *(f"  error: {e}" for e in run["errors"]),
+        ]
+    )
+
+
+def write_chart(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    labels = [str(r["request_rate"]) for r in runs]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    panels = [
+        ("output tok/s", [[r["output_throughput"] or 0 for r in runs]], ["output"]),
+        ("TTFT ms", [[r["ttft_ms"][p] or 0 for r in runs] for p in ("p50", "p99")], ["p50", "p99"]),
+        ("TPOT ms", [[r["tpot_ms"][p] or 0 for r in runs] for p in ("p50", "p99")], ["p50", "p99"]),
+        ("ITL ms", [[r["itl_ms"][p] or 0 for r in runs] for p in ("p50", "p99")], ["p50", "p99"]),
+    ]
+    for ax, (title, series, names) in zip(axes.flat, panels, strict=True):
+        width = 0.8 / len(series)
+        for i, (values, name) in enumerate(zip(series, names, strict=True)):
+            ax.bar([x + i * width for x in range(len(runs))], values, width, label=name)
+        ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(runs))], labels)
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_title(title)
+        if len(series) > 1:
+            ax.legend()
+    fig.suptitle(f"bench serve: {report['label'] or report['model']} ({report['workload']['kind']} workload)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
