@@ -2,15 +2,20 @@
 
 GET routes only read (handlers take the service's lock themselves); POST routes change state and
 require `Authorization: Bearer <admin_token>` — with no token configured they are refused outright.
+Every server also answers `GET /process`: the process's RSS, Python object count and threads, what
+a soak run watches for slow leaks.
 """
 
 from __future__ import annotations
 
+import gc
 import hmac
 import json
+import os
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 Handler = Callable[[], tuple[int, str, bytes]]
@@ -18,6 +23,26 @@ Handler = Callable[[], tuple[int, str, bytes]]
 
 def json_response(body: Any, status: int = 200) -> tuple[int, str, bytes]:
     return status, "application/json", json.dumps(body).encode()
+
+
+def process_view() -> tuple[int, str, bytes]:
+    """RSS from /proc (Linux), and every object the garbage collector tracks: a per-request leak
+    shows in one or the other."""
+    rss = None
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return json_response(
+        {
+            "pid": os.getpid(),
+            "rss_bytes": rss,
+            "python_objects": len(gc.get_objects()),
+            "threads": threading.active_count(),
+        }
+    )
 
 
 class OpsServer:
@@ -29,7 +54,7 @@ class OpsServer:
         post: dict[str, Handler] | None = None,
         admin_token: str | None = None,
     ) -> None:
-        routes_get, routes_post, token = get, post or {}, admin_token
+        routes_get, routes_post, token = {"/process": process_view, **get}, post or {}, admin_token
 
         class _Handler(BaseHTTPRequestHandler):
             def _reply(self, status: int, ctype: str, body: bytes) -> None:

@@ -7,6 +7,7 @@
     pagedserve chaos --endpoint tcp://127.0.0.1:5555 --scheduler-ops http://127.0.0.1:8080 \\
                      --block-manager-ops http://127.0.0.1:8081
     pagedserve chaos --docker                       kill worker containers of `docker compose up`
+    pagedserve chaos soak --model PATH              10,000 short requests, memory at 1k and 10k (soak.py)
 
 Faults (ops/chaos/faults.py): SIGKILL of a worker, SIGSTOP/SIGCONT of a worker for less and for
 more than the worker timeout, SIGKILL of the scheduler, of the block manager, and of the API server
@@ -223,6 +224,10 @@ def run(dep: Deployment, args: argparse.Namespace, console: Console) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv and argv[0] == "soak":  # `pagedserve chaos soak`: the slow-leak run, its own flags
+        from pagedserve.ops.chaos.soak import main as soak_main
+
+        return soak_main(argv[1:])
     args = parse_args(argv)
     from pagedserve.shared.log import configure_logging
 

@@ -1,0 +1,295 @@
+"""`pagedserve chaos soak`: many short requests with aborts, timeouts and vanished clients mixed in,
+and every service's memory measured along the way, to find leaks that only show after thousands.
+
+    pagedserve chaos soak --model PATH                       10,000 requests, measured at 1k and 10k
+    pagedserve chaos soak --model PATH --requests 400 --checkpoints 100,400     the CI size
+
+Request kinds, drawn at random (seeded): `ok` (runs to max_tokens), `abort` (streams, then the
+client aborts after its first token), `timeout` (a timeout far shorter than the request needs) and
+`disconnect` (a bare socket submits and closes without a word: the scheduler must notice the
+silent client and abort its request). At each checkpoint, once the deployment is idle again:
+
+- per-request state back to its idle size: the scheduler holds no request, the block manager no
+  lease and no used block, the SDK no live request;
+- each process's RSS (/proc) and, for the scheduler, block manager and this process (the SDK),
+  its Python object count (the ops endpoint's /process);
+
+Growth from the first checkpoint to the last must stay under `--max-growth` (5%) for every
+service (the driver's own process is reported, not judged). Workers have no ops endpoint: RSS only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import gc
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pagedserve.ops.chaos.deployment import DeploymentError, free_ports
+from pagedserve.ops.deploy import ops_http
+from pagedserve.ops.deploy.supervisor import Supervisor, resolve_model_first
+from pagedserve.shared.config import ServeConfig
+
+KINDS = ("ok", "abort", "timeout", "disconnect")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="pagedserve chaos soak",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--model", required=True, help="checkpoint folder (a tiny model: the soak is about state)"
+    )
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--requests", type=int, default=10_000)
+    ap.add_argument(
+        "--checkpoints", default="1000,10000", help="request counts to measure at (default: 1000,10000)"
+    )
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--mix", default="ok=70,abort=10,timeout=10,disconnect=10", help="weights of each kind")
+    ap.add_argument("--max-growth", type=float, default=0.05, help="allowed growth, first to last checkpoint")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("bench/results/soak.json"))
+    args = ap.parse_args(argv)
+    args.checkpoints = sorted(int(x) for x in args.checkpoints.split(",") if x.strip())
+    if not args.checkpoints or args.checkpoints[-1] > args.requests or len(args.checkpoints) < 2:
+        ap.error(
+            f"--checkpoints needs two or more counts up to --requests ({args.requests}); got {args.checkpoints}"
+        )
+    mix = dict(part.split("=") for part in args.mix.split(","))
+    if set(mix) - set(KINDS):
+        ap.error(f"--mix kinds are {', '.join(KINDS)}; got {sorted(mix)}")
+    args.mix = {k: float(v) for k, v in mix.items()}
+    return args
+
+
+# ---------------------------------------------------------------- what is measured
+
+
+def rss_bytes(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def process_view(ops_url: str) -> dict[str, Any]:
+    return ops_http.get_json(f"{ops_url}/process", timeout_s=10.0)
+
+
+def idle_state(sup: Supervisor, client: Any) -> dict[str, Any]:
+    requests = ops_http.get_json(f"{sup.scheduler_ops_url}/requests", timeout_s=5.0)
+    dump = ops_http.get_json(f"{sup.block_manager_ops_url}/blocks", timeout_s=10.0)
+    return {
+        "scheduler_requests": len(requests["requests"]),
+        "scheduler_waiting": requests["waiting"],
+        "scheduler_running": requests["running"],
+        "bm_leases": len(dump["leases"]),
+        "bm_used_blocks": dump["totals"]["used"],
+        "bm_leaked_blocks": dump["totals"]["leaked"],
+        "sdk_live_requests": len(client._session.live),  # noqa: SLF001 - the soak inspects the SDK's state
+    }
+
+
+def is_idle(state: dict[str, Any]) -> bool:
+    return not any(v for k, v in state.items())
+
+
+def measure(sup: Supervisor, workers: int, client: Any, done: int) -> dict[str, Any]:
+    gc.collect()
+    sched, bm = process_view(sup.scheduler_ops_url), process_view(sup.block_manager_ops_url)
+    worker_rss = {f"worker-{i}": rss_bytes(sup.pid(f"worker-{i}") or -1) for i in range(workers)}
+    return {
+        "requests_done": done,
+        "rss_bytes": {"scheduler": sched["rss_bytes"], "block-manager": bm["rss_bytes"], **worker_rss}
+        | {"soak-client": rss_bytes(os.getpid())},
+        "python_objects": {
+            "scheduler": sched["python_objects"],
+            "block-manager": bm["python_objects"],
+            "soak-client": len(gc.get_objects()),
+        },
+        "idle": idle_state(sup, client),
+    }
+
+
+def growth(first: dict[str, Any], last: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    out: dict[str, dict[str, float | None]] = {}
+    for what in ("rss_bytes", "python_objects"):
+        out[what] = {
+            name: None if not a or last[what].get(name) is None else round((last[what][name] - a) / a, 4)
+            for name, a in first[what].items()
+        }
+    return out
+
+
+# ---------------------------------------------------------------- the load
+
+
+async def vanish(endpoint: str, request_id: str, prompt: list[int]) -> None:
+    """A client that submits and disappears: no abort, no heartbeat, its socket just closes."""
+    import zmq
+    import zmq.asyncio
+    from pagedserve.shared.protocol.frontend import Submit
+    from pagedserve.shared.protocol.messages import encode_message
+
+    ctx = zmq.asyncio.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(endpoint)
+    from pagedserve.shared.protocol.frontend import SamplingParams
+
+    # Long enough to still run when the scheduler's client timeout comes: the abort must do it.
+    sampling = SamplingParams(max_tokens=300, ignore_eos=True)
+    submit = Submit(request_id=request_id, prompt_token_ids=prompt, sampling=sampling)
+    await sock.send(encode_message(submit))
+    await sock.recv()  # Accepted: it is live on the scheduler, now go
+    sock.close(0)
+
+
+async def one(client: Any, endpoint: str, kind: str, rid: str, prompt: list[int], max_tokens: int) -> str:
+    from pagedserve.shared.sdk import RequestError
+
+    try:
+        if kind == "ok":
+            await client.generate(
+                prompt_token_ids=prompt, request_id=rid, max_tokens=max_tokens, ignore_eos=True
+            )
+        elif kind == "abort":
+            stream = client.stream(prompt_token_ids=prompt, request_id=rid, max_tokens=64, ignore_eos=True)
+            async for _ in stream:
+                break
+            await stream.aclose()
+        elif kind == "timeout":
+            await client.generate(prompt_token_ids=prompt, request_id=rid, max_tokens=256, timeout_s=0.05)
+        else:
+            await vanish(endpoint, rid, prompt)
+        return kind
+    except RequestError as e:
+        return f"{kind}:{e.code}"
+
+
+async def soak(sup: Supervisor, args: argparse.Namespace) -> dict[str, Any]:
+    from pagedserve.shared.sdk import AsyncClient
+
+    rng = random.Random(args.seed)
+    kinds, weights = list(args.mix), list(args.mix.values())
+    run = uuid.uuid4().hex[:6]
+    outcomes: collections.Counter[str] = collections.Counter()
+    checkpoints: list[dict[str, Any]] = []
+    done = 0
+    gate = asyncio.Semaphore(args.concurrency)
+    started = time.monotonic()
+    async with AsyncClient(sup.front_endpoint, timeout_s=60.0) as client:
+        for target in args.checkpoints:
+            batch = [
+                (rng.choices(kinds, weights)[0], [rng.randrange(3, 250) for _ in range(rng.randint(4, 24))])
+                for _ in range(target - done)
+            ]
+
+            async def gated(i: int, kind: str, prompt: list[int]) -> str:
+                async with gate:
+                    return await one(
+                        client, sup.front_endpoint, kind, f"soak-{run}-{i}", prompt, args.max_tokens
+                    )
+
+            results = await asyncio.gather(*(gated(done + i, k, p) for i, (k, p) in enumerate(batch)))
+            outcomes.update(results)
+            done = target
+            state = await settle(sup, client, timeout_s=sup.config.client_timeout_s + 30.0)
+            point = await asyncio.to_thread(measure, sup, args.workers, client, done)
+            point["idle_after_s"] = state
+            point["elapsed_s"] = round(time.monotonic() - started, 1)
+            checkpoints.append(point)
+            print(f"{done:6d} requests: {json.dumps(point)}", flush=True)
+    return {"outcomes": dict(outcomes), "checkpoints": checkpoints}
+
+
+async def settle(sup: Supervisor, client: Any, timeout_s: float) -> float | None:
+    """Seconds until every per-request table is empty again (vanished clients take client_timeout_s)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if is_idle(await asyncio.to_thread(idle_state, sup, client)):
+            return round(time.monotonic() - t0, 2)
+        await asyncio.sleep(0.25)
+    return None
+
+
+def soak_config(model: str) -> ServeConfig:
+    front, workers, bm, sched_ops, bm_ops = free_ports(5)
+    return ServeConfig(
+        model=model,
+        num_threads=1,
+        num_blocks=256,
+        front_endpoint=f"tcp://127.0.0.1:{front}",
+        worker_endpoint=f"tcp://127.0.0.1:{workers}",
+        block_manager_endpoint=f"tcp://127.0.0.1:{bm}",
+        scheduler_ops_port=sched_ops,
+        block_manager_ops_port=bm_ops,
+        client_timeout_s=2.0,  # a vanished client is noticed in seconds, not the default 10
+        log_format="json",
+        log_level="warning",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = resolve_model_first(soak_config(args.model))
+    except ValueError as e:
+        print(f"pagedserve chaos soak: {e}", file=sys.stderr)
+        return 2
+    log_dir = Path(tempfile.mkdtemp(prefix="pagedserve-soak-"))
+    with Supervisor(config, workers=args.workers, log_dir=log_dir) as sup:
+        try:
+            sup.wait_ready(timeout_s=300)
+        except TimeoutError as e:
+            raise DeploymentError(str(e)) from e
+        result = asyncio.run(soak(sup, args))
+        restarts = {name: sup.restarts(name) for name in sup.group.names()}
+    first, last = result["checkpoints"][0], result["checkpoints"][-1]
+    grown = growth(first, last)
+    failures = [
+        f"not idle after {c['requests_done']}: {c['idle']}"
+        for c in result["checkpoints"]
+        if not is_idle(c["idle"])
+    ]
+    failures += [
+        f"{what} of {name} grew {g:.1%}"
+        for what, by_name in grown.items()
+        for name, g in by_name.items()
+        # The driver's own process holds the load's bookkeeping: reported, not judged (its SDK's
+        # per-request state is judged above, by the live-request count).
+        if g is not None and g > args.max_growth and name != "soak-client"
+    ]
+    failures += [f"{name} restarted {n} time(s)" for name, n in restarts.items() if n]
+    report = {
+        "ok": not failures,
+        "failures": failures,
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        **result,
+        "growth": grown,
+        "restarts": restarts,
+        "log_dir": str(log_dir),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(("PASS" if report["ok"] else "FAIL: " + "; ".join(failures)) + f"\nJSON: {args.out}")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The short soak (CI size): a few hundred short requests with aborts, timeouts and vanished clients
+on real processes; every per-request table is empty again at each checkpoint and no service grows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pagedserve.ops.chaos import command as chaos
+
+
+@pytest.fixture(scope="module")
+def report(tiny_model, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("soak") / "soak.json"
+    code = chaos.main(
+        [
+            "soak",
+            "--model",
+            str(tiny_model("llama")),
+            "--requests",
+            "400",
+            "--checkpoints",
+            "100,400",
+            "--out",
+            str(out),
+        ]
+    )
+    report = json.loads(out.read_text())
+    report["exit_code"] = code
+    return report
+
+
+def test_every_kind_of_request_ran(report):
+    kinds = {outcome.split(":")[0] for outcome in report["outcomes"]}
+    assert kinds == {"ok", "abort", "timeout", "disconnect"}, report["outcomes"]
+    assert report["outcomes"]["ok"] > 200  # the plain ones finished without an error code
+    assert report["outcomes"].get("timeout:timeout", 0) > 0
+
+
+def test_per_request_state_returns_to_idle_at_every_checkpoint(report):
+    for point in report["checkpoints"]:
+        assert all(v == 0 for v in point["idle"].values()), point["idle"]
+        assert point["idle_after_s"] is not None
+
+
+def test_services_do_not_grow_between_checkpoints(report):
+    for what, by_name in report["growth"].items():
+        for name, grown in by_name.items():
+            if name != "soak-client":
+                assert grown is not None and grown < 0.05, (what, name, grown)
+
+
+def test_every_service_exposes_its_process_numbers(report):
+    point = report["checkpoints"][-1]
+    assert set(point["python_objects"]) >= {"scheduler", "block-manager"}
+    assert all(v and v > 0 for v in point["rss_bytes"].values()), point["rss_bytes"]
+
+
+def test_a_clean_soak_exits_0_and_nothing_restarted(report):
+    assert report["ok"], report["failures"]
+    assert report["exit_code"] == 0
