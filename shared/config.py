@@ -24,7 +24,9 @@ class ServeConfig(BaseSettings):
 
     # --- model and worker
     model: str = Field("smollm2-135m", description="checkpoint folder, or the bundled name 'smollm2-135m'")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights and activations")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "float32", description="weights and activations; auto = bfloat16 on CPUs with AMX/AVX512-BF16"
+    )
     device: str = Field("cpu", description="torch device of the worker: cpu or cuda[:N]")
     attention_backend: Literal["auto", "torch", "cpp", "triton"] = Field(
         "auto", description="auto = triton on CUDA, the C++ kernel on the CPU (torch if it cannot build)"

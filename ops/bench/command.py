@@ -24,7 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-PEERS = ("pagedserve", "hf-static", "hf-continuous")
+PEERS = ("pagedserve", "hf-static", "hf-continuous", "vllm")
+# vLLM needs its own venv (ops/peers/setup_vllm.sh), so it runs when named or with `--peers all`.
+DEFAULT_PEERS = ("pagedserve", "hf-static", "hf-continuous")
 
 
 def _int_list(text: str) -> list[int]:
@@ -32,6 +34,8 @@ def _int_list(text: str) -> list[int]:
 
 
 def _peer_list(text: str) -> list[str]:
+    if text.strip() == "all":
+        return list(PEERS)
     peers = [p.strip() for p in text.split(",") if p.strip()]
     unknown = [p for p in peers if p not in PEERS]
     if unknown or not peers:
@@ -46,7 +50,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--model", default="smollm2-135m", help="checkpoint folder, or the bundled 'smollm2-135m'"
     )
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="auto = bfloat16 on CPUs with AMX/AVX512-BF16, else float32",
+    )
     ap.add_argument(
         "--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: all cores)"
     )
@@ -57,7 +66,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=0.6)
-    ap.add_argument("--peers", type=_peer_list, default=list(PEERS), help=f"comma list of {', '.join(PEERS)}")
+    ap.add_argument(
+        "--peers",
+        type=_peer_list,
+        default=list(DEFAULT_PEERS),
+        help=f"comma list of {', '.join(PEERS)}, or all",
+    )
     ap.add_argument("--hf-batch-sizes", type=_int_list, default=None, help="default 8,16,32,64 (8,16 quick)")
     ap.add_argument(
         "--kv-cache-memory-mib",
@@ -76,6 +90,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--out", type=Path, default=Path("bench/results/bench.json"), help="JSON; the PNG goes beside"
     )
     args = ap.parse_args(argv)
+    from pagedserve.services.worker.loader import resolve_dtype
+
+    args.dtype = resolve_dtype(args.dtype, "cpu")  # every peer gets the same, concrete dtype
     quick = args.quick
     args.num_requests = args.num_requests or (16 if quick else 64)
     args.min_len = args.min_len or 16
@@ -137,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             paths += run_hf_static(workload, settings, args.hf_batch_sizes)
             continue
         run = run_pagedserve if peer == "pagedserve" else run_hf_continuous
+        if peer == "vllm":
+            from pagedserve.ops.bench.vllm_run import run_vllm
+
+            run = lambda w, s: run_vllm(w, s, args.threads)  # noqa: E731
         try:
             paths.append(run(workload, settings))
         except Exception as e:  # a path that cannot run here is reported, not fatal to the others

@@ -36,6 +36,28 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
     return json.loads(config_file.read_text())
 
 
+def cpu_has_fast_bf16() -> bool:
+    """AMX or AVX512-BF16: bf16 matmuls run 2-3x faster than fp32 from batch 8 up on such CPUs."""
+    try:
+        flags = next(
+            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
+        )
+    except (OSError, StopIteration):
+        return False
+    return bool({"amx_bf16", "avx512_bf16"} & set(flags.split()))
+
+
+def resolve_dtype(name: str, device: torch.device | str) -> str:
+    """`auto` -> bfloat16 where bf16 is fast (a CUDA GPU that supports it, a CPU with AMX or
+    AVX512-BF16), else float32. Other names pass through (checked by torch_dtype)."""
+    if name != "auto":
+        return name
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    return "bfloat16" if device.type == "cpu" and cpu_has_fast_bf16() else "float32"
+
+
 def torch_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {name!r}")

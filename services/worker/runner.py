@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from pagedserve.kernels.attention import get_backend
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
-from pagedserve.services.worker.loader import load_model, torch_dtype
+from pagedserve.services.worker.loader import load_model, resolve_dtype, torch_dtype
 from pagedserve.services.worker.models.registry import ModelConfig
 from pagedserve.services.worker.packed_batch import PackedBatch, RequestState, pack_batch
 from pagedserve.services.worker.sampler import Sampler, SamplingRequest
@@ -38,6 +38,8 @@ class ModelRunner:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = torch.device(device)
+        dtype = resolve_dtype(dtype, self.device)
+        self.dtype = dtype  # what `auto` became here
         backend = get_backend(attention_backend, self.device)
         self.attention_backend = backend.name
         loaded = load_model(model_path, backend, dtype=dtype, device=self.device)

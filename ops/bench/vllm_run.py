@@ -1,0 +1,77 @@
+"""The bench side of the vLLM peer: writes the workload for ops/bench/vllm_peer.py, runs it in vLLM's
+own venv (ops/peers/setup_vllm.sh) as a separate process, and reads its result back as a PathResult.
+
+A missing venv is reported as that path's error (with the command that creates it), not a crash: the
+peer is optional and never part of the default setup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from pagedserve.ops.bench.peers import BenchSettings, PathResult
+from pagedserve.ops.bench.workload import Workload
+
+REPO = Path(__file__).resolve().parents[2]
+PEER_SCRIPT = Path(__file__).with_name("vllm_peer.py")
+# vLLM's start-up (inductor compile, ~50 s here) plus generation at its slowest seen on 2 shared cores.
+TIMEOUT_S = 1800
+
+
+def vllm_python() -> Path:
+    venv = Path(os.environ.get("VLLM_VENV") or REPO / ".venv-vllm")
+    return venv / "bin" / "python"
+
+
+def run_vllm(workload: Workload, settings: BenchSettings, threads: int) -> PathResult:
+    python = vllm_python()
+    if not python.exists():
+        return PathResult(
+            "vllm",
+            error=f"no vLLM venv at {python.parent.parent}: run ops/peers/setup_vllm.sh (about 3.4 GB)",
+        )
+    request = {
+        "model_path": str(settings.model_path),
+        "dtype": settings.dtype,
+        "threads": threads,
+        "seed": settings.seed,
+        "temperature": settings.temperature,
+        "prompts": workload.prompts,
+        "output_lens": workload.output_lens,
+        "max_num_seqs": settings.max_num_seqs,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        # Its pool in GiB, at least the bytes ours gets (vLLM takes whole GiB).
+        "kv_cache_space_gib": max(1, -(-settings.kv_cache_memory // 1024**3)),
+        "enforce_eager": os.environ.get("PAGEDSERVE_BENCH_VLLM_EAGER") == "1",
+    }
+    with tempfile.TemporaryDirectory(prefix="pagedserve-vllm-") as tmp:
+        request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request_path.write_text(json.dumps(request))
+        proc = subprocess.run(
+            [str(python), str(PEER_SCRIPT), str(request_path), str(result_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
+        if not result_path.exists():
+            tail = proc.stdout[-2000:]
+            print(tail, file=sys.stderr)
+            return PathResult(
+                "vllm", error=f"vllm_peer.py exited {proc.returncode} without a result: {tail[-300:]}"
+            )
+        result = json.loads(result_path.read_text())
+    known = {"name", "output_tokens", "wall_s", "tokens_per_s", "error"}
+    return PathResult(
+        "vllm",
+        output_tokens=int(result["output_tokens"]),
+        wall_s=float(result["wall_s"]),
+        error=result["error"],
+        details={k: v for k, v in result.items() if k not in known},
+    )
