@@ -1,2 +1,2 @@
 """Micro-benchmarks of the cores, one module each: `python -m pagedserve.ops.microbench.<block_manager |
-scheduler | runner | sampler>`. Each writes its JSON under bench/results/."""
+scheduler | runner | sampler | step_profile>` (step_profile: where one worker step's time goes)."""

@@ -1,7 +1,7 @@
 """Where one worker step's time goes: linears, attention, K/V gathers, sampling, Python between kernels.
 
-    .venv/bin/python -m pagedserve.kernels.step_profile [--dtype float32 bfloat16] [--batch 64]
-                                                        [--backend torch cpp] [--steps 12]
+    .venv/bin/python -m pagedserve.ops.microbench.step_profile [--dtype float32 bfloat16] [--batch 64]
+                                                               [--backend torch cpp] [--steps 12]
 
 A ModelRunner on the bundled SmolLM2-135M holds `--batch` requests whose contexts are spread like the
 bench workload's (16-256 prompt tokens plus what they generated), samples at temperature 0.6, and runs
