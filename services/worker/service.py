@@ -13,6 +13,7 @@ A step that raises leaves the runner's state unknown: the worker exits and is re
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import threading
@@ -33,6 +34,20 @@ from pagedserve.shared.transport import CurveKeys, make_socket, send
 
 if TYPE_CHECKING:
     from pagedserve.services.worker.runner import ModelRunner
+
+# Fault injection for tests: "<worker_id>:<n>" makes that worker SIGSTOP itself just before sending
+# the result of its n-th step that sampled tokens (a hang in the middle of replying).
+STOP_BEFORE_RESULT = "PAGEDSERVE_FAULT_STOP_BEFORE_RESULT"
+
+
+def stop_before_result_step(value: str | None, worker_id: str) -> int | None:
+    if not value:
+        return None
+    target, _, n = value.rpartition(":")
+    if not n.isdigit() or int(n) < 1:
+        raise ValueError(f"{STOP_BEFORE_RESULT} must be '<worker_id>:<step count >= 1>'; got {value!r}")
+    return int(n) if target == worker_id else None
+
 
 # What the scheduler sends a worker's step socket.
 _FROM_SCHEDULER = message_table(ExecuteMessage, Reset)
@@ -77,6 +92,16 @@ class WorkerService:
         self.keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
         self.ctx = zmq.Context()
         self.stopping = threading.Event()
+        self.stop_before_result = stop_before_result_step(os.environ.get(STOP_BEFORE_RESULT), self.worker_id)
+        self.steps_with_tokens = 0
+
+    def _maybe_stop_before_sending(self) -> None:
+        """Fault injection for tests: hang (SIGSTOP ourselves) with a computed step result not yet
+        sent, as a worker stuck mid-reply would; whoever SIGCONTs us sees a stale result go out."""
+        self.steps_with_tokens += 1
+        if self.steps_with_tokens == self.stop_before_result:
+            self.log.warning("fault_injected_stop_before_result", step_with_tokens=self.steps_with_tokens)
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     def announcement(
         self, kind: type[Hello] | type[Heartbeat] | type[Register]
@@ -174,6 +199,8 @@ class WorkerService:
                     self.log.exception("step_failed", step=execute.step)
                     raise
                 result.timings["idle_s"] = idle_s
+                if self.stop_before_result is not None and result.request_ids:
+                    self._maybe_stop_before_sending()
                 send(sched, StepResultMessage(self.worker_id, result))
                 last_sent = time.monotonic()
         finally:
