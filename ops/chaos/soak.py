@@ -124,6 +124,7 @@ def measure(sup: Supervisor, workers: int, client: Any, done: int) -> dict[str, 
             "soak-client": len(gc.get_objects()),
         },
         "idle": idle_state(sup, client),
+        "sdk_tracked_requests": client._session.num_tracked,  # noqa: SLF001 - bounded, not zero: see Session
     }
 
 
@@ -282,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         **result,
         "growth": grown,
+        # Between consecutive checkpoints: a bounded store fills and then stops; a leak keeps going.
+        "growth_between_checkpoints": [
+            growth(a, b) for a, b in zip(result["checkpoints"], result["checkpoints"][1:], strict=False)
+        ],
         "restarts": restarts,
         "log_dir": str(log_dir),
     }

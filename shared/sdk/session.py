@@ -47,7 +47,17 @@ class Session:
         self.live[req.request_id] = req
         self._seq += 1
         heapq.heappush(self._deadlines, (req.deadline, self._seq, req))
+        if len(self._deadlines) > 2 * len(self.live) + 64:
+            # Ended requests stay in the heap until their deadline (up to timeout_s): a busy client
+            # would hold every request of the last ten minutes. Keep only the live ones, amortised O(1).
+            self._deadlines = [d for d in self._deadlines if self.live.get(d[2].request_id) is d[2]]
+            heapq.heapify(self._deadlines)
         return req.submit_frame(now, attach=False)
+
+    @property
+    def num_tracked(self) -> int:
+        """Requests this session still holds any state for (live, or ended and not yet dropped)."""
+        return len(self._deadlines)
 
     def abort(self, request_id: str) -> bytes:
         req = self.live.get(request_id)

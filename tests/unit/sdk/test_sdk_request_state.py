@@ -58,3 +58,21 @@ def test_attach_resubmit_carries_attach_and_the_time_left() -> None:
     body = decode(req.submit_frame(now=97.0, attach=True))
     assert (body["attach"], body["timeout_s"]) == (True, 3.0)
     assert decode(req.submit_frame(now=97.0, attach=False))["attach"] is False
+
+
+def test_a_busy_session_keeps_state_only_for_live_requests() -> None:
+    from pagedserve.shared.protocol.messages import encode_message
+    from pagedserve.shared.sdk.session import Session
+
+    session = Session(heartbeat_s=0.5, reconnect_after_s=3.0, max_message_bytes=1 << 20)
+    for i in range(1000):  # each one ends long before its (far) deadline
+        req = LiveRequest(Submit(request_id=f"r{i}", prompt="p"), deadline=1e9, sink=queue.SimpleQueue())
+        session.submit(req, now=float(i))
+        finished = Finished(
+            request_id=f"r{i}",
+            outputs=[CompletionOutput(index=0, token_ids=[1], text="a", finish_reason="length")],
+            usage=Usage(prompt_tokens=1, completion_tokens=1),
+        )
+        session.on_frame(encode_message(finished), now=float(i))
+    assert not session.live
+    assert session.num_tracked <= 64 + 1  # not 1000: ended requests do not pile up until their deadline
