@@ -55,6 +55,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     where.add_argument("--threads", type=int, default=1, help="with --start: torch threads per worker")
     where.add_argument("--num-blocks", type=int, default=None, help="with --start: KV blocks per worker")
     where.add_argument("--ready-timeout", type=float, default=600.0, help="with --start: seconds to come up")
+    where.add_argument(
+        "--api",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --start: run the OpenAI-compatible API server too, as `pagedserve up` does (default: on)",
+    )
     where.add_argument("--endpoint", default=None, help="scheduler front endpoint (default: config)")
     where.add_argument("--scheduler-ops", default=None, help="scheduler ops URL (default: config)")
     where.add_argument("--block-manager-ops", default=None, help="block manager ops URL (default: config)")
@@ -237,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.start is not None:
             console.print(f"starting block manager, scheduler and {args.start} workers ({args.model})")
-            deployment = started(args.start, args.model, args.threads, args.num_blocks, args.ready_timeout)
+            deployment = started(
+                args.start, args.model, args.threads, args.num_blocks, args.ready_timeout, args.api
+            )
         else:
             project = args.compose_project if args.docker else None
             deployment = attached(args.endpoint, args.scheduler_ops, args.block_manager_ops, project)

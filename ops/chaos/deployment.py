@@ -92,7 +92,7 @@ def wait_for_workers(scheduler_ops: str, count: int, timeout_s: float) -> list[s
 
 @contextlib.contextmanager
 def started(
-    workers: int, model: str, threads: int, num_blocks: int | None, ready_timeout_s: float
+    workers: int, model: str, threads: int, num_blocks: int | None, ready_timeout_s: float, api: bool = True
 ) -> Iterator[Deployment]:
     front, worker_port, bm, sched_ops, bm_ops, api = free_ports(6)
     config = ServeConfig(
@@ -113,7 +113,7 @@ def started(
     except ValueError as e:
         raise DeploymentError(str(e)) from e
     log_dir = Path(tempfile.mkdtemp(prefix="pagedserve-chaos-"))
-    supervisor = Supervisor(config, workers=workers, log_dir=log_dir, policy=CHAOS_RESTARTS)
+    supervisor = Supervisor(config, workers=workers, log_dir=log_dir, policy=CHAOS_RESTARTS, api=api)
     supervisor.start()
     try:
         supervisor.wait_ready(timeout_s=ready_timeout_s)
@@ -131,7 +131,7 @@ def started(
             {"model": config.model, "log_dir": str(log_dir)},
             config.worker_timeout_s,
             # The API server is one more supervised child once `pagedserve up` runs it.
-            api_health_url(config) if "api" in supervisor.group.names() else None,
+            supervisor.api_health_url if api else None,
         )
     finally:
         supervisor.stop()

@@ -13,8 +13,9 @@ yet every kind comes up once per round, so even a short run hits each one; a kin
 injected now is tried again at the next slot). A kind whose service the deployment does not run
 (no API server) is left out and reported as unavailable. A worker
 fault needs a second ready worker (the last one is never hit: requests would wait, not move) and a
-victim not already hit, and no core service still recovering; a core service is hit only while no
-other core service is recovering and no worker is paused, so each recovery time measures one
+victim not already hit, and no scheduler or block manager still recovering; those two are hit only
+while neither is recovering and no worker is paused (the API server only while it is not itself
+recovering: it holds no request state, so its restart blocks nothing), so each recovery time measures one
 fault, not a pile-up (a worker still restarting from a kill may overlap: recovery then means the
 workers ready before the kill are ready again). A fault that cannot be injected now
 is counted as skipped.
@@ -35,6 +36,9 @@ from pagedserve.ops.chaos.targets import Victim, WorkerTarget
 WORKER_FAULTS = ("worker_kill", "worker_pause_short", "worker_pause_long")
 SERVICE_FAULTS = {"scheduler_kill": "scheduler", "block_manager_kill": "block-manager", "api_kill": "api"}
 FAULT_KINDS = (*WORKER_FAULTS, *SERVICE_FAULTS)
+# The API server carries no request state of its own (a restart is a reconnect for its clients), so
+# its recovery blocks nothing; these two do: every request depends on them.
+CORE_KILLS = ("scheduler_kill", "block_manager_kill")
 MIN_READY_TO_HIT = 2
 
 # Pause lengths as multiples of the worker timeout: short ones must pass unnoticed, long ones must
@@ -159,8 +163,8 @@ class FaultInjector:
     def _inject_worker(self, kind: str) -> str | None:
         ready = self.watch.ready()
         busy = {f.target for f in self.watch.open_faults()}
-        if any(not f.is_worker for f in self.watch.open_faults()):
-            return "a core service is still recovering"
+        if any(f.kind in CORE_KILLS for f in self.watch.open_faults()):
+            return "the scheduler or block manager is still recovering"
         choices = [v for v in self.target.victims() if v.worker_id in ready and v.name not in busy]
         if len(ready) < MIN_READY_TO_HIT or not choices:
             return f"{len(ready)} ready worker(s), {len(choices)} free to hit"
@@ -186,7 +190,9 @@ class FaultInjector:
     def _inject_service(self, kind: str) -> str | None:
         name = SERVICE_FAULTS[kind]
         open_faults = self.watch.open_faults()
-        if any(not f.is_worker or f.pause_s is not None for f in open_faults):
+        if any(f.target == name for f in open_faults):
+            return f"the {name} is still recovering"
+        if kind in CORE_KILLS and any(f.kind in CORE_KILLS or f.pause_s is not None for f in open_faults):
             return "a core service is recovering or a worker is paused"
         pid = self.target.services().get(name)
         if pid is None:
