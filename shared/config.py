@@ -60,6 +60,12 @@ class ServeConfig(BaseSettings):
         600.0, gt=0.0, description="a request still unfinished after this ends in error"
     )
     max_inflight_per_client: int = Field(256, ge=1, description="requests one client may have live at once")
+    max_waiting_requests: int = Field(
+        4096,
+        ge=1,
+        le=1 << 20,
+        description="requests waiting for a worker; past it a new one is refused overloaded",
+    )
 
     # --- leases and liveness
     lease_ttl_s: float = Field(

@@ -89,8 +89,10 @@ class FrontDoor:
         request_timeout_s: float,
         metrics: SchedulerMetrics,
         log: Any,
+        max_waiting_requests: int | None = None,
     ) -> None:
         self.sock = sock
+        self.max_waiting_requests = max_waiting_requests
         self.core = core
         self.model = model
         self.clients = clients
@@ -131,6 +133,14 @@ class FrontDoor:
             self.clients.reroute(client, rid, submit.stream)
             self._replay(rid, client)
             return
+        limit = self.max_waiting_requests
+        if limit is not None and self.core.num_waiting >= limit:
+            # Refused at once, before any work: a queue that grows without end only turns a burst
+            # into timeouts for everyone. Retries and re-attaches above are never refused.
+            raise RequestRejected(
+                "overloaded",
+                f"max_waiting_requests: {self.core.num_waiting} requests already wait (limit {limit}); retry later",
+            )
         tokens = tokenize_submit(
             submit, self.model.tokenizer, self.model.max_model_len, self.model.vocab_size
         )

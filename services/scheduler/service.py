@@ -84,6 +84,7 @@ class SchedulerService:
             config.request_timeout_s,
             self.metrics,
             self.log,
+            config.max_waiting_requests,
         )
         self.workers_sock = make_socket(self.ctx, zmq.ROUTER, max_message_bytes=mk, curve_server=keys)
         # A step to a worker whose socket is gone must fail loudly, not vanish: that worker is lost.
