@@ -23,6 +23,7 @@ class WorkerLink:
     last_heartbeat: float
     active: bool = False  # known to the core (its pool is registered and reachable)
     routable: bool = False  # its step socket has spoken to us: steps sent to it arrive
+    generation: int = 0  # sent with the reset that activated it: only results stamped so are believed
 
 
 class WorkerLiveness:

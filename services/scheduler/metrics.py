@@ -34,4 +34,9 @@ class SchedulerMetrics:
             "pagedserve_worker_busy_seconds", "worker time in steps", ["worker_id"], registry=r
         )
         self.workers_lost = Counter("pagedserve_workers_lost", "workers declared dead", registry=r)
+        self.stale_results = Counter(
+            "pagedserve_stale_step_results",
+            "step results fenced off: from before the worker's reset",
+            registry=r,
+        )
         self.bm_outages = Counter("pagedserve_block_manager_outages", "block manager unreachable", registry=r)

@@ -15,6 +15,7 @@ back, under a new lease owner so that whatever the old one held simply expires.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -71,6 +72,8 @@ class SchedulerService:
             self.model.tokenizer,
             owner=self.bm.owner,
         )
+        # Generations start at random: a worker's stale result must not match a restarted scheduler's.
+        self.generation = random.getrandbits(40)
         self.liveness = WorkerLiveness(
             config.heartbeat_interval_s, config.worker_timeout_s, config.step_timeout_s
         )
@@ -213,6 +216,17 @@ class SchedulerService:
             self.log.warning("bad_worker_message", type=frame.get("type"), code=exc.code, error=exc.message)
             return
         if isinstance(msg, StepResultMessage):
+            link = self.liveness.links.get(msg.worker_id)
+            if link is None or not link.active or msg.generation != link.generation:
+                self.metrics.stale_results.inc()
+                self.log.warning(
+                    "fenced_step_result",
+                    worker_id=msg.worker_id,
+                    step=msg.result.step,
+                    generation=msg.generation,
+                    current=None if link is None else link.generation,
+                )
+                return  # from before its last reset (or a worker we dropped): recomputed elsewhere
             self.on_step_result(msg.worker_id, msg.result, now)
         else:
             self.on_heartbeat(
@@ -236,8 +250,13 @@ class SchedulerService:
     def activate(self, link: WorkerLink) -> None:
         # A worker we dropped may still hold request state (a late heartbeat, a block-manager
         # outage): it forgets everything before its first step. Harmless for a fresh one.
-        if not self.send_to_worker(link.worker_id, Reset()):
+        # Each activation gets a new generation, and a result counts only if stamped with the
+        # current one: whatever the worker computed before (it hung, was declared lost, woke up)
+        # is fenced off, even a result whose step number happens to match the new window.
+        self.generation += 1
+        if not self.send_to_worker(link.worker_id, Reset(self.generation)):
             return
+        link.generation = self.generation
         self.core.add_worker(link.worker_id, link.num_blocks, link.block_size)
         link.active = True
         self.metrics.workers.set(len(self.liveness.active_ids()))

@@ -94,6 +94,7 @@ class WorkerService:
         self.stopping = threading.Event()
         self.stop_before_result = stop_before_result_step(os.environ.get(STOP_BEFORE_RESULT), self.worker_id)
         self.steps_with_tokens = 0
+        self.generation = 0  # of the last reset obeyed: stamped on every step result
 
     def _maybe_stop_before_sending(self) -> None:
         """Fault injection for tests: hang (SIGSTOP ourselves) with a computed step result not yet
@@ -189,7 +190,8 @@ class WorkerService:
                     continue
                 if isinstance(msg, Reset):
                     self.runner.requests.clear()  # every request state; the KV tensors stay allocated
-                    self.log.info("worker_state_reset")
+                    self.generation = msg.generation
+                    self.log.info("worker_state_reset", generation=msg.generation)
                     continue
                 idle_s = time.monotonic() - last_sent
                 execute = msg.execute
@@ -201,7 +203,7 @@ class WorkerService:
                 result.timings["idle_s"] = idle_s
                 if self.stop_before_result is not None and result.request_ids:
                     self._maybe_stop_before_sending()
-                send(sched, StepResultMessage(self.worker_id, result))
+                send(sched, StepResultMessage(self.worker_id, result, self.generation))
                 last_sent = time.monotonic()
         finally:
             self.stopping.set()

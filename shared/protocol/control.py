@@ -133,16 +133,19 @@ class Registered:
 
 @dataclass(slots=True)
 class Reset:
-    """The worker forgets every request's state (the KV tensors stay allocated)."""
+    """The worker forgets every request's state (the KV tensors stay allocated) and stamps each
+    step result from now on with `generation`: the scheduler's fence against replies from before."""
 
     TYPE: ClassVar[str] = "reset"
 
+    generation: int = 0
+
     def to_wire(self) -> dict[str, Any]:
-        return {}
+        return {"generation": self.generation}
 
     @classmethod
     def from_wire(cls, body: dict[str, Any]) -> Reset:
-        return cls()
+        return cls(int(body.get("generation", 0)))
 
 
 @dataclass(slots=True)

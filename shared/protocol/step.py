@@ -185,10 +185,14 @@ class StepResultMessage:
 
     worker_id: str
     result: StepResult
+    # The generation of the last `reset` the worker obeyed (0: none yet). The scheduler believes a
+    # result only from the generation it activated the worker with: anything a worker computed
+    # before it was declared lost and reset (a hang, a late reply) is fenced off by this number.
+    generation: int = 0
 
     def to_wire(self) -> dict[str, Any]:
-        return {"worker_id": self.worker_id, "result": self.result.to_wire()}
+        return {"worker_id": self.worker_id, "result": self.result.to_wire(), "generation": self.generation}
 
     @classmethod
     def from_wire(cls, body: dict[str, Any]) -> StepResultMessage:
-        return cls(body["worker_id"], StepResult.from_wire(body["result"]))
+        return cls(body["worker_id"], StepResult.from_wire(body["result"]), int(body.get("generation", 0)))

@@ -59,7 +59,7 @@ EXAMPLES = [
     Heartbeat(*ANNOUNCEMENT),
     Register(*ANNOUNCEMENT),
     Registered("w0", "bm-instance"),
-    Reset(),
+    Reset(generation=1 << 39),
     RenewOwner("scheduler-1:0"),
     Pools(7),
     PoolsReply(7, {"w0": PoolInfo(64, 16, "inc-1")}, "bm-instance"),
@@ -74,7 +74,9 @@ EXAMPLES = [
         )
     ),
     StepResultMessage(
-        "w0", StepResult(3, ["a", "a#1"], [7, 8], [None, [-0.5, [[8, -0.5]]]], {"step_s": 0.01})
+        "w0",
+        StepResult(3, ["a", "a#1"], [7, 8], [None, [-0.5, [[8, -0.5]]]], {"step_s": 0.01}),
+        generation=(1 << 39) + 2,
     ),
     BlockBatch(9, [alloc_op("w0", "a", "s:0", [1, 2, 3], 3), grow_op("b", 1, [4]), free_op("c")]),
     BlockReply(9, [[[0], 0, 3], [[], [], []], 2], {"w0": 61}, "bm-instance"),
