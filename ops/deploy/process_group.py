@@ -244,8 +244,24 @@ class ProcessGroup:
         delay = self.policy.delay(child.consecutive_failures)
         child.restart_at = now + delay
         log.warning(
-            "child_exited", child=child.spec.name, exit_code=code, ran_s=round(ran_s, 2), restart_in_s=delay
+            "child_exited",
+            child=child.spec.name,
+            exit_code=code,
+            cause=exit_cause(code),
+            ran_s=round(ran_s, 2),
+            restart_in_s=delay,
+            restart_number=child.total_restarts + 1,
         )
+
+
+def exit_cause(code: int) -> str:
+    """What ended a child, in words: 'SIGKILL' for -9, 'exit 1', ..."""
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit {code}"
 
 
 def _signal(proc: subprocess.Popen[bytes] | None, sig: int) -> None:

@@ -262,3 +262,14 @@ def test_up_stops_every_child_on_sigterm_and_exits_cleanly(tmp_path: Path) -> No
     finally:
         up.kill()
         up.wait()
+
+
+def test_a_restart_is_logged_with_its_cause_in_words():
+    from pagedserve.ops.deploy.process_group import exit_cause
+
+    assert [exit_cause(-9), exit_cause(-15), exit_cause(1), exit_cause(0)] == [
+        "SIGKILL",
+        "SIGTERM",
+        "exit 1",
+        "exit 0",
+    ]
