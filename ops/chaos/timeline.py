@@ -55,7 +55,9 @@ def write_timeline(report: dict[str, Any], path: Path) -> Path:
         fontsize=9,
     )
     if seen:
-        ax_req.legend(loc="upper right", fontsize=7, ncol=len(seen))
+        # Above the line, not on it: in flight sits at the concurrency most of the run.
+        ax_req.set_ylim(0, max([r[1] for r in rows] + [1]) * 1.45)
+        ax_req.legend(loc="upper center", fontsize=7, ncol=len(seen))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
