@@ -66,6 +66,12 @@ class ServeConfig(BaseSettings):
         le=1 << 20,
         description="requests waiting for a worker; past it a new one is refused overloaded",
     )
+    finished_results_kept: int = Field(
+        10_000,
+        ge=0,
+        le=1 << 22,
+        description="results of finished requests kept, newest first, so a retry by request id is a lookup",
+    )
 
     # --- leases and liveness
     lease_ttl_s: float = Field(

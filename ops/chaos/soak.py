@@ -15,7 +15,9 @@ silent client and abort its request). At each checkpoint, once the deployment is
   its Python object count (the ops endpoint's /process);
 
 Growth from the first checkpoint to the last must stay under `--max-growth` (5%) for every
-service (the driver's own process is reported, not judged). Workers have no ops endpoint: RSS only.
+service (the driver's own process is reported, not judged). The scheduler's store of finished
+results (kept for retries by request id, bounded by `finished_results_kept`) is set to
+FINISHED_RESULTS_KEPT here, so it is full by the first checkpoint and its filling is not read as a leak. Workers have no ops endpoint: RSS only.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from pagedserve.ops.deploy.supervisor import Supervisor, resolve_model_first
 from pagedserve.shared.config import ServeConfig
 
 KINDS = ("ok", "abort", "timeout", "disconnect")
+FINISHED_RESULTS_KEPT = 100
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -241,6 +244,9 @@ def soak_config(model: str) -> ServeConfig:
         scheduler_ops_port=sched_ops,
         block_manager_ops_port=bm_ops,
         client_timeout_s=2.0,  # a vanished client is noticed in seconds, not the default 10
+        # The retry store is bounded by design; kept smaller than the first checkpoint it is already
+        # full there, so growth between checkpoints is per-request state that should not be left.
+        finished_results_kept=FINISHED_RESULTS_KEPT,
         log_format="json",
         log_level="warning",
     )

@@ -90,6 +90,7 @@ class FrontDoor:
         metrics: SchedulerMetrics,
         log: Any,
         max_waiting_requests: int | None = None,
+        finished: FinishedStore | None = None,
     ) -> None:
         self.sock = sock
         self.max_waiting_requests = max_waiting_requests
@@ -99,7 +100,7 @@ class FrontDoor:
         self.request_timeout_s = request_timeout_s
         self.metrics = metrics
         self.log = log
-        self.finished = FinishedStore()
+        self.finished = finished if finished is not None else FinishedStore()
         self.streams: dict[tuple[str, int], list[int]] = {}  # (request, index) -> [tokens sent, chars sent]
 
     def on_message(self, client: bytes, msg: dict[str, Any], now: float) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import zmq
 from pagedserve.services.scheduler.block_client import BlockManagerClient
-from pagedserve.services.scheduler.clients import ClientBook
+from pagedserve.services.scheduler.clients import ClientBook, FinishedStore
 from pagedserve.services.scheduler.frontdoor import FrontDoor
 from pagedserve.services.scheduler.limits import SchedulerLimits
 from pagedserve.services.scheduler.liveness import WorkerLink, WorkerLiveness
@@ -88,6 +88,7 @@ class SchedulerService:
             self.metrics,
             self.log,
             config.max_waiting_requests,
+            FinishedStore(config.finished_results_kept),
         )
         self.workers_sock = make_socket(self.ctx, zmq.ROUTER, max_message_bytes=mk, curve_server=keys)
         # A step to a worker whose socket is gone must fail loudly, not vanish: that worker is lost.
