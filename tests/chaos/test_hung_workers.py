@@ -7,23 +7,22 @@ hangs with a computed step result not yet sent."""
 from __future__ import annotations
 
 import asyncio
-import random
 import signal
 import threading
 import time
 
 import pytest
 from deployment import blocks, get_text, start, workers_ready
+from greedy_reference import greedy_outputs, random_prompts
 from pagedserve.services.worker.service import STOP_BEFORE_RESULT
 
-from pagedserve import LLM, AsyncClient, SamplingParams
+from pagedserve import AsyncClient
 
 MAX_TOKENS = 100
 
 
 def prompts(n: int, seed: int = 11) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 300) for _ in range(rng.randrange(4, 40))] for _ in range(n)]
+    return random_prompts(n, seed, max_len=40)
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +32,7 @@ def model_path(tiny_model):
 
 @pytest.fixture(scope="module")
 def expected(model_path) -> list[list[int]]:
-    llm = LLM(str(model_path), num_blocks=512)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    return [o.token_ids for o in llm.generate(prompts(16), params)]
+    return greedy_outputs(model_path, prompts(16), MAX_TOKENS)
 
 
 async def stream_all(endpoint: str, count: int, on_tokens, tag: str) -> list[tuple[list[int], list[int]]]:

@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import signal
 import time
 
 import pytest
 from deployment import blocks, start, workers_ready
+from greedy_reference import greedy_outputs, random_prompts
 from pagedserve.ops.deploy.process_group import RestartPolicy
 from pagedserve.shared.sdk import RequestError
 
-from pagedserve import LLM, AsyncClient, SamplingParams
+from pagedserve import AsyncClient
 
 MAX_TOKENS = 120
 
 
 def prompts(n: int, seed: int = 3) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 300) for _ in range(rng.randrange(4, 50))] for _ in range(n)]
+    return random_prompts(n, seed, max_len=50)
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +28,7 @@ def model_path(tiny_model):
 
 @pytest.fixture(scope="module")
 def expected(model_path) -> list[list[int]]:
-    llm = LLM(str(model_path), num_blocks=512)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    return [o.token_ids for o in llm.generate(prompts(24), params)]
+    return greedy_outputs(model_path, prompts(24), MAX_TOKENS)
 
 
 async def run_load(endpoint: str, count: int, on_progress, timeout_s: float = 120) -> list[list[int]]:

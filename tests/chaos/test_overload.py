@@ -6,16 +6,16 @@ the scheduler's memory stays bounded."""
 from __future__ import annotations
 
 import asyncio
-import random
 import threading
 import time
 
 import pytest
 from deployment import get_json, start
+from greedy_reference import greedy_outputs, random_prompts
 from pagedserve.ops.deploy import ops_http
 from pagedserve.shared.sdk import RequestError
 
-from pagedserve import LLM, AsyncClient, SamplingParams
+from pagedserve import AsyncClient
 
 MAX_TOKENS = 16
 CLIENTS, PER_CLIENT = 20, 50
@@ -23,8 +23,7 @@ MAX_WAITING = 32
 
 
 def prompts(n: int = 8) -> list[list[int]]:
-    rng = random.Random(5)
-    return [[rng.randrange(3, 300) for _ in range(rng.randrange(4, 20))] for _ in range(n)]
+    return random_prompts(n, seed=5, max_len=20)
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +33,7 @@ def model_path(tiny_model):
 
 @pytest.fixture(scope="module")
 def expected(model_path) -> list[list[int]]:
-    llm = LLM(str(model_path), num_blocks=512)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    return [o.token_ids for o in llm.generate(prompts(), params)]
+    return greedy_outputs(model_path, prompts(), MAX_TOKENS)
 
 
 class HealthProbe(threading.Thread):
