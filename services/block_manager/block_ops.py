@@ -89,8 +89,11 @@ def _fork(manager: BlockManager, op: list[Any], now: float) -> Any:
 
 
 def _free(manager: BlockManager, op: list[Any], now: float) -> Any:
-    _need_str("request_id", op[1])
-    return manager.free(op[1])
+    _, request_id, num_computed = op
+    _need_str("request_id", request_id)
+    if num_computed is not None:
+        _need_count("num_computed", num_computed)
+    return manager.free(request_id, num_computed)
 
 
 def _renew(manager: BlockManager, op: list[Any], now: float) -> Any:

@@ -124,9 +124,10 @@ class BlockManager:
         if self.enable_prefix_caching:
             cached = pool.cached
             # Never the whole prompt: the last prompt token must be computed to give the logits.
+            visible = pool.visible
             for start in range(0, (num_tokens - 1) // bs * bs, bs):
                 block = cached.get((prefix, tuple(token_ids[start : start + bs])))
-                if block is None:
+                if block is None or not visible(block, owner):
                     break
                 hits.append(block)
                 prefix = block.prefix_id
@@ -277,12 +278,16 @@ class BlockManager:
         )
         return True
 
-    def free(self, request_id: str) -> int:
-        """Drop the table and its lease; returns how many blocks became free. Idempotent."""
+    def free(self, request_id: str, num_computed: int | None = None) -> int:
+        """Drop the table and its lease; returns how many blocks became free. Idempotent.
+
+        `num_computed`: how many of its slots the owner saw computed (None: all of them). Pending
+        keys within them are confirmed for every owner; those past them leave the cache."""
         table = self._tables.pop(request_id, None)
         if table is None:
             return 0
         self._leases.remove(request_id)
+        _settle(table, table.num_slots if num_computed is None else num_computed)
         return _release(table)
 
     def renew(self, request_ids: Iterable[str], now: float) -> int:
@@ -297,6 +302,7 @@ class BlockManager:
         for lease in self._leases.expired(now):
             table = self._tables.pop(lease.request_id)
             self._leases.remove(lease.request_id)
+            _settle(table, 0)  # its owner is gone: nothing it keyed was ever confirmed written
             reclaimed.append(Reclaimed(lease.request_id, lease.owner, table.pool.pool_id, _release(table)))
         return reclaimed
 
@@ -339,6 +345,23 @@ def _release(table: BlockTable) -> int:
     return freed
 
 
+def _settle(table: BlockTable, num_computed: int) -> None:
+    """The table's owner is done with it: its pending keys over computed blocks are confirmed,
+    the rest (KV that may never have been written) leave the cache."""
+    pool = table.pool
+    blocks = pool.blocks
+    owner = table.lease.owner
+    num_full = num_computed // pool.block_size
+    for index in range(table.num_hashed_blocks):
+        block = blocks[table.block_ids[index]]
+        if block.pending is None or block.pending != owner:
+            continue  # confirmed already, or another owner's to settle
+        if index < num_full:
+            block.pending = None
+        else:
+            pool.uncache(block)
+
+
 def _cache_full_blocks(table: BlockTable) -> None:
     """Offer the prefix cache every block whose slots and known tokens are now both complete."""
     token_ids = table.token_ids
@@ -348,6 +371,7 @@ def _cache_full_blocks(table: BlockTable) -> None:
         table.num_hashed_blocks,
         min(table.num_slots, len(token_ids)),
         table.prefix_id,
+        table.lease.owner,
     )
     table.num_hashed_blocks = index
     table.prefix_id = prefix

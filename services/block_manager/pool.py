@@ -8,6 +8,13 @@ Prefix caching keys a full block by `(parent prefix id, its token ids)`. A prefi
 the content is first cached. Because the key holds the tokens themselves and the parent's id
 is unique, a dict lookup is an exact match: two different prefixes can never collide, so a
 hit never serves another prompt's KV. `block_hash` is only the display form of the key.
+
+A block is keyed when its slots are given, before the worker has written them, so that a request
+of the same step can share it (the worker writes each layer's K/V before that layer reads). Until
+its owner confirms the write (by freeing the table with the slots computed), the key is *pending*:
+only that owner may hit it, since only it knows the step that writes it runs first. An owner that
+vanishes (a killed scheduler, one that gave up on us and took a new lease name) leaves pending
+keys over KV nobody wrote; they leave the cache with its tables and never serve anyone else.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ class Block:
     ref_count: int = 0
     cache_key: CacheKey | None = None  # set only while the block is full and cached
     prefix_id: int = ROOT_PREFIX  # the content this block ends; meaningful while cache_key is set
+    pending: str | None = None  # the owner whose unconfirmed step writes it; None once confirmed
 
 
 def block_hash(key: CacheKey) -> str:
@@ -56,10 +64,19 @@ class BlockPool:
         """The least recently freed block, now referenced once; its cached content is evicted."""
         block = self.free.popitem(last=False)[1]
         if block.cache_key is not None:
-            del self.cached[block.cache_key]
-            block.cache_key = None
+            self.uncache(block)
         block.ref_count = 1
         return block
+
+    def uncache(self, block: Block) -> None:
+        """Drop the block's key: its content may never have been written (or it is evicted)."""
+        del self.cached[block.cache_key]  # type: ignore[arg-type]
+        block.cache_key = None
+        block.pending = None
+
+    def visible(self, block: Block, owner: str) -> bool:
+        """May `owner` hit this cached block? Confirmed ones are everyone's; pending ones their owner's."""
+        return block.pending is None or block.pending == owner
 
     def share(self, block: Block) -> None:
         """One more reference; a free cached block revived by a prefix hit leaves the free list."""
@@ -76,15 +93,17 @@ class BlockPool:
         return False
 
     def cache_blocks(
-        self, block_ids: list[int], token_ids: list[int], index: int, num_tokens: int, prefix: int
+        self, block_ids: list[int], token_ids: list[int], index: int, num_tokens: int, prefix: int, owner: str
     ) -> tuple[int, int]:
         """Cache the blocks of a table from logical block `index` on, while their tokens lie
         within token_ids[:num_tokens]; `prefix` is the content id of the blocks before `index`.
-        Returns (the next index to cache, the content id of everything cached so far).
+        New keys are pending on `owner`. Returns (the next index to cache, the content id of
+        everything cached so far).
 
         Content already cached in another block keeps that entry (one cached copy is enough),
-        and the chain goes on through it. A block already cached under another key holds other
-        content: the chain stops there with NO_PREFIX.
+        and the chain goes on through it, unless that entry is pending on another owner: it may
+        never be written, and this block is, so this block takes the key over. A block already
+        cached under another key holds other content: the chain stops there with NO_PREFIX.
         """
         bs = self.block_size
         blocks = self.blocks
@@ -100,8 +119,15 @@ class BlockPool:
                     self._next_prefix_id = prefix + 1
                     block.cache_key = key
                     block.prefix_id = prefix
+                    block.pending = owner
                 else:
                     prefix = existing.prefix_id
+                    if existing.pending is not None and existing.pending != owner:
+                        self.uncache(existing)  # same content, so the same content id
+                        cached[key] = block
+                        block.cache_key = key
+                        block.prefix_id = prefix
+                        block.pending = owner
             else:
                 existing = cached.get(key)
                 prefix = NO_PREFIX if existing is None else existing.prefix_id

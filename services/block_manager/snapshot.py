@@ -39,6 +39,8 @@ def snapshot(
                     "ref_count": block.ref_count,
                     "owners": [t.request_id for t in held_by],
                     "hash": None if block.cache_key is None else block_hash(block.cache_key),
+                    # A cached block whose write its owner has not confirmed: a hit for it alone.
+                    "pending_owner": block.pending,
                     "lease_expires_in_s": min(expiries) if expiries else None,
                 }
             )
@@ -134,6 +136,10 @@ def violations(
             if block.ref_count > 0 and block.id in pool.free:
                 problems.append(
                     f"pool {pool_id!r} block {block.id}: in the free list with ref_count {block.ref_count}"
+                )
+            if block.pending is not None and block.cache_key is None:
+                problems.append(
+                    f"pool {pool_id!r} block {block.id}: pending on {block.pending!r} but not cached"
                 )
         for key, block in pool.cached.items():
             if block.cache_key != key:

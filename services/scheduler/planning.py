@@ -92,10 +92,12 @@ class Planner:
     def plan(self, state: WorkerState, owner: str, now: float) -> StepPlan:
         draft = _Draft(state, owner, self.limits.max_num_batched_tokens, state.free_blocks)
         for req in state.to_free:
-            draft.ops.append(free_op(req.request_id))
+            # No step names it any more: its scheduled slots are exactly the computed ones.
+            draft.ops.append(free_op(req.request_id, req.num_scheduled))
             self._after_free(req, state)
         state.to_free.clear()
-        draft.ops.extend(free_op(rid) for rid in state.stray)
+        # Forked for a step that never ran: none of it is known to be written.
+        draft.ops.extend(free_op(rid, 0) for rid in state.stray)
         state.stray.clear()
         state.starving = False
         self._plan_running(draft)
@@ -184,7 +186,7 @@ class Planner:
         self.stats.preemptions += 1
         if victim.in_flight == 0:
             state.running.remove(victim)
-            draft.ops.append(free_op(victim.request_id))
+            draft.ops.append(free_op(victim.request_id, victim.num_scheduled))
             self._after_free(victim, state)
 
     def _after_free(self, req: Request, state: WorkerState) -> None:

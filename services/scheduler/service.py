@@ -274,10 +274,11 @@ class SchedulerService:
         link = self.liveness.drop(wid)
         # If only we think it is dead, the block manager still holds these tables: free them.
         # (The worker runs steps in order, so a step still queued there ends before any new one.)
+        # Steps in flight may never run: nothing of these tables counts as written (num_computed 0).
         held = self.core.live_request_ids(wid)
         moved = self.core.remove_worker(wid)
         if held and not self.bm.down:
-            self.bm.rpc([free_op(rid) for rid in held])
+            self.bm.rpc([free_op(rid, 0) for rid in held])
         self.metrics.workers_lost.inc()
         self.metrics.workers.set(len(self.liveness.active_ids()))
         self.log.warning(

@@ -6,11 +6,14 @@ Hot path, so plain lists (no field names, no per-field validation beyond the fra
     ["alloc", pool_id, request_id, owner, token_ids, max_new]   [block_ids, num_cached_tokens, num_new_tokens] | None
     ["grow", request_id, num_new_tokens, new_token_ids]         [new_block_ids, [[idx, id]...], [[src, dst]...]] | None
     ["fork", parent_id, child_id, owner]                        True | None
-    ["free", request_id]                                        blocks whose ref count hit 0
+    ["free", request_id, num_computed]                          blocks whose ref count hit 0
     ["renew", [request_ids]]                                    how many leases existed
 
     frames: BlockBatch {seq, ops} -> BlockReply {seq, results: [one per op, in order],
             free_blocks: {pool_id: n}, instance}
+
+`num_computed` of a free is how many of the table's slots the owner saw computed (nil: all of
+them): the prefix cache keeps only blocks it knows were written (services/block_manager/pool.py).
 
 An op naming an unknown pool or request, or with malformed arguments, has `{"error": message}`
 as its result; the other ops of the batch still run. Frames carry a `seq` so a caller that timed
@@ -33,7 +36,7 @@ OP_GROW = "grow"
 OP_FORK = "fork"
 OP_FREE = "free"
 OP_RENEW = "renew"
-OP_ARITY = {OP_ALLOC: 6, OP_GROW: 4, OP_FORK: 4, OP_FREE: 2, OP_RENEW: 2}  # list length, name included
+OP_ARITY = {OP_ALLOC: 6, OP_GROW: 4, OP_FORK: 4, OP_FREE: 3, OP_RENEW: 2}  # list length, name included
 
 
 class BlockOpError(Exception):
@@ -103,8 +106,9 @@ def fork_op(parent_id: str, child_id: str, owner: str) -> list[Any]:
     return [OP_FORK, parent_id, child_id, owner]
 
 
-def free_op(request_id: str) -> list[Any]:
-    return [OP_FREE, request_id]
+def free_op(request_id: str, num_computed: int | None = None) -> list[Any]:
+    """Free a table; `num_computed` below its slots says the rest may never have been written."""
+    return [OP_FREE, request_id, num_computed]
 
 
 def renew_op(request_ids: Iterable[str]) -> list[Any]:

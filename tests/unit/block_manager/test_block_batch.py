@@ -60,10 +60,10 @@ def test_apply_reports_errors_per_op_without_raising(manager: BlockManager) -> N
             ["teleport", "b"],  # unknown op
             "free",  # not a list
             [],
-            ["free", {"id": 1}],
+            ["free", {"id": 1}, None],
             ["renew", "b"],
             ["fork", "ghost", "child", "s"],
-            ["free", "b"],  # still runs after all of the above
+            ["free", "b", None],  # still runs after all of the above
         ],
         0.0,
     )

@@ -27,6 +27,7 @@ def test_snapshot_lists_each_block_with_owners_hash_and_lease(manager: BlockMana
     head = pool["blocks"][a.block_ids[0]]
     assert head["ref_count"] == 2 and sorted(head["owners"]) == ["a", "a.1"]
     assert isinstance(head["hash"], str) and len(head["hash"]) == 16
+    assert head["pending_owner"] == "s"  # keyed when given, before its owner saw it computed
     assert head["lease_expires_in_s"] == TTL - 1.0  # a's lease (renewed by the fork at 2.0) ends soonest
     assert pool["blocks"][a.block_ids[1]]["hash"] is None
     unused = next(b for b in pool["blocks"] if b["id"] not in a.block_ids)
@@ -35,6 +36,7 @@ def test_snapshot_lists_each_block_with_owners_hash_and_lease(manager: BlockMana
         "ref_count": 0,
         "owners": [],
         "hash": None,
+        "pending_owner": None,
         "lease_expires_in_s": None,
     }
     assert {(lease["request_id"], lease["num_blocks"]) for lease in snap["leases"]} == {("a", 2), ("a.1", 2)}
