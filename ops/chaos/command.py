@@ -88,6 +88,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=True,
         help="afterwards, run every prompt again without faults and compare outputs (default: on)",
     )
+    load.add_argument(
+        "--api-lanes",
+        type=int,
+        default=None,
+        help="how many of the concurrent lanes go through the OpenAI HTTP API, streaming "
+        "(default: a quarter, when the deployment runs the API)",
+    )
     load.add_argument("--max-tokens", type=int, default=48, help="output tokens per request (default: 48)")
     load.add_argument("--prompt-words", default="4,48", help="min,max words per prompt (default: 4,48)")
     load.add_argument(
@@ -147,6 +154,8 @@ def settle(dep: Deployment, timeout_s: float) -> tuple[dict[str, Any] | None, bo
 
 
 def run(dep: Deployment, args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    api_url = None if dep.api_health is None else dep.api_health.removesuffix("/health") + "/v1"
+    api_lanes = 0 if api_url is None else args.concurrency // 4 if args.api_lanes is None else args.api_lanes
     settings = LoadSettings(
         dep.front_endpoint,
         args.duration,
@@ -155,10 +164,13 @@ def run(dep: Deployment, args: argparse.Namespace, console: Console) -> dict[str
         args.max_tokens,
         args.drain_timeout,
         args.seed,
+        api_url,
+        min(api_lanes, args.concurrency),
     )
     console.print(
         f"chaos: {args.duration:.0f} s of load ({args.concurrency} in flight) against "
         f"{dep.workers} workers, a fault every {args.fault_every:g} s among {', '.join(args.faults)}"
+        + (f"; {settings.api_lanes} lanes through the HTTP API" if settings.api_lanes else "")
     )
     load_state = LoadOutcome()
     watch = DeploymentWatch(
@@ -212,8 +224,11 @@ def run(dep: Deployment, args: argparse.Namespace, console: Console) -> dict[str
         "drain_timeout",
         "settle_timeout",
     )
-    settings_json = {k: getattr(args, k) for k in (*keys, "seed")} | {"prompt_words": list(args.prompt_words)}
-    return build_report(
+    settings_json = {k: getattr(args, k) for k in (*keys, "seed")} | {
+        "prompt_words": list(args.prompt_words),
+        "api_lanes": settings.api_lanes,
+    }
+    report = build_report(
         settings_json,
         dep.to_json(),
         load,
@@ -227,6 +242,8 @@ def run(dep: Deployment, args: argparse.Namespace, console: Console) -> dict[str
         watch.timeline.to_json(t0),
         injector.unavailable,
     )
+    report["watch_errors"] = watch.errors[:20]
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,6 +39,8 @@ class LoadSettings:
     max_tokens: int = 48
     drain_timeout_s: float = 120.0  # after the duration: how long unfinished requests may still take
     seed: int = 0
+    api_url: str | None = None  # the OpenAI-compatible API's base URL (.../v1), when it runs
+    api_lanes: int = 0  # how many of the lanes send their requests through that API
 
 
 @dataclass(slots=True)
@@ -50,11 +52,14 @@ class RequestRecord:
     error: str | None = None  # the RequestError code
     streamed_tokens: list[int] = field(default_factory=list)
     streamed_text: str = ""
-    final_tokens: list[int] | None = None
-    final_text: str | None = None
+    final_tokens: list[int] | None = None  # SDK requests; an API request has text only
+    final_text: str | None = None  # set once the request finished
+    via: str = "sdk"  # or "api": through the OpenAI-compatible HTTP API
+    interrupted: int = 0  # API requests: connections broken by the API server's death, then re-sent
 
     def stream_errors(self) -> tuple[int, int]:
-        """(duplicated, missing) stream tokens against the final result: (0, 0) when they agree."""
+        """(duplicated, missing) stream tokens against the final result: (0, 0) when they agree.
+        An API stream is its own result (text only): the reference judges it."""
         if self.final_tokens is None or self.streamed_tokens == self.final_tokens:
             return 0, 0
         got, want = collections.Counter(self.streamed_tokens), collections.Counter(self.final_tokens)
@@ -92,6 +97,8 @@ class LoadOutcome:
             "completion_tokens": self.completion_tokens,
             "wall_s": round(self.wall_s, 3),
             "tokens_per_s": round(self.completion_tokens / self.wall_s, 1) if self.wall_s else 0.0,
+            "via_api": sum(r.via == "api" for r in self.records),
+            "api_interrupted": sum(r.interrupted for r in self.records),
         }
 
 
@@ -113,7 +120,57 @@ async def run_load(settings: LoadSettings, outcome: LoadOutcome | None = None) -
     # The SDK must not time a request out before our own deadline: that would turn lost into "timeout".
     request_timeout_s = settings.duration_s + settings.drain_timeout_s + 30.0
 
-    async with AsyncClient(settings.endpoint, timeout_s=request_timeout_s) as client:
+    import httpx
+    from pagedserve.ops.chaos.api_lane import RETRY_PAUSE_S, served_model, stream_completion
+
+    deadline = stop_sending + settings.drain_timeout_s
+    async with (
+        AsyncClient(settings.endpoint, timeout_s=request_timeout_s) as client,
+        httpx.AsyncClient(timeout=httpx.Timeout(request_timeout_s, connect=5.0)) as http,
+    ):
+        model = None
+        if settings.api_url and settings.api_lanes:
+            model = await served_model(http, settings.api_url, time.monotonic() + 120)
+
+        async def one_via_api(request_id: str) -> None:
+            outcome.sent += 1
+            live.add(request_id)
+            record = RequestRecord(request_id, make_prompt(rng, settings), time.monotonic(), via="api")
+            outcome.records.append(record)
+            body = {
+                "model": model,
+                "prompt": record.prompt,
+                "max_tokens": settings.max_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "stream": True,
+                "user": request_id,
+            }
+            text: list[str] = []
+            while True:
+                text.clear()
+                try:
+                    finish, error = await stream_completion(http, settings.api_url, body, text.append)
+                    break
+                except httpx.TransportError as exc:
+                    # The API server died under this request (or is not back yet: connection
+                    # refused, not counted): a client retries on a new connection.
+                    record.interrupted += not isinstance(exc, httpx.ConnectError)
+                    if time.monotonic() >= deadline:
+                        finish, error = None, "api_unreachable"
+                        break
+                    await asyncio.sleep(RETRY_PAUSE_S)
+            record.streamed_text = "".join(text)
+            if error is not None:
+                outcome.errored[error] += 1
+                record.error = error
+            else:
+                record.final_text = record.streamed_text
+                outcome.finished += 1
+                outcome.finish_reasons[str(finish)] += 1
+                outcome.completion_tokens += settings.max_tokens  # greedy, EOS ignored: all of them
+            record.ended = time.monotonic()
+            live.discard(request_id)
 
         async def one(request_id: str) -> None:
             outcome.sent += 1
@@ -145,13 +202,16 @@ async def run_load(settings: LoadSettings, outcome: LoadOutcome | None = None) -
             live.discard(request_id)
 
         async def lane(index: int) -> None:
+            via_api = model is not None and index < settings.api_lanes
             n = 0
             while time.monotonic() < stop_sending:
-                await one(f"chaos-{run}-{index}-{n}")
+                if via_api:
+                    await one_via_api(f"chaos-{run}-api{index}-{n}")
+                else:
+                    await one(f"chaos-{run}-{index}-{n}")
                 n += 1
 
         lanes = [asyncio.create_task(lane(i)) for i in range(settings.concurrency)]
-        deadline = stop_sending + settings.drain_timeout_s
         _, still_running = await asyncio.wait(lanes, timeout=max(deadline - time.monotonic(), 0.0))
         # Whatever is live now was neither finished nor refused: lost. Cancelling aborts it.
         outcome.lost_ids = sorted(live)
@@ -164,13 +224,13 @@ async def run_load(settings: LoadSettings, outcome: LoadOutcome | None = None) -
 
 async def run_reference(
     endpoint: str, prompts: list[str], concurrency: int, max_tokens: int, timeout_s: float = 600.0
-) -> list[list[int] | None]:
-    """The fault-free outputs of `prompts` (greedy, EOS ignored), `concurrency` at a time; None for
-    a prompt whose reference itself failed."""
+) -> list[tuple[list[int], str] | None]:
+    """The fault-free outputs (tokens, text) of `prompts` (greedy, EOS ignored), `concurrency` at a
+    time; None for a prompt whose reference itself failed."""
     from pagedserve.shared.sdk import AsyncClient, RequestError
 
     run = uuid.uuid4().hex[:6]
-    out: list[list[int] | None] = [None] * len(prompts)
+    out: list[tuple[list[int], str] | None] = [None] * len(prompts)
     gate = asyncio.Semaphore(concurrency)
     async with AsyncClient(endpoint, timeout_s=timeout_s) as client:
 
@@ -186,7 +246,7 @@ async def run_reference(
                     )
                 except RequestError:
                     return
-                out[i] = list(result.token_ids)
+                out[i] = (list(result.token_ids), result.text)
 
         await asyncio.gather(*(one(i) for i in range(len(prompts))))
     return out

@@ -121,7 +121,16 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
     summary.add_row(
         "deployment", f"{report['deployment']['mode']}, {report['deployment']['workers']} workers"
     )
-    summary.add_row("requests sent", str(req["sent"]))
+    via_api = req.get("via_api", 0)
+    summary.add_row(
+        "requests sent",
+        str(req["sent"])
+        + (
+            f" ({via_api} through the HTTP API, {req.get('api_interrupted', 0)} re-sent after an API kill)"
+            if via_api
+            else ""
+        ),
+    )
     summary.add_row("finished", str(req["finished"]))
     errored = ", ".join(f"{code}: {n}" for code, n in sorted(req["errored"].items())) or "none"
     summary.add_row("errored", f"{req['errored_total']} ({errored})")

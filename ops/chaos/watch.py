@@ -139,6 +139,7 @@ class DeploymentWatch:
         self.restarts = restarts
         self.poll_s = poll_s
         self.faults: list[Fault] = []
+        self.errors: list[str] = []  # ticks that failed (reported; the watch goes on)
         self.timeline = Timeline()
         self._ready: list[str] = []
         self._restart_counts: dict[str, int] = {}
@@ -185,7 +186,10 @@ class DeploymentWatch:
     def _run(self) -> None:
         next_tick = time.monotonic()
         while not self._stop.is_set():
-            self._tick()
+            try:
+                self._tick()
+            except Exception as exc:  # a dead watch would stall every fault after it: go on
+                self.errors.append(f"{type(exc).__name__}: {exc}")
             next_tick = max(next_tick + self.poll_s, time.monotonic())
             self._stop.wait(next_tick - time.monotonic())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -13,12 +14,15 @@ _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
-    """Status and body; an HTTP error status is returned, not raised. Network errors raise OSError."""
+    """Status and body; an HTTP error status is returned, not raised. Network errors raise OSError,
+    a response cut short too (a server killed while it answers: http.client.IncompleteRead)."""
     try:
         with _opener.open(url, timeout=timeout_s) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+    except http.client.HTTPException as e:
+        raise OSError(f"GET {url}: {type(e).__name__}: {e}") from e
 
 
 def get_json(url: str, timeout_s: float = 5.0) -> Any:

@@ -70,6 +70,15 @@ def test_every_output_equals_the_fault_free_reference(report):
     assert out["wrong"] == 0, out["wrong_ids"]
 
 
+def test_requests_through_the_http_api_are_judged_like_the_rest(report):
+    # A quarter of the lanes stream through the OpenAI API; the API kill then breaks real streams,
+    # which are re-sent (as a client retries) and must still give the reference text.
+    req, out = report["requests"], report["outputs"]
+    assert report["settings"]["api_lanes"] == 2
+    assert req["via_api"] > 0 and out["compared_via_api"] > 0
+    assert req["api_interrupted"] <= report["by_kind"]["api_kill"]["count"] * report["settings"]["api_lanes"]
+
+
 def test_no_stream_duplicates_or_misses_a_token(report):
     out = report["outputs"]
     assert (out["duplicated_stream_tokens"], out["missing_stream_tokens"], out["streams_broken"]) == (0, 0, 0)
