@@ -3,6 +3,7 @@
     pagedserve block-manager | scheduler | worker | api [flags]    one service (docker compose runs these)
     pagedserve up [--workers N] [--no-api] [config flags]          all of them, supervised
     pagedserve serve [MODEL] [same flags as up]                    the same as up, the model first
+    pagedserve up --ray ADDRESS|auto [--ray-worker-resources JSON]  the same, as actors on a Ray cluster
     pagedserve demo ["question"]                                   up + one answer from the bundled model + down
     pagedserve generate "prompt"                                   ask a running deployment
     pagedserve health [--url URL] [--json]                         the block manager's /blocks, readable
@@ -17,13 +18,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pagedserve.shared.config import ServeConfig, add_config_args, config_from_args
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from pagedserve.ops.deploy.ray_placement import RayPlacement
 
 SERVICES = {
     "block-manager": "pagedserve.services.block_manager.service",
@@ -67,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--log-dir", type=Path, default=None, help="one <service>.log per child (default: this terminal)"
         )
+        _add_ray_args(p)
         add_config_args(p)
         p.set_defaults(handler=_cmd_up)
 
@@ -151,11 +158,51 @@ def _with_worker_id(config: ServeConfig) -> ServeConfig:
     return config
 
 
+def _add_ray_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS|auto",
+        default=None,
+        help="run every service as an actor on a Ray cluster (host:port of its head; auto = RAY_ADDRESS, "
+        "else the cluster last started here, else a local one for this run); needs pagedserve[ray]",
+    )
+    p.add_argument(
+        "--ray-worker-resources",
+        metavar="JSON",
+        default=None,
+        help="what each worker asks Ray for, e.g. '{\"GPU\": 1}' or '{\"pagedserve_worker\": 1}'; "
+        'workers are spread over the nodes that have it (default: {"CPU": 1})',
+    )
+
+
+def _ray_placement(args: argparse.Namespace) -> RayPlacement | None:
+    """The --ray flags as a RayPlacement (None without --ray); ValueError naming the flag."""
+    from pagedserve.ops.deploy.ray_placement import (
+        DEFAULT_WORKER_RESOURCES,
+        RayPlacement,
+        parse_worker_resources,
+    )
+
+    if args.ray is None:
+        if args.ray_worker_resources is not None:
+            raise ValueError("--ray-worker-resources needs --ray")
+        return None
+    resources = parse_worker_resources(args.ray_worker_resources or DEFAULT_WORKER_RESOURCES)
+    if importlib.util.find_spec("ray") is None:
+        raise ValueError("--ray needs Ray: pip install 'pagedserve[ray]'")
+    return RayPlacement(args.ray, resources)
+
+
 def _cmd_up(args: argparse.Namespace) -> int:
     from pagedserve.ops.deploy.supervisor import resolve_model_first
     from pagedserve.ops.deploy.up import run_up
     from pagedserve.shared.log import configure_logging
 
+    try:
+        ray = _ray_placement(args)
+    except ValueError as e:
+        print(f"pagedserve {args.command}: {e}", file=sys.stderr)
+        return 2
     model = getattr(args, "served_model", None)
     config = config_from_args(args, **({"model": model} if model else {}))
     configure_logging("supervisor", config.log_format, config.log_level)
@@ -167,7 +214,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     except ValueError as e:  # no such checkpoint folder: say so before starting anything
         print(f"pagedserve {args.command}: {e}", file=sys.stderr)
         return 2
-    return run_up(config, args.workers, args.ready_timeout, args.log_dir, api=args.api)
+    return run_up(config, args.workers, args.ready_timeout, args.log_dir, api=args.api, ray=ray)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""`pagedserve up`: run a local deployment in the foreground until Ctrl-C or SIGTERM."""
+"""`pagedserve up`: run a deployment in the foreground until Ctrl-C or SIGTERM: local processes, or
+Ray actors with `--ray` (ray_deployment.py, imported only then: Ray is an optional extra)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,14 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from pagedserve.ops.deploy.supervisor import DeploymentFailed, Launcher, Supervisor, service_argv
 from pagedserve.shared.config import ServeConfig
+
+if TYPE_CHECKING:
+    from pagedserve.ops.deploy.ray_deployment import RayDeployment
+    from pagedserve.ops.deploy.ray_placement import RayPlacement
 
 
 class _Stop(Exception):
@@ -28,8 +33,15 @@ def run_up(
     out: TextIO = sys.stdout,
     launcher: Launcher = service_argv,
     api: bool = False,
+    ray: RayPlacement | None = None,
 ) -> int:
-    supervisor = Supervisor(config, workers=workers, log_dir=log_dir, launcher=launcher, api=api)
+    supervisor: Supervisor | RayDeployment
+    if ray is None:
+        supervisor = Supervisor(config, workers=workers, log_dir=log_dir, launcher=launcher, api=api)
+    else:
+        from pagedserve.ops.deploy.ray_deployment import RayDeployment
+
+        supervisor = RayDeployment(config, workers, placement=ray, log_dir=log_dir, api=api)
     previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     code = 0
     try:
@@ -60,10 +72,15 @@ def run_up(
     return code
 
 
-def _print_endpoints(supervisor: Supervisor, out: TextIO, log_dir: Path | None) -> None:
+def _print_endpoints(supervisor: Supervisor | RayDeployment, out: TextIO, log_dir: Path | None) -> None:
     api = " and the OpenAI API" if supervisor.api else ""
+    on_ray = (
+        ""
+        if isinstance(supervisor, Supervisor)
+        else f" on Ray at {supervisor.ray_address} ({supervisor.num_nodes} nodes)"
+    )
     lines = [
-        f"pagedserve: block manager, scheduler, {supervisor.workers} worker(s){api}",
+        f"pagedserve: block manager, scheduler, {supervisor.workers} worker(s){api}{on_ray}",
         f"  front (SDK)         {supervisor.front_endpoint}",
         f"  scheduler ops       {supervisor.scheduler_ops_url}  /healthz /readyz /requests /metrics",
         f"  block manager ops   {supervisor.block_manager_ops_url}  /healthz /blocks /metrics",
