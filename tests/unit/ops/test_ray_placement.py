@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from pagedserve.ops.cli import command as cli
 from pagedserve.ops.deploy.ray_placement import (
@@ -101,3 +104,18 @@ def test_worker_resources_without_ray_is_a_clear_error(capsys: pytest.CaptureFix
 def test_bad_worker_resources_stop_up_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["up", "--ray", "auto", "--ray-worker-resources", "GPU"]) == 2
     assert "must be a JSON object" in capsys.readouterr().err
+
+
+def test_the_default_path_never_imports_ray() -> None:
+    code = (
+        "import sys\n"
+        "from pagedserve.ops.cli import command\n"
+        "from pagedserve.ops.deploy import up, supervisor, ray_placement\n"
+        "command.build_parser().parse_args(['up', '--workers', '2'])\n"
+        "print('ray' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+
+    assert result.stdout.strip() == "False"
