@@ -31,6 +31,9 @@ class ServeConfig(BaseSettings):
     attention_backend: Literal["auto", "torch", "cpp", "triton"] = Field(
         "auto", description="auto = triton on CUDA, the C++ kernel on the CPU (torch if it cannot build)"
     )
+    prepack_weights: bool = Field(
+        True, description="pack linear weights once for the CPU GEMM library (bfloat16 on the CPU)"
+    )
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads of a CPU worker")
     worker_id: str | None = Field(None, max_length=64, description="this worker's name; default host-pid")
     simulate_step_ms: float | None = Field(

@@ -34,6 +34,7 @@ class ModelRunner:
         attention_backend: str = config_default("attention_backend"),
         gpu_memory_utilization: float = config_default("gpu_memory_utilization"),
         num_threads: int | None = None,
+        prepack_weights: bool = config_default("prepack_weights"),
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -44,6 +45,8 @@ class ModelRunner:
         self.attention_backend = backend.name
         loaded = load_model(model_path, backend, dtype=dtype, device=self.device)
         self.model = loaded.model
+        # How many linears run on packed weights (0: off, or not available for this dtype/device).
+        self.num_prepacked = self.model.prepack_weights() if prepack_weights else 0
         self._config = loaded.config
         self._eos_token_ids = list(loaded.eos_token_ids)
         cfg = loaded.config

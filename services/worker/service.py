@@ -88,6 +88,7 @@ class WorkerService:
                 kv_cache_memory=config.kv_cache_memory,
                 attention_backend=config.attention_backend,
                 gpu_memory_utilization=config.gpu_memory_utilization,
+                prepack_weights=config.prepack_weights,
             )
         self.keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
         self.ctx = zmq.Context()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata
+from pagedserve.services.worker.models.packed_linear import pack_linear, prepack_linears
 from pagedserve.services.worker.models.rope import RotaryEmbedding, apply_rotary
 from torch import nn
 
@@ -128,6 +129,7 @@ class LlamaForCausalLM(nn.Module):
             None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         )
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+        self.tied_head: nn.Module | None = None  # the embedding packed for the LM head, once prepacked
 
     def forward(
         self,
@@ -145,8 +147,21 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] of the rows that sample -> logits [N, vocab]."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight)
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        if self.tied_head is not None:
+            return self.tied_head(hidden)
+        return F.linear(hidden, self.embed_tokens.weight)
+
+    def prepack_weights(self) -> int:
+        """Pack every projection and the LM head for the CPU GEMM library, once, after loading;
+        -> how many were packed (0: not available for this dtype or device, the model is unchanged)."""
+        count = prepack_linears(self)
+        if self.lm_head is None:
+            # Tied: the embedding stays dense for its lookups; the head gets a packed copy.
+            self.tied_head = pack_linear(self.embed_tokens.weight)
+            count += self.tied_head is not None
+        return count
 
     def checkpoint_target(self, hf_name: str) -> tuple[str, slice | None] | None:
         """A checkpoint tensor's name -> (our parameter, the rows it fills; None = all of it).

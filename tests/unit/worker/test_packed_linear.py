@@ -1,0 +1,120 @@
+"""Prepacked linear weights (services/worker/models/packed_linear.py): the packed GEMM is F.linear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pagedserve.services.worker.models.packed_linear import (
+    PackedLinear,
+    pack_linear,
+    packing_available,
+    prepack_linears,
+)
+from pagedserve.services.worker.runner import ModelRunner
+from pagedserve.shared.protocol.step import Execute, NewRequest
+from torch import nn
+from worker_driver import GREEDY, StepDriver
+
+CPU = torch.device("cpu")
+needs_packing = pytest.mark.skipif(
+    not packing_available(torch.bfloat16, CPU), reason="this torch has no packed oneDNN GEMM"
+)
+
+
+@needs_packing
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.integers(1, 128),
+    in_features=st.sampled_from([16, 64, 96, 576]),
+    out_features=st.sampled_from([8, 48, 320, 960]),
+    bias=st.booleans(),
+    dtype=st.sampled_from([torch.bfloat16, torch.float32]),
+    seed=st.integers(0, 2**16),
+)
+def test_packed_linear_equals_f_linear_for_any_batch(rows, in_features, out_features, bias, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    weight = (torch.randn(out_features, in_features, generator=gen) * 0.1).to(dtype)
+    b = (torch.randn(out_features, generator=gen) * 0.1).to(dtype) if bias else None
+    packed = PackedLinear(weight, b)
+    # One packed weight serves every row count: the decode batch changes each step.
+    for m in (rows, 1, rows + 3):
+        x = torch.randn(m, in_features, generator=gen).to(dtype)
+        expected = F.linear(x, weight, b)
+        got = packed(x)
+        assert got.shape == expected.shape and got.dtype == dtype
+        if dtype == torch.bfloat16:
+            assert torch.equal(got, expected)  # both oneDNN: the same bits
+        else:
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_packing
+def test_packed_linear_reads_a_strided_input():
+    weight = torch.randn(32, 64).bfloat16()
+    x = torch.randn(64, 10).bfloat16().t()  # not contiguous
+    assert torch.equal(PackedLinear(weight, None)(x), F.linear(x, weight))
+
+
+def test_no_packing_where_the_op_is_not_available(monkeypatch):
+    assert not packing_available(torch.float32, CPU)  # float32 stays on F.linear (MKL sgemm)
+    assert not packing_available(torch.bfloat16, torch.device("meta"))
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert pack_linear(torch.randn(4, 4).bfloat16()) is None
+    model = nn.Sequential(nn.Linear(4, 4).bfloat16())
+    assert prepack_linears(model) == 0 and isinstance(model[0], nn.Linear)
+
+
+@needs_packing
+def test_prepack_replaces_every_linear_and_keeps_the_outputs():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.SiLU(), nn.Sequential(nn.Linear(16, 4, bias=False))).bfloat16()
+    x = torch.randn(5, 8).bfloat16()
+    expected = model(x)
+    assert prepack_linears(model) == 2
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert torch.equal(model(x), expected)
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_model):
+    return tiny_model("llama")
+
+
+def _runner(path, **kwargs) -> ModelRunner:
+    return ModelRunner(path, block_size=8, num_blocks=256, **kwargs)
+
+
+@needs_packing
+def test_bf16_runner_prepacks_every_projection_and_the_tied_head(llama):
+    runner = _runner(llama, dtype="bfloat16")
+    layers = runner.model_config.num_layers
+    assert runner.num_prepacked == 4 * layers + 1  # qkv, o, gate/up, down per layer + the LM head
+
+
+@needs_packing
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_bf16_logits_are_the_same_bits_with_and_without_prepacking(tiny_model, arch):
+    path = tiny_model(arch)
+    prompt = [3 + (i * 7) % 250 for i in range(40)]
+    step = Execute(0, new_requests=[NewRequest("r", prompt, 40, 0, 40, list(range(5)), GREEDY)])
+    _, packed = _runner(path, dtype="bfloat16").execute_with_logits(step)
+    _, dense = _runner(path, dtype="bfloat16", prepack_weights=False).execute_with_logits(step)
+    assert packed is not None and dense is not None
+    assert torch.equal(packed, dense)
+
+
+def test_float32_runner_keeps_dense_weights(llama):
+    runner = _runner(llama)
+    assert runner.num_prepacked == 0
+    assert isinstance(runner.model.layers[0].self_attn.qkv_proj, nn.Linear)
+
+
+@needs_packing
+def test_prepacking_switched_off_leaves_the_bf16_model_dense_and_generating(llama):
+    runner = _runner(llama, dtype="bfloat16", prepack_weights=False)
+    assert runner.num_prepacked == 0
+    outputs = StepDriver(runner, chunk_size=16).generate([[5, 6, 7], [9] * 20], 6)
+    assert [len(o) for o in outputs] == [6, 6]
