@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata
 from pagedserve.services.worker.models.packed_linear import pack_linear, prepack_linears
-from pagedserve.services.worker.models.rope import RotaryEmbedding, apply_rotary
+from pagedserve.services.worker.models.rope import RotaryEmbedding, apply_rotary_
 from torch import nn
 
 if TYPE_CHECKING:
@@ -34,11 +34,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 whatever the model dtype: bf16 sums of squares lose too much.
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+        # x * rsqrt(mean(x^2) + eps) * weight, as Hugging Face's LlamaRMSNorm computes it, op for op
+        # inside one F.rms_norm call (the same bits: tests/unit/worker/test_layer_ops.py).
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # Other dtypes normalise in float32 (bf16 sums of squares lose too much), then round to the
+        # model dtype before the weight multiplies, as the reference does.
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
 
 
 class LlamaAttention(nn.Module):
@@ -64,13 +66,17 @@ class LlamaAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k = apply_rotary_(self.q_norm(q), cos, sin), apply_rotary_(self.k_norm(k), cos, sin)
+        else:
+            # q and k sit side by side in each row of qkv: one in-place rotation covers both heads' sets.
+            qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, self.num_heads + self.num_kv_heads, -1)
+            apply_rotary_(qk, cos, sin)
         self.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = self.backend.forward(q, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.view(num_tokens, self.q_size))
