@@ -10,15 +10,14 @@
 
 One fault every `every_s`, its kind drawn from shuffled rounds of the allowed kinds (random order,
 yet every kind comes up once per round, so even a short run hits each one; a kind that cannot be
-injected now is tried again at the next slot). A kind whose service the deployment does not run
+injected now stays in the round and the slot goes to the next kind of the round that can). A kind whose service the deployment does not run
 (no API server) is left out and reported as unavailable. A worker
 fault needs a second ready worker (the last one is never hit: requests would wait, not move) and a
 victim not already hit, and no scheduler or block manager still recovering; those two are hit only
 while neither is recovering and no worker is paused (the API server only while it is not itself
 recovering: it holds no request state, so its restart blocks nothing), so each recovery time measures one
 fault, not a pile-up (a worker still restarting from a kill may overlap: recovery then means the
-workers ready before the kill are ready again). A fault that cannot be injected now
-is counted as skipped.
+workers ready before the kill are ready again). Each refused attempt is counted as skipped.
 """
 
 from __future__ import annotations
@@ -147,15 +146,19 @@ class FaultInjector:
     # ------------------------------------------------------------------ internals
 
     def _inject_one(self, t0: float) -> None:
+        """One slot: the round's next kind, or, when it cannot be injected now, the first of the
+        round's other kinds that can (the refused ones stay in the round, so the mix stays even)."""
         if not self._round:
             self._round = self.rng.sample(self.kinds, len(self.kinds))
-        kind = self._round.pop()
-        why = self._inject_worker(kind) if kind in WORKER_FAULTS else self._inject_service(kind)
-        if why is not None:
+        for kind in reversed(list(self._round)):
+            why = self._inject_worker(kind) if kind in WORKER_FAULTS else self._inject_service(kind)
+            if why is None:
+                self._round.remove(kind)
+                break
             self.skipped[kind] = self.skipped.get(kind, 0) + 1
-            self._round.append(kind)  # drawn again at the next slot
             self.log(f"{time.monotonic() - t0:6.1f} s  no {kind}: {why}")
-            return
+        else:
+            return  # nothing can be injected now: the whole round waits for the next slot
         fault = self.watch.faults[-1]
         extra = f" for {fault.pause_s:.2f} s" if fault.pause_s is not None else ""
         self.log(f"{fault.at - t0:6.1f} s  {kind} {fault.target} (pid {fault.pid}){extra}")
