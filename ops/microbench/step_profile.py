@@ -2,22 +2,25 @@
 
     .venv/bin/python -m pagedserve.ops.microbench.step_profile [--dtype float32 bfloat16] [--batch 64]
                                                                [--backend torch cpp] [--steps 12]
+                                                               [--prepack on off] [--no-breakdown]
 
 A ModelRunner on the bundled SmolLM2-135M holds `--batch` requests whose contexts are spread like the
 bench workload's (16-256 prompt tokens plus what they generated), samples at temperature 0.6, and runs
 decode steps. Wall time per step is the median of un-profiled steps; the breakdown comes from one
-torch.profiler pass over a few more steps. Variants (dtype x backend) are interleaved step by step in
-one process, so a shared, noisy machine moves them alike.
+torch.profiler pass over a few more steps. Variants (dtype x backend x prepacked weights or not) are
+interleaved step by step in one process, so a shared, noisy machine moves them alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,6 +33,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 # Op -> category. Anything not listed counts as "other ops" (norms, rotary, SiLU, adds, copies).
 CATEGORIES = {
     "aten::linear": "linears (incl. LM head)",
+    "mkldnn::_linear_pointwise": "linears (incl. LM head)",
     "aten::index_select": "K/V gathers",
     "aten::scaled_dot_product_attention": "attention math (SDPA)",
     "pagedserve::paged_attention": "attention (C++ paged kernel)",
@@ -39,8 +43,10 @@ LABELS = ("sample", "pack_batch")
 
 
 class Variant:
-    def __init__(self, dtype: str, backend: str, batch: int, block_size: int, seed: int) -> None:
-        self.name = f"{dtype}/{backend}"
+    def __init__(
+        self, dtype: str, backend: str, batch: int, block_size: int, seed: int, prepack: bool = True
+    ) -> None:
+        self.name = f"{dtype}/{backend}" + ("" if prepack else "/dense")
         path = resolve_model("smollm2-135m")
         rng = random.Random(seed)
         self.prompt_lens = [rng.randint(16, 256) for _ in range(batch)]
@@ -52,7 +58,10 @@ class Variant:
             block_size=block_size,
             num_blocks=batch * blocks_each + 1,
             attention_backend=backend,
+            prepack_weights=prepack,
         )
+        if prepack and self.runner.num_prepacked:
+            self.name += "/prepacked"
         params = SamplingParams(temperature=0.6, ignore_eos=True).model_dump()
         vocab = self.runner.vocab_size
         self.ids = [f"r{i}" for i in range(batch)]
@@ -140,11 +149,20 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--prepack", nargs="+", choices=["on", "off"], default=["on"])
+    ap.add_argument("--no-breakdown", action="store_true", help="step times only, no profiled pass")
+    ap.add_argument("--out", type=Path, default=None, help="write the step times as JSON")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"load average at start: {os.getloadavg()}")
-    variants = [Variant(d, b, args.batch, args.block_size, 0) for d in args.dtype for b in args.backend]
+    load_start = os.getloadavg()
+    print(f"load average at start: {load_start}")
+    variants = [
+        Variant(d, b, args.batch, args.block_size, 0, prepack=p == "on")
+        for d in args.dtype
+        for b in args.backend
+        for p in args.prepack
+    ]
     for v in variants:
         v.decode()  # warm-up
     times: dict[str, list[float]] = {v.name: [] for v in variants}
@@ -155,7 +173,19 @@ def main() -> None:
         print(
             f"{v.name}: median decode step {statistics.median(times[v.name]) * 1e3:.1f} ms at B={args.batch}"
         )
-    for v in variants:
+    if args.out:
+        report = {
+            "batch": args.batch,
+            "threads": args.threads,
+            "steps": args.steps,
+            "load_average_at_start": load_start,
+            "load_average_at_end": os.getloadavg(),
+            "median_step_ms": {v.name: round(statistics.median(times[v.name]) * 1e3, 2) for v in variants},
+            "step_ms": {v.name: [round(t * 1e3, 2) for t in times[v.name]] for v in variants},
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    for v in variants if not args.no_breakdown else []:
         rows = breakdown(v, max(4, args.steps // 3))
         wall = rows.pop("step wall")
         print(f"\n{v.name} profiled step {wall:.1f} ms")

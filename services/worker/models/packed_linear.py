@@ -1,16 +1,19 @@
 """Linear layers whose weights are packed once, at load time, into the CPU GEMM library's own layout.
 
-`F.linear` on the CPU re-lays the weight out for oneDNN on every call; packing it once
+In bfloat16 `F.linear` hands oneDNN the dense weight on every call, to be re-laid out or read in a
+slower layout; packing it once
 (`mkldnn._reorder_linear_weight`, the op inductor's freezing pass uses) and calling the packed GEMM
 (`mkldnn._linear_pointwise`) skips that. The packed weight serves any number of rows: the decode
 batch changes every step and a prefill chunk has hundreds of rows, all with the same packed copy.
 
-Only bfloat16 is packed by default. In bfloat16 the packed GEMM returns the very bits `F.linear`
-does (both are oneDNN) and measured 1.3-1.5x faster on the whole model's linears at 1-128 rows.
-In float32 `F.linear` is MKL's sgemm, and oneDNN's packed float32 GEMM sums in another order
-(~4e-6 apart on these shapes) and was not faster at batch 1 or 128. MKL's own packed float32 GEMM
-(`mkl._mkl_linear`) only uses the packing when the row count equals the one it was packed for and
-silently falls back to `F.linear` otherwise, which is every decode step whose batch changed.
+Only bfloat16 is packed. There the packed GEMM returns the very bits `F.linear` does (both are
+oneDNN) and measured 1.2-1.5x faster on the whole model's linears at 1-128 rows (ops/microbench/
+linears_ab; 512 rows measured 0.83-1.4x, noise included). In float32 `F.linear` is MKL's sgemm:
+oneDNN's packed float32 GEMM sums in another order (~4e-6 apart on these shapes) and measured
+slower at 1-2 rows, 1.1-1.5x faster at 4-192 and about even from 256 up, so it would need a row-count
+dispatch and the dense copy kept; MKL's own packed sgemm (`mkl._mkl_linear`) uses its packing only
+when the row count equals the one it was packed for and otherwise silently runs `F.linear`, which
+is every decode step whose batch changed.
 """
 
 from __future__ import annotations
