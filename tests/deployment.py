@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import urllib.request
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pagedserve.ops.deploy.supervisor import Supervisor
 from pagedserve.shared.config import ServeConfig
@@ -74,3 +76,16 @@ def workers_ready(sup: Supervisor) -> list[str]:
         return get_json(f"{sup.scheduler_ops_url}/readyz")["workers"]
     except Exception:
         return []
+
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], timeout_s: float, poll_s: float = 0.1) -> T:
+    """Poll until `predicate()` is truthy; its last value (falsy when `timeout_s` ran out)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(poll_s)
+    return predicate()

@@ -19,8 +19,9 @@ from typing import Any
 
 from pagedserve.ops.chaos.targets import ContainerWorkers, ProcessWorkers, SupervisedWorkers, WorkerTarget
 from pagedserve.ops.chaos.watch import ready_workers
+from pagedserve.ops.deploy.endpoints import ops_url, reachable_host
 from pagedserve.ops.deploy.process_group import RestartPolicy
-from pagedserve.ops.deploy.supervisor import Supervisor, ops_url, resolve_model_first
+from pagedserve.ops.deploy.supervisor import Supervisor, resolve_model_first
 from pagedserve.shared.config import ServeConfig
 
 # The kills are ours and come every few seconds: restart at once, every time. The default policy
@@ -66,8 +67,7 @@ class Deployment:
 
 
 def api_health_url(config: ServeConfig) -> str:
-    host = "127.0.0.1" if config.api_host in ("0.0.0.0", "", "::") else config.api_host
-    return f"http://{host}:{config.api_port}/health"
+    return f"http://{reachable_host(config.api_host)}:{config.api_port}/health"
 
 
 def free_ports(n: int) -> list[int]:

@@ -263,7 +263,7 @@ def _cmd_health(args: argparse.Namespace) -> int:
     from pagedserve.ops.deploy import ops_http
 
     if args.url is None:
-        from pagedserve.ops.deploy.supervisor import ops_url
+        from pagedserve.ops.deploy.endpoints import ops_url
 
         config = ServeConfig()
         args.url = ops_url(config, config.block_manager_ops_port)

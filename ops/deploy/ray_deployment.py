@@ -23,6 +23,7 @@ from typing import Any
 import ray
 import structlog
 from pagedserve.ops.deploy import ops_http
+from pagedserve.ops.deploy.endpoints import ConfigEndpoints
 from pagedserve.ops.deploy.process_group import RestartPolicy
 from pagedserve.ops.deploy.ray_actor import LEDGER_NAMESPACE, ServiceActor, ledger_key
 from pagedserve.ops.deploy.ray_placement import RayPlacement, actor_resources, placed_config, worker_config
@@ -33,7 +34,6 @@ from pagedserve.ops.deploy.supervisor import (
     CORE_SERVICES,
     SCHEDULER,
     DeploymentFailed,
-    ops_url,
     worker_name,
 )
 from pagedserve.shared.config import ServeConfig
@@ -47,7 +47,7 @@ log = structlog.get_logger("supervisor")
 NAMESPACE = "pagedserve"  # the actors' names (block-manager, scheduler, api, worker-<i>) live here
 
 
-class RayDeployment:
+class RayDeployment(ConfigEndpoints):
     def __init__(
         self,
         config: ServeConfig,
@@ -75,23 +75,6 @@ class RayDeployment:
         self._connected = False
 
     # ------------------------------------------------------------------ endpoints
-
-    @property
-    def front_endpoint(self) -> str:
-        return self.config.front_endpoint
-
-    @property
-    def scheduler_ops_url(self) -> str:
-        return ops_url(self.config, self.config.scheduler_ops_port)
-
-    @property
-    def block_manager_ops_url(self) -> str:
-        return ops_url(self.config, self.config.block_manager_ops_port)
-
-    @property
-    def api_base_url(self) -> str:
-        host = "127.0.0.1" if self.config.api_host in ("0.0.0.0", "", "::") else self.config.api_host
-        return f"http://{host}:{self.config.api_port}/v1"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -156,7 +139,7 @@ class RayDeployment:
         """Block until the scheduler's /readyz says 200 (a worker has registered), and the API answers
         if there is one. DeploymentFailed as soon as a core service is dead for good."""
         url = f"{self.scheduler_ops_url}/readyz"
-        api_health = self.api_base_url.removesuffix("/v1") + "/health"
+        api_health = self.api_health_url
         deadline = time.monotonic() + timeout_s
         while True:
             self.check()

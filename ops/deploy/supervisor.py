@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pagedserve.ops.deploy import ops_http
+from pagedserve.ops.deploy.endpoints import ConfigEndpoints
 from pagedserve.ops.deploy.process_group import ChildSpec, ProcessGroup, RestartPolicy
 from pagedserve.shared.config import ServeConfig
 
@@ -57,12 +58,6 @@ def worker_name(index: int) -> str:
     return f"worker-{index}"
 
 
-def ops_url(config: ServeConfig, port: int) -> str:
-    # An ops server bound to every interface is still reached on loopback.
-    host = "127.0.0.1" if config.ops_host in ("0.0.0.0", "", "::") else config.ops_host
-    return f"http://{host}:{port}"
-
-
 def resolve_model_first(config: ServeConfig) -> ServeConfig:
     """`config` with `model` resolved to a checkpoint folder, done once here.
 
@@ -77,7 +72,7 @@ class DeploymentFailed(RuntimeError):
     """A core service died more often than the restart policy allows."""
 
 
-class Supervisor:
+class Supervisor(ConfigEndpoints):
     def __init__(
         self,
         config: ServeConfig,
@@ -102,23 +97,6 @@ class Supervisor:
         self.group = ProcessGroup(specs, policy=policy, log_dir=log_dir)
 
     # ------------------------------------------------------------------ endpoints
-
-    @property
-    def front_endpoint(self) -> str:
-        return self.config.front_endpoint
-
-    @property
-    def scheduler_ops_url(self) -> str:
-        return ops_url(self.config, self.config.scheduler_ops_port)
-
-    @property
-    def block_manager_ops_url(self) -> str:
-        return ops_url(self.config, self.config.block_manager_ops_port)
-
-    @property
-    def api_base_url(self) -> str:
-        host = "127.0.0.1" if self.config.api_host in ("0.0.0.0", "", "::") else self.config.api_host
-        return f"http://{host}:{self.config.api_port}/v1"
 
     def endpoints(self) -> dict[str, str]:
         found = {
@@ -150,10 +128,6 @@ class Supervisor:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s{self._log_hint(SCHEDULER)}")
             time.sleep(poll_s)
-
-    @property
-    def api_health_url(self) -> str:
-        return self.api_base_url.removesuffix("/v1") + "/health"
 
     def check(self) -> None:
         """Raise DeploymentFailed if the block manager, the scheduler or every worker is down for good."""

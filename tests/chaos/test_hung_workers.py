@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from deployment import blocks, get_text, start, workers_ready
+from deployment import blocks, get_text, start, wait_for, workers_ready
 from greedy_reference import greedy_outputs, random_prompts
 from pagedserve.services.worker.service import STOP_BEFORE_RESULT
 
@@ -58,15 +58,6 @@ async def stream_all(endpoint: str, count: int, on_tokens, tag: str) -> list[tup
             return streamed, list(stream.result.token_ids)
 
         return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts(count))))
-
-
-def wait_for(predicate, timeout_s: float, poll_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(poll_s)
-    return predicate()
 
 
 def workers_lost(sup) -> float:

@@ -7,7 +7,7 @@ import signal
 import time
 
 import pytest
-from deployment import blocks, start, workers_ready
+from deployment import blocks, start, wait_for, workers_ready
 from greedy_reference import greedy_outputs, random_prompts
 from pagedserve.ops.deploy.process_group import RestartPolicy
 from pagedserve.shared.sdk import RequestError
@@ -52,16 +52,6 @@ async def run_load(endpoint: str, count: int, on_progress, timeout_s: float = 12
             return out
 
         return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts(count))))
-
-
-def wait_for(predicate, timeout_s: float, poll_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll_s)
-    return predicate()
 
 
 def assert_no_leak(sup, expect_pools: int) -> None:

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deployment import blocks, deployment_config, get_text, workers_ready
+from deployment import blocks, deployment_config, get_text, wait_for, workers_ready
 from greedy_reference import greedy_outputs, random_prompts
-from pagedserve.ops.deploy.supervisor import config_env, ops_url
+from pagedserve.ops.deploy.endpoints import ConfigEndpoints
+from pagedserve.ops.deploy.supervisor import config_env
 from pagedserve.shared.config import ServeConfig
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -49,25 +50,13 @@ HEALTH_CHECKS = {
 
 
 @dataclass
-class RayUp:
+class RayUp(ConfigEndpoints):
     """`pagedserve up --ray` running as a subprocess, and what the tests ask it."""
 
     proc: subprocess.Popen[bytes]
     config: ServeConfig
     log: Path
     ready_after_s: float
-
-    @property
-    def front_endpoint(self) -> str:
-        return self.config.front_endpoint
-
-    @property
-    def scheduler_ops_url(self) -> str:
-        return ops_url(self.config, self.config.scheduler_ops_port)
-
-    @property
-    def block_manager_ops_url(self) -> str:
-        return ops_url(self.config, self.config.block_manager_ops_port)
 
     def status(self, name: str, timeout_s: float = 60.0) -> dict[str, Any]:
         """The actor's pid, service_pid, node_id and restarts; while Ray restarts it, ask again."""
@@ -156,16 +145,6 @@ def expected(model_path) -> list[list[int]]:
 
 def prompts() -> list[list[int]]:
     return random_prompts(NUM_REQUESTS, seed=11, max_len=40)
-
-
-def wait_for(predicate, timeout_s: float, poll_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll_s)
-    return predicate()
 
 
 def pid_alive(pid: int) -> bool:
