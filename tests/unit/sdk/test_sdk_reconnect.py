@@ -25,7 +25,9 @@ def test_after_a_server_restart_the_stream_goes_on_without_gap_or_repeat() -> No
         assert "".join(d.text for d in deltas) == expected_text("restart me", 8)
         assert server.incarnation == 1
         resubmits = [m for inc, _, m in server.received if inc == 1 and m["type"] == "submit"]
-        assert [(m["request_id"], m["attach"]) for m in resubmits] == [("r1", True)]
+        # Re-submitted by id, attached; on loaded cores the new connection may stay silent past
+        # reconnect_after_s and the SDK re-submits once more, which the stream above must survive.
+        assert resubmits and all((m["request_id"], m["attach"]) == ("r1", True) for m in resubmits)
 
 
 def test_a_dropped_connection_is_noticed_at_once_not_after_silence() -> None:
