@@ -17,9 +17,11 @@ Heavy imports (torch, the SDK, rich) happen inside the subcommand that needs the
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import importlib.util
 import json
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -137,6 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _cmd_service(args: argparse.Namespace) -> int:
+    # `kill -USR1 <pid>` prints every thread's Python stack to the service's log: what a step that
+    # never answers (its heartbeat thread still beating) is stuck on.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     config = config_from_args(args)
     if args.command == "worker":
         config = _with_worker_id(config)
