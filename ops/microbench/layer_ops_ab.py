@@ -15,7 +15,6 @@ times each, in one process; medians in microseconds per layer and, x30, per step
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from pagedserve.ops.microbench.ab_report import measured, write_report
 from pagedserve.services.worker.models.rope import apply_rotary, apply_rotary_
 
 HIDDEN, Q_HEADS, KV_HEADS, HEAD_DIM, LAYERS = 576, 9, 3, 64, 30
@@ -110,21 +110,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    load_start = os.getloadavg()
-    print(f"load average at start: {load_start}")
     with torch.inference_mode():
-        rows = [r for d in args.dtypes for t in args.tokens for r in measure(d, t, args.repeats)]
-    report = {
-        "threads": args.threads,
-        "repeats": args.repeats,
-        "load_average_at_start": load_start,
-        "load_average_at_end": os.getloadavg(),
-        "rows": rows,
-    }
-    print(f"load average at end: {report['load_average_at_end']}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        report = measured(
+            lambda: [r for d in args.dtypes for t in args.tokens for r in measure(d, t, args.repeats)],
+            threads=args.threads,
+            repeats=args.repeats,
+        )
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

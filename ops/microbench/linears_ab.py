@@ -12,7 +12,6 @@ others on the shared cores hits both alike: only the ratio is meant to be read.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
+from pagedserve.ops.microbench.ab_report import measured, write_report
 from pagedserve.services.worker.bundled import resolve_model
 from pagedserve.services.worker.loader import load_model
 from pagedserve.services.worker.models.packed_linear import PackedLinear
@@ -96,22 +96,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    load_start = os.getloadavg()
-    print(f"load average at start: {load_start}")
     with torch.inference_mode():
-        rows = [row for dtype in args.dtypes for row in measure(dtype, args.rows, args.repeats)]
-    report = {
-        "what": "whole-model linears of one SmolLM2-135M step (30 layers + tied LM head), median ms",
-        "threads": args.threads,
-        "repeats": args.repeats,
-        "load_average_at_start": load_start,
-        "load_average_at_end": os.getloadavg(),
-        "rows": rows,
-    }
-    print(f"load average at end: {report['load_average_at_end']}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        report = measured(
+            lambda: [row for dtype in args.dtypes for row in measure(dtype, args.rows, args.repeats)],
+            what="whole-model linears of one SmolLM2-135M step (30 layers + tied LM head), median ms",
+            threads=args.threads,
+            repeats=args.repeats,
+        )
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":
