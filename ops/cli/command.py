@@ -141,8 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _cmd_service(args: argparse.Namespace) -> int:
     # `kill -USR1 <pid>` prints every thread's Python stack to the service's log: what a step that
     # never answers (its heartbeat thread still beating) is stuck on.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
     config = config_from_args(args)
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     if args.command == "worker":
         config = _with_worker_id(config)
     module = importlib.import_module(SERVICES[args.command])
