@@ -3,11 +3,12 @@ loopback ports, for integration and chaos tests."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -89,3 +90,38 @@ def wait_for(predicate: Callable[[], T], timeout_s: float, poll_s: float = 0.1) 
             return value
         time.sleep(poll_s)
     return predicate()
+
+
+async def stream_greedy(
+    endpoint: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    request_prefix: str,
+    on_progress: Callable[[int], Awaitable[None]],
+    **client_options: Any,
+) -> list[tuple[list[int], list[int]]]:
+    """Stream every prompt at once, greedy with EOS ignored, ids `<request_prefix>-<i>`: per prompt
+    (its deltas concatenated, its final tokens); `await on_progress(total tokens seen)` per delta."""
+    from pagedserve import AsyncClient
+
+    seen = 0
+    async with AsyncClient(endpoint, **({"timeout_s": 120} | client_options)) as client:
+
+        async def one(i: int, prompt: list[int]) -> tuple[list[int], list[int]]:
+            nonlocal seen
+            streamed: list[int] = []
+            stream = client.stream(
+                prompt_token_ids=prompt,
+                max_tokens=max_tokens,
+                temperature=0.0,
+                ignore_eos=True,
+                request_id=f"{request_prefix}-{i}",
+            )
+            async for delta in stream:
+                streamed += delta.token_ids
+                seen += len(delta.token_ids)
+                await on_progress(seen)
+            assert stream.result is not None  # a stream that ends without error ends with its result
+            return streamed, list(stream.result.token_ids)
+
+        return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))

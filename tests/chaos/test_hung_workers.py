@@ -12,11 +12,9 @@ import threading
 import time
 
 import pytest
-from deployment import blocks, get_text, start, wait_for, workers_ready
+from deployment import blocks, get_text, start, stream_greedy, wait_for, workers_ready
 from greedy_reference import greedy_outputs, random_prompts
 from pagedserve.services.worker.service import STOP_BEFORE_RESULT
-
-from pagedserve import AsyncClient
 
 MAX_TOKENS = 100
 
@@ -37,27 +35,7 @@ def expected(model_path) -> list[list[int]]:
 
 async def stream_all(endpoint: str, count: int, on_tokens, tag: str) -> list[tuple[list[int], list[int]]]:
     """(concatenated stream deltas, final tokens) per request; on_tokens(total seen) as they come."""
-    seen = 0
-    async with AsyncClient(endpoint, timeout_s=120) as client:
-
-        async def one(i: int, prompt: list[int]) -> tuple[list[int], list[int]]:
-            nonlocal seen
-            streamed: list[int] = []
-            stream = client.stream(
-                prompt_token_ids=prompt,
-                max_tokens=MAX_TOKENS,
-                temperature=0.0,
-                ignore_eos=True,
-                request_id=f"hung-{tag}-{i}",
-            )
-            async for delta in stream:
-                streamed += delta.token_ids
-                seen += len(delta.token_ids)
-                await on_tokens(seen)
-            assert stream.result is not None
-            return streamed, list(stream.result.token_ids)
-
-        return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts(count))))
+    return await stream_greedy(endpoint, prompts(count), MAX_TOKENS, f"hung-{tag}", on_tokens)
 
 
 def workers_lost(sup) -> float:

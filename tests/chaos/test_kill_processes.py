@@ -7,7 +7,7 @@ import signal
 import time
 
 import pytest
-from deployment import blocks, start, wait_for, workers_ready
+from deployment import blocks, start, stream_greedy, wait_for, workers_ready
 from greedy_reference import greedy_outputs, random_prompts
 from pagedserve.ops.deploy.process_group import RestartPolicy
 from pagedserve.shared.sdk import RequestError
@@ -33,25 +33,17 @@ def expected(model_path) -> list[list[int]]:
 
 async def run_load(endpoint: str, count: int, on_progress, timeout_s: float = 120) -> list[list[int]]:
     """Stream `count` greedy requests; call on_progress(total_tokens_seen) as tokens arrive."""
-    seen = 0
-    async with AsyncClient(endpoint, timeout_s=timeout_s, heartbeat_s=0.3, reconnect_after_s=1.5) as client:
-
-        async def one(i: int, prompt: list[int]) -> list[int]:
-            nonlocal seen
-            out: list[int] = []
-            async for delta in client.stream(
-                prompt_token_ids=prompt,
-                max_tokens=MAX_TOKENS,
-                temperature=0.0,
-                ignore_eos=True,
-                request_id=f"chaos-{i}",
-            ):
-                out.extend(delta.token_ids)
-                seen += len(delta.token_ids)
-                await on_progress(seen)
-            return out
-
-        return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts(count))))
+    got = await stream_greedy(
+        endpoint,
+        prompts(count),
+        MAX_TOKENS,
+        "chaos",
+        on_progress,
+        timeout_s=timeout_s,
+        heartbeat_s=0.3,
+        reconnect_after_s=1.5,
+    )
+    return [streamed for streamed, _ in got]
 
 
 def assert_no_leak(sup, expect_pools: int) -> None:

@@ -22,17 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deployment import blocks, deployment_config, get_text, wait_for, workers_ready
+
+# Ray is an optional extra for users, but the test setup (ops/setup.sh) always installs it: a
+# missing ray here is a broken install and must fail, not skip.
+import ray
+from deployment import blocks, deployment_config, get_text, stream_greedy, wait_for, workers_ready
 from greedy_reference import greedy_outputs, random_prompts
 from pagedserve.ops.deploy.endpoints import ConfigEndpoints
 from pagedserve.ops.deploy.supervisor import config_env
 from pagedserve.shared.config import ServeConfig
 from prometheus_client.parser import text_string_to_metric_families
-
-from pagedserve import AsyncClient
-
-ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402 - after the skip: Ray is an optional extra
+from ray.cluster_utils import Cluster
 
 NAMESPACE = "pagedserve"
 WORKER_RESOURCE = "pagedserve_worker"
@@ -170,27 +170,12 @@ def pools_whole(up: RayUp, expect_pools: int) -> dict[str, Any] | None:
 
 
 async def stream_load(endpoint: str, on_progress) -> list[list[int]]:
-    seen = 0
-    async with AsyncClient(endpoint, timeout_s=120, heartbeat_s=0.3, reconnect_after_s=1.5) as client:
-
-        async def one(i: int, prompt: list[int]) -> list[int]:
-            nonlocal seen
-            out: list[int] = []
-            stream = client.stream(
-                prompt_token_ids=prompt,
-                max_tokens=MAX_TOKENS,
-                temperature=0.0,
-                ignore_eos=True,
-                request_id=f"ray-{i}",
-            )
-            async for delta in stream:
-                out.extend(delta.token_ids)
-                seen += len(delta.token_ids)
-                await on_progress(seen)
-            assert out == stream.result.token_ids  # no token duplicated or missing in the stream
-            return out
-
-        return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts())))
+    got = await stream_greedy(
+        endpoint, prompts(), MAX_TOKENS, "ray", on_progress, heartbeat_s=0.3, reconnect_after_s=1.5
+    )
+    for streamed, final in got:
+        assert streamed == final  # no token duplicated or missing in the stream
+    return [streamed for streamed, _ in got]
 
 
 def test_workers_are_spread_over_the_nodes_with_the_worker_resource(cluster, up):
