@@ -1,8 +1,12 @@
-"""Where a deployment's services answer, read from its config: the same for local processes
-(Supervisor), Ray actors (RayDeployment) and anything else that holds a `config`."""
+"""Where a deployment's services answer, read from its config, and the wait until they do: the
+same for local processes (Supervisor), Ray actors (RayDeployment) and anything else that holds a
+`config`."""
 
 from __future__ import annotations
 
+import time
+
+from pagedserve.ops.deploy import ops_http
 from pagedserve.shared.config import ServeConfig
 
 _ANY_INTERFACE = ("0.0.0.0", "", "::")
@@ -18,9 +22,32 @@ def ops_url(config: ServeConfig, port: int) -> str:
 
 
 class ConfigEndpoints:
-    """The endpoints of `self.config`, for a class that has one."""
+    """The endpoints of `self.config`, for a deployment that has one; `api` says whether it runs the
+    API server, `check()` raises while waiting once a service is down for good."""
 
     config: ServeConfig
+    api: bool
+
+    def check(self) -> None:
+        raise NotImplementedError
+
+    def ready_log_hint(self) -> str:
+        """Where to read why the scheduler is not ready (appended to the timeout's message)."""
+        return ""
+
+    def wait_ready(self, timeout_s: float = 300.0, poll_s: float = 0.2) -> None:
+        """Block until the scheduler's /readyz says 200 (a worker has registered), and the API
+        answers if there is one. check()'s error as soon as a core service is down for good,
+        TimeoutError after `timeout_s`."""
+        url = f"{self.scheduler_ops_url}/readyz"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.check()
+            if ops_http.is_ok(url) and (not self.api or ops_http.is_ok(self.api_health_url)):
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s{self.ready_log_hint()}")
+            time.sleep(poll_s)
 
     @property
     def front_endpoint(self) -> str:

@@ -22,7 +22,6 @@ from typing import Any
 
 import ray
 import structlog
-from pagedserve.ops.deploy import ops_http
 from pagedserve.ops.deploy.endpoints import ConfigEndpoints
 from pagedserve.ops.deploy.process_group import RestartPolicy
 from pagedserve.ops.deploy.ray_actor import LEDGER_NAMESPACE, ServiceActor, ledger_key
@@ -135,19 +134,8 @@ class RayDeployment(ConfigEndpoints):
                 "(is another pagedserve deployment running on this cluster?)"
             ) from e
 
-    def wait_ready(self, timeout_s: float = 300.0, poll_s: float = 0.2) -> None:
-        """Block until the scheduler's /readyz says 200 (a worker has registered), and the API answers
-        if there is one. DeploymentFailed as soon as a core service is dead for good."""
-        url = f"{self.scheduler_ops_url}/readyz"
-        api_health = self.api_health_url
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self.check()
-            if ops_http.is_ok(url) and (not self.api or ops_http.is_ok(api_health)):
-                return
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s{self._log_hint()}")
-            time.sleep(poll_s)
+    def ready_log_hint(self) -> str:
+        return self._log_hint()
 
     def check(self) -> None:
         """Log what Ray did to the actors since the last call; DeploymentFailed if the block manager,

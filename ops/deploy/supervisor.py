@@ -14,12 +14,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from pagedserve.ops.deploy import ops_http
 from pagedserve.ops.deploy.endpoints import ConfigEndpoints
 from pagedserve.ops.deploy.process_group import ChildSpec, ProcessGroup, RestartPolicy
 from pagedserve.shared.config import ServeConfig
@@ -119,15 +117,10 @@ class Supervisor(ConfigEndpoints):
         `timeout_s`; both name the log to read."""
         if self.config.scheduler_ops_port == 0:
             raise ValueError("scheduler_ops_port is 0 (ops HTTP off): readiness cannot be observed")
-        url = f"{self.scheduler_ops_url}/readyz"
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self.check()
-            if ops_http.is_ok(url) and (not self.api or ops_http.is_ok(self.api_health_url)):
-                return
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s{self._log_hint(SCHEDULER)}")
-            time.sleep(poll_s)
+        super().wait_ready(timeout_s, poll_s)
+
+    def ready_log_hint(self) -> str:
+        return self._log_hint(SCHEDULER)
 
     def check(self) -> None:
         """Raise DeploymentFailed if the block manager, the scheduler or every worker is down for good."""
