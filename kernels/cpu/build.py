@@ -1,7 +1,11 @@
-"""Builds kernels/cpu/paged_attention.cpp at first use (torch.utils.cpp_extension) and loads its op.
+"""Builds the C++ CPU kernels at first use (torch.utils.cpp_extension) and loads their ops.
 
-The build lives under the pagedserve cache (PAGEDSERVE_CACHE, default ~/.cache/pagedserve), in a
-folder named by a hash of the source, the flags, torch's version and this CPU's instruction-set
+Two extensions, built and loaded apart so that one failing to build leaves the other usable:
+paged_attention.cpp (torch.ops.pagedserve.paged_attention) and layer_ops.cpp (torch.ops.pagedserve_ops:
+the decoder layer's fused norms, residual adds and SiLU-and-mul).
+
+Each build lives under the pagedserve cache (PAGEDSERVE_CACHE, default ~/.cache/pagedserve), in a
+folder named by a hash of every source, the flags, torch's version and this CPU's instruction-set
 flags: -march=native code must never be loaded on a CPU it was not built for, and a changed source
 rebuilds. First build ~30-60 s on 2 cores; after that loading takes milliseconds.
 """
@@ -13,18 +17,31 @@ import os
 import platform
 import shutil
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("paged_attention.cpp")
+HERE = Path(__file__).parent
 # -march=native: AVX-512 where the CPU has it; 512-bit vectors (g++ prefers 256 on some Xeons).
 # -fopenmp: the op's own parallel region runs on torch's libgomp (same soname, already loaded).
 CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-std=c++17"]
 LDFLAGS = ["-fopenmp"]
 
+
+@dataclass(frozen=True, slots=True)
+class Extension:
+    name: str
+    sources: tuple[Path, ...]
+    cflags: tuple[str, ...]
+
+
+PAGED_ATTENTION = Extension("paged_attention", (HERE / "paged_attention.cpp",), tuple(CFLAGS))
+# -ffp-contract=off: no fused multiply-adds, so each product and sum rounds where torch's ops round.
+LAYER_OPS = Extension("layer_ops", (HERE / "layer_ops.cpp",), (*CFLAGS, "-ffp-contract=off"))
+
 _lock = threading.Lock()
-_loaded = False
+_loaded: set[str] = set()
 
 
 class KernelBuildError(RuntimeError):
@@ -41,19 +58,19 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def build_dir() -> Path:
+def build_dir(extension: Extension = PAGED_ATTENTION) -> Path:
     key = hashlib.sha256(
         b"\0".join(
             [
-                SOURCE.read_bytes(),
-                " ".join(CFLAGS).encode(),
+                *(source.read_bytes() for source in extension.sources),
+                " ".join(extension.cflags).encode(),
                 torch.__version__.encode(),
                 _cpu_flags().encode(),
             ]
         )
     ).hexdigest()[:16]
     root = Path(os.environ.get("PAGEDSERVE_CACHE") or "~/.cache/pagedserve").expanduser()
-    return root / "kernels" / f"paged_attention_{key}"
+    return root / "kernels" / f"{extension.name}_{key}"
 
 
 def _put_ninja_on_path() -> None:
@@ -68,29 +85,39 @@ def _put_ninja_on_path() -> None:
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
-def load_paged_attention() -> None:
-    """Make torch.ops.pagedserve.paged_attention available (build once per source/CPU/torch)."""
-    global _loaded
-    if _loaded:
+def load_extension(extension: Extension) -> None:
+    """Build `extension` once per source/CPU/torch and load it; KernelBuildError where it cannot be."""
+    if extension.name in _loaded:
         return
     with _lock:
-        if _loaded:
+        if extension.name in _loaded:
             return
         from torch.utils.cpp_extension import load
 
         _put_ninja_on_path()
-        directory = build_dir()
+        directory = build_dir(extension)
         directory.mkdir(parents=True, exist_ok=True)
         try:
             load(
                 name=directory.name,
-                sources=[str(SOURCE)],
-                extra_cflags=CFLAGS,
+                sources=[str(source) for source in extension.sources],
+                extra_cflags=list(extension.cflags),
                 extra_ldflags=LDFLAGS,
                 build_directory=str(directory),
                 is_python_module=False,
                 verbose=False,
             )
         except Exception as e:  # compiler missing or failing: the caller decides whether to fall back
-            raise KernelBuildError(f"building {SOURCE.name} in {directory} failed: {e}") from e
-        _loaded = True
+            names = ", ".join(source.name for source in extension.sources)
+            raise KernelBuildError(f"building {names} in {directory} failed: {e}") from e
+        _loaded.add(extension.name)
+
+
+def load_paged_attention() -> None:
+    """Make torch.ops.pagedserve.paged_attention available."""
+    load_extension(PAGED_ATTENTION)
+
+
+def load_layer_ops() -> None:
+    """Make torch.ops.pagedserve_ops.{rms_norm, fused_add_rms_norm, silu_and_mul} available."""
+    load_extension(LAYER_OPS)

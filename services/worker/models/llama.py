@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata
+from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, LayerOps, layer_ops_for
 from pagedserve.services.worker.models.packed_linear import pack_linear, prepack_linears
 from pagedserve.services.worker.models.rope import RotaryEmbedding, apply_rotary_
 from torch import nn
@@ -32,14 +33,14 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.ops: LayerOps = TORCH_LAYER_OPS  # the model sets its choice (use_fused_ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 whatever the model dtype: bf16 sums of squares lose too much.
-        # (One F.rms_norm call gives the same bits but measured no faster: ops/microbench/layer_ops_ab.)
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+        return self.ops.rms_norm(x, self.weight, self.eps)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (norm(x + residual), x + residual); may overwrite both inputs (the fused op does)."""
+        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class LlamaAttention(nn.Module):
@@ -65,17 +66,13 @@ class LlamaAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        heads = self.qkv_proj(x).view(num_tokens, -1, self.head_dim)  # q, k and v heads side by side
+        q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = apply_rotary_(self.q_norm(q), cos, sin), apply_rotary_(self.k_norm(k), cos, sin)
         else:
-            # q and k sit side by side in each row of qkv: one in-place rotation covers both heads' sets.
-            qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, self.num_heads + self.num_kv_heads, -1)
-            apply_rotary_(qk, cos, sin)
+            # q and k are adjacent heads in each row: one in-place rotation covers both sets.
+            apply_rotary_(heads[:, : self.num_heads + self.num_kv_heads], cos, sin)
         self.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = self.backend.forward(q, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.view(num_tokens, self.q_size))
@@ -84,13 +81,12 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.intermediate_size = cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.ops: LayerOps = TORCH_LAYER_OPS  # the model sets its choice (use_fused_ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -104,14 +100,24 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        residual: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (this layer's MLP output, the residual stream without it).
+
+        The residual stream is carried, not summed here: the next norm adds it to x in the same
+        op (one fused kernel on the CPU), the first layer's norm has nothing to add yet."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm.add_and_norm(x, residual)
+        x = self.self_attn(x, cos, sin, k_cache, v_cache, meta)
+        x, residual = self.post_attention_layernorm.add_and_norm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -135,6 +141,26 @@ class LlamaForCausalLM(nn.Module):
         )
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
         self.tied_head: nn.Module | None = None  # the embedding packed for the LM head, once prepacked
+        self.layer_ops: LayerOps | None = None  # chosen once the weights' device is real
+
+    def to_empty(self, *, device: torch.device | str | int | None, recurse: bool = True) -> LlamaForCausalLM:
+        super().to_empty(device=device, recurse=recurse)
+        # Built on the meta device, the model learns its device here: build the fused kernels now
+        # (~30 s the first time on a machine), not inside the first step.
+        self.use_fused_ops()
+        return self
+
+    def use_fused_ops(self, enabled: bool = True) -> str:
+        """Run the per-layer norms, residual adds and SiLU-and-mul as our fused C++ kernels where they
+        apply (CPU, float32 / bfloat16, buildable here), else (or `enabled=False`) as plain torch ops;
+        -> the name of the ops chosen."""
+        weight = self.embed_tokens.weight
+        ops = layer_ops_for(weight.dtype, weight.device) if enabled else TORCH_LAYER_OPS
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, LlamaMLP)):
+                module.ops = ops
+        self.layer_ops = ops
+        return ops.name
 
     def forward(
         self,
@@ -144,11 +170,14 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Packed tokens -> final (normalised) hidden states [T, hidden]; writes this step's K/V."""
+        if self.layer_ops is None:
+            self.use_fused_ops()
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, k_cache, v_cache, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, k_cache, v_cache, meta)
+        return self.norm(x) if residual is None else self.norm.add_and_norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] of the rows that sample -> logits [N, vocab]."""

@@ -1,0 +1,215 @@
+// The decoder layer's small ops, fused: one call and one pass over the rows each, instead of the 2-8
+// torch ops (and as many Python calls and temporaries) they take written op by op.
+//
+//   pagedserve_ops::rms_norm(x, weight, eps) -> out
+//   pagedserve_ops::fused_add_rms_norm(x, residual, weight, eps): residual += x; x = rms_norm(residual)
+//   pagedserve_ops::silu_and_mul(gate_up) -> silu(gate) * up, gate_up = [gate | up] per row
+//
+// Each op does what Hugging Face's modules do op by op, with the same roundings: the norm in
+// float32 whatever the dtype (sum of squares, / D, + eps, 1 / sqrt), rounded to the model dtype,
+// then times the weight in the model dtype; the residual sum rounded to the model dtype; SiLU
+// rounded before the multiply, with torch's own vector exp (Sleef, exported by libtorch_cpu). Built with -ffp-contract=off: a fused multiply-add
+// would round once where torch rounds twice. float32 and bfloat16, any row length (masked tails).
+//
+// A separate library from paged_attention.cpp's `pagedserve`, so the two build and load apart.
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <torch/library.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__)
+#error "layer_ops.cpp needs AVX-512 (F, BW, VL); without it the model runs the torch ops"
+#endif
+
+extern "C" __m512 Sleef_expf16_u10(__m512);  // what torch's Vectorized<float>::exp calls on AVX-512
+
+// float32 and bfloat16 only (AT_DISPATCH_FLOATING_TYPES would also instantiate double).
+#define DISPATCH_FLOAT_AND_BF16(TYPE, NAME, ...) \
+  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
+
+namespace {
+
+constexpr int64_t kLanes = 16;
+// Below this many elements per thread a second thread costs more (fork/join) than it saves.
+constexpr int64_t kElementsPerThread = 32768;
+
+inline __mmask16 tail_mask(int64_t n) { return n >= kLanes ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1); }
+
+inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load(const c10::BFloat16* p, __mmask16 m) {
+  const __m256i bits = _mm256_maskz_loadu_epi16(m, p);  // bf16 is the top half of a float32
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// float32 -> bfloat16 bits, round to nearest even (c10::BFloat16's rounding; NaN stays NaN).
+inline __m256i to_bf16_bits(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+inline void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+inline void store(c10::BFloat16* p, __m512 v, __mmask16 m) { _mm256_mask_storeu_epi16(p, m, to_bf16_bits(v)); }
+
+// v rounded to T's precision and widened back: the value torch's op would have stored and re-read.
+inline __m512 rounded(float*, __m512 v) { return v; }
+inline __m512 rounded(c10::BFloat16*, __m512 v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16_bits(v)), 16));
+}
+template <typename T>
+inline __m512 rounded(__m512 v) {
+  return rounded(static_cast<T*>(nullptr), v);
+}
+
+// mean(x^2) + eps, then 1 / sqrt, as `xf.pow(2).mean(-1) + eps` and `torch.rsqrt` compute it. The
+// sum of squares adds in another order than torch's sum kernel (16 lanes, then across them), so
+// float32 norms may differ from torch's in the last bit or two; everything after it rounds alike.
+template <typename T>
+float inverse_rms(const T* x, int64_t D, float eps) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += kLanes) {
+    const __m512 v = load(x + d, tail_mask(D - d));  // masked-off lanes load 0 and add nothing
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
+  }
+  const float sum = _mm512_reduce_add_ps(acc);
+  return 1.0f / std::sqrt(sum / static_cast<float>(D) + eps);
+}
+
+// out = weight * (x * inv_rms rounded to T), rounded to T.
+template <typename T>
+void scale_row(const T* x, const T* weight, T* out, int64_t D, float inv_rms) {
+  const __m512 r = _mm512_set1_ps(inv_rms);
+  for (int64_t d = 0; d < D; d += kLanes) {
+    const __mmask16 m = tail_mask(D - d);
+    const __m512 normed = rounded<T>(_mm512_mul_ps(load(x + d, m), r));
+    store(out + d, _mm512_mul_ps(load(weight + d, m), normed), m);
+  }
+}
+
+// residual = x + residual rounded to T (the sum that continues down the residual stream).
+template <typename T>
+void add_into(const T* x, T* residual, int64_t D) {
+  for (int64_t d = 0; d < D; d += kLanes) {
+    const __mmask16 m = tail_mask(D - d);
+    store(residual + d, _mm512_add_ps(load(x + d, m), load(residual + d, m)), m);
+  }
+}
+
+template <typename T>
+void silu_mul_row(const T* gate, const T* up, T* out, int64_t I) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int64_t d = 0; d < I; d += kLanes) {
+    const __mmask16 m = tail_mask(I - d);
+    const __m512 g = load(gate + d, m);
+    const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(g, sign));  // exp(-g)
+    const __m512 silu = rounded<T>(_mm512_div_ps(g, _mm512_add_ps(one, e)));
+    store(out + d, _mm512_mul_ps(silu, load(up + d, m)), m);
+  }
+}
+
+// Rows of x [..., D] (last dimension contiguous, any outer strides) in parallel where there are
+// enough elements to pay for a second thread; row(i, offset) gets the row's element offset.
+template <typename Row>
+void for_each_row(const at::Tensor& x, Row row) {
+  const int64_t D = x.size(-1), rows = D == 0 ? 0 : x.numel() / D;
+  const int64_t outer_dims = x.dim() - 1;
+  const int64_t grain = std::max<int64_t>(1, kElementsPerThread / std::max<int64_t>(D, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      int64_t offset = 0, rest = i;
+      for (int64_t dim = outer_dims - 1; dim >= 0; --dim) {
+        offset += (rest % x.size(dim)) * x.stride(dim);
+        rest /= x.size(dim);
+      }
+      row(i, offset);
+    }
+  });
+}
+
+void check_rows(const at::Tensor& x, const at::Tensor& weight, const char* op) {
+  TORCH_CHECK(x.device().is_cpu(), op, ": x must be on the CPU, got ", x.device());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, op,
+              ": dtype must be float32 or bfloat16, got ", x.scalar_type());
+  TORCH_CHECK(x.dim() >= 1 && x.stride(-1) == 1, op, ": x's last dimension must be contiguous");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1) && weight.is_contiguous(), op,
+              ": weight must be contiguous [", x.size(-1), "], got ", weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), op, ": weight dtype ", weight.scalar_type(),
+              " differs from x's ", x.scalar_type());
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_rows(x, weight, "rms_norm");
+  at::Tensor out = at::empty(x.sizes(), x.options());  // contiguous, whatever x's strides
+  const int64_t D = x.size(-1);
+  DISPATCH_FLOAT_AND_BF16(x.scalar_type(), "rms_norm", [&] {
+    const scalar_t* src = x.data_ptr<scalar_t>();
+    const scalar_t* w = weight.data_ptr<scalar_t>();
+    scalar_t* dst = out.data_ptr<scalar_t>();
+    for_each_row(x, [&](int64_t i, int64_t offset) {
+      const scalar_t* row = src + offset;
+      scale_row(row, w, dst + i * D, D, inverse_rms(row, D, static_cast<float>(eps)));
+    });
+  });
+  return out;
+}
+
+void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
+  check_rows(x, weight, "fused_add_rms_norm");
+  TORCH_CHECK(x.is_contiguous() && residual.is_contiguous() && residual.sizes() == x.sizes() &&
+                  residual.scalar_type() == x.scalar_type(),
+              "fused_add_rms_norm: x and residual must be contiguous, of one shape and dtype; got ",
+              x.sizes(), " and ", residual.sizes());
+  const int64_t D = x.size(-1);
+  DISPATCH_FLOAT_AND_BF16(x.scalar_type(), "fused_add_rms_norm", [&] {
+    scalar_t* xs = x.data_ptr<scalar_t>();
+    scalar_t* res = residual.data_ptr<scalar_t>();
+    const scalar_t* w = weight.data_ptr<scalar_t>();
+    for_each_row(x, [&](int64_t i, int64_t) {
+      scalar_t* row = xs + i * D;
+      scalar_t* sum = res + i * D;
+      add_into(row, sum, D);
+      scale_row(sum, w, row, D, inverse_rms(sum, D, static_cast<float>(eps)));
+    });
+  });
+}
+
+at::Tensor silu_and_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.device().is_cpu() && gate_up.dim() == 2 && gate_up.stride(-1) == 1,
+              "silu_and_mul: gate_up must be a CPU [rows, 2 * I] tensor with contiguous rows");
+  TORCH_CHECK(gate_up.scalar_type() == at::kFloat || gate_up.scalar_type() == at::kBFloat16,
+              "silu_and_mul: dtype must be float32 or bfloat16, got ", gate_up.scalar_type());
+  TORCH_CHECK(gate_up.size(1) % 2 == 0, "silu_and_mul: gate_up's width must be even, got ", gate_up.size(1));
+  const int64_t I = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({gate_up.size(0), I}, gate_up.options());
+  DISPATCH_FLOAT_AND_BF16(gate_up.scalar_type(), "silu_and_mul", [&] {
+    const scalar_t* src = gate_up.data_ptr<scalar_t>();
+    scalar_t* dst = out.data_ptr<scalar_t>();
+    for_each_row(out, [&](int64_t i, int64_t) {
+      const scalar_t* row = src + i * gate_up.stride(0);
+      silu_mul_row(row, row + I, dst + i * I, I);
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(pagedserve_ops, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
+  m.def("silu_and_mul(Tensor gate_up) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(pagedserve_ops, CPU, m) {
+  m.impl("rms_norm", &rms_norm);
+  m.impl("fused_add_rms_norm", &fused_add_rms_norm);
+  m.impl("silu_and_mul", &silu_and_mul);
+}

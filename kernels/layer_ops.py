@@ -1,0 +1,104 @@
+"""The decoder layer's small ops (RMSNorm, the residual add before it, SiLU-and-mul), two ways.
+
+`TORCH_LAYER_OPS`: the plain torch forms, op by op as Hugging Face writes them; any device and dtype,
+and the reference the tests hold the kernels to. `CppLayerOps`: our fused C++ kernels
+(kernels/cpu/layer_ops.cpp) on the CPU in float32 and bfloat16, one call each where the torch forms
+take 2-8 ops, each a Python call and a temporary. `layer_ops_for` picks, falling back to torch
+(logged once) where the kernels cannot be built.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+FUSED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+class LayerOps(Protocol):
+    name: str
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (rms_norm(x + residual), x + residual). May overwrite x and residual."""
+        ...
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [T, 2I] = [gate | up] per row -> silu(gate) * up [T, I]."""
+        ...
+
+
+class TorchLayerOps:
+    name = "torch"
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        # Normalise in float32 whatever the model dtype: bf16 sums of squares lose too much; the
+        # weight multiplies after rounding back, in the model dtype, as the checkpoints were trained.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * xf.to(x.dtype)
+
+    @staticmethod
+    def add_rms_norm(
+        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        residual = x + residual
+        return TorchLayerOps.rms_norm(residual, weight, eps), residual
+
+    @staticmethod
+    def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+TORCH_LAYER_OPS = TorchLayerOps()
+
+
+class CppLayerOps:
+    name = "cpp"
+
+    def __init__(self) -> None:
+        from pagedserve.kernels.cpu.build import load_layer_ops
+
+        load_layer_ops()  # KernelBuildError where this machine cannot build it
+        ops = torch.ops.pagedserve_ops
+        # The resolved overloads: calling them skips the packet's lookup on every call.
+        self.rms_norm = ops.rms_norm.default
+        self.silu_and_mul = ops.silu_and_mul.default
+        self._fused_add_rms_norm = ops.fused_add_rms_norm.default
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self._fused_add_rms_norm(x, residual, weight, eps)  # in place: residual += x; x = norm(residual)
+        return x, residual
+
+
+_cpp: CppLayerOps | None = None
+_cpp_failed = False
+
+
+def layer_ops_for(dtype: torch.dtype, device: torch.device) -> LayerOps:
+    """The fused C++ ops where they apply (CPU, float32/bfloat16, buildable here), else the torch ones."""
+    global _cpp, _cpp_failed
+    if device.type != "cpu" or dtype not in FUSED_DTYPES or _cpp_failed:
+        return TORCH_LAYER_OPS
+    if _cpp is None:
+        from pagedserve.kernels.cpu.build import KernelBuildError
+
+        try:
+            _cpp = CppLayerOps()
+        except KernelBuildError as e:
+            # Still correct, only slower: say so once, loudly, and run the torch forms.
+            import structlog
+
+            structlog.get_logger("pagedserve.kernels").warning("cpp_layer_ops_unavailable", error=str(e))
+            _cpp_failed = True
+            return TORCH_LAYER_OPS
+    return _cpp

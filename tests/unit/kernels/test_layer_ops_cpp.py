@@ -1,0 +1,114 @@
+"""The fused C++ layer ops (kernels/cpu/layer_ops.cpp) against the plain torch forms, their reference.
+
+Any row count (1 included), any row length (odd ones take the masked tail), float32 and bfloat16.
+What may differ, and by how much: the sum of squares adds in another order than torch's sum kernel,
+so a float32 norm may be a few ulp off, and where that moves a bfloat16 value across a rounding
+boundary it comes out a bf16 ulp or two off; SiLU's exp is torch's own vector exp, but torch computes a
+row's tail (length mod 16) with libm's. Everything else (the residual sum above all) is exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pagedserve.kernels.cpu.build import KernelBuildError
+from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, CppLayerOps
+
+try:
+    CPP = CppLayerOps()
+except KernelBuildError as e:  # pragma: no cover - a machine without AVX-512 or a compiler
+    pytest.skip(f"the C++ layer ops cannot be built here: {e}", allow_module_level=True)
+
+DTYPES = [torch.float32, torch.bfloat16]
+# (rtol, atol): a few float32 ulp; two bfloat16 ulp (a normalised value one ulp off, then rounded
+# again after the weight's multiply).
+TOLERANCE = {torch.float32: (1e-6, 1e-6), torch.bfloat16: (2**-6, 1e-6)}
+SHAPES = st.tuples(
+    st.integers(1, 130), st.one_of(st.integers(1, 70), st.sampled_from([576, 960, 1536, 2049]))
+)
+
+
+def _assert_close(ours: torch.Tensor, reference: torch.Tensor) -> None:
+    assert ours.dtype == reference.dtype and ours.shape == reference.shape
+    rtol, atol = TOLERANCE[ours.dtype]
+    torch.testing.assert_close(ours, reference, rtol=rtol, atol=atol)
+    if ours.dtype == torch.bfloat16:  # a bf16 value one ulp off is the exception, not the rule
+        assert (ours != reference).float().mean().item() <= 0.02
+
+
+def _inputs(rows: int, dim: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, dim, generator=gen) * 3).to(dtype)
+    residual = torch.randn(rows, dim, generator=gen).to(dtype)
+    weight = (1 + 0.1 * torch.randn(dim, generator=gen)).to(dtype)
+    return x, residual, weight
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=SHAPES, dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+def test_rms_norm_matches_the_torch_form(shape, dtype, seed):
+    x, _, weight = _inputs(*shape, dtype, seed)
+    _assert_close(CPP.rms_norm(x, weight, 1e-5), TORCH_LAYER_OPS.rms_norm(x, weight, 1e-5))
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=SHAPES, dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+def test_fused_add_rms_norm_sums_exactly_and_normalises_in_place(shape, dtype, seed):
+    x, residual, weight = _inputs(*shape, dtype, seed)
+    expected_out, expected_sum = TORCH_LAYER_OPS.add_rms_norm(x, residual, weight, 1e-6)
+
+    out, new_residual = CPP.add_rms_norm(x, residual, weight, 1e-6)
+    assert out is x and new_residual is residual  # in place, no new tensors
+    assert torch.equal(residual, expected_sum)
+    _assert_close(x, expected_out)
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=SHAPES, dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+def test_silu_and_mul_matches_the_torch_form(shape, dtype, seed):
+    rows, inter = shape
+    gen = torch.Generator().manual_seed(seed)
+    gate_up = (torch.randn(rows, 2 * inter, generator=gen) * 4).to(dtype)
+    _assert_close(CPP.silu_and_mul(gate_up), TORCH_LAYER_OPS.silu_and_mul(gate_up))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_is_exact_at_the_extremes(dtype):
+    # exp(-g) overflows for very negative g: silu is -0, not NaN; large positive g passes through.
+    gate = torch.tensor([[-200.0, -88.0, -20.0, 0.0, 20.0, 88.0, 200.0]]).to(dtype)
+    gate_up = torch.cat([gate, torch.ones_like(gate)], dim=1)
+    ours = CPP.silu_and_mul(gate_up)
+    assert not ours.isnan().any()
+    _assert_close(ours, TORCH_LAYER_OPS.silu_and_mul(gate_up))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_reads_heads_inside_the_fused_qkv_output(dtype):
+    # Qwen3's q_norm / k_norm: per-head norms over a strided view of the q/k/v projection.
+    tokens, heads, kv_heads, head_dim = 5, 4, 2, 32
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim).to(dtype)
+    q = qkv.view(tokens, -1, head_dim)[:, heads : heads + kv_heads]  # the k heads: not contiguous
+    weight = (1 + 0.1 * torch.randn(head_dim)).to(dtype)
+    ours = CPP.rms_norm(q, weight, 1e-6)
+    assert ours.is_contiguous()
+    _assert_close(ours, TORCH_LAYER_OPS.rms_norm(q, weight, 1e-6))
+
+
+def test_an_unsupported_dtype_is_refused_by_name():
+    x = torch.randn(2, 8, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        CPP.rms_norm(x, torch.ones(8, dtype=torch.float16), 1e-6)
+
+
+def test_a_weight_of_the_wrong_length_is_refused():
+    with pytest.raises(RuntimeError, match=r"weight must be contiguous \[8\]"):
+        CPP.rms_norm(torch.randn(2, 8), torch.ones(7), 1e-6)
+
+
+def test_no_rows_is_no_work():
+    x, residual = torch.empty(0, 64), torch.empty(0, 64)
+    assert CPP.rms_norm(x, torch.ones(64), 1e-6).shape == (0, 64)
+    CPP.add_rms_norm(x, residual, torch.ones(64), 1e-6)
+    assert CPP.silu_and_mul(torch.empty(0, 128)).shape == (0, 64)
