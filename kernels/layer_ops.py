@@ -1,4 +1,5 @@
-"""The decoder layer's small ops (RMSNorm, the residual add before it, SiLU-and-mul), two ways.
+"""The decoder layer's small ops (RMSNorm, the residual add before it, SiLU-and-mul, the in-place
+rotary embedding of q and k), two ways.
 
 `TORCH_LAYER_OPS`: the plain torch forms, op by op as Hugging Face writes them; any device and dtype,
 and the reference the tests hold the kernels to. `CppLayerOps`: our fused C++ kernels
@@ -13,6 +14,7 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from pagedserve.services.worker.models.rope import apply_rotary_
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -30,6 +32,10 @@ class LayerOps(Protocol):
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """gate_up [T, 2I] = [gate | up] per row -> silu(gate) * up [T, I]."""
+        ...
+
+    def rotary_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, head_dim] (any strides) rotated in place -> x; cos, sin [T, 1, head_dim/2]."""
         ...
 
 
@@ -56,6 +62,10 @@ class TorchLayerOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    @staticmethod
+    def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return apply_rotary_(x, cos, sin)
+
 
 TORCH_LAYER_OPS = TorchLayerOps()
 
@@ -72,12 +82,17 @@ class CppLayerOps:
         self.rms_norm = ops.rms_norm.default
         self.silu_and_mul = ops.silu_and_mul.default
         self._fused_add_rms_norm = ops.fused_add_rms_norm.default
+        self._rotary_ = ops.rotary_.default
 
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         self._fused_add_rms_norm(x, residual, weight, eps)  # in place: residual += x; x = norm(residual)
         return x, residual
+
+    def rotary_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        self._rotary_(x, cos, sin)  # the same bits as apply_rotary_
+        return x
 
 
 _cpp: CppLayerOps | None = None

@@ -4,12 +4,15 @@
 //   pagedserve_ops::rms_norm(x, weight, eps) -> out
 //   pagedserve_ops::fused_add_rms_norm(x, residual, weight, eps): residual += x; x = rms_norm(residual)
 //   pagedserve_ops::silu_and_mul(gate_up) -> silu(gate) * up, gate_up = [gate | up] per row
+//   pagedserve_ops::rotary_(x, cos, sin): x [T, heads, D] rotated in place ("rotate half" pairs)
 //
-// Each op does what Hugging Face's modules do op by op, with the same roundings: the norm in
-// float32 whatever the dtype (sum of squares, / D, + eps, 1 / sqrt), rounded to the model dtype,
-// then times the weight in the model dtype; the residual sum rounded to the model dtype; SiLU
-// rounded before the multiply, with torch's own vector exp (Sleef, exported by libtorch_cpu). Built with -ffp-contract=off: a fused multiply-add
-// would round once where torch rounds twice. float32 and bfloat16, any row length (masked tails).
+// Each op does what Hugging Face's modules and our torch forms do op by op, with the same roundings:
+// the norm in float32 whatever the dtype (sum of squares, / D, + eps, 1 / sqrt), rounded to the
+// model dtype, then times the weight in the model dtype; the residual sum rounded to the model
+// dtype; SiLU rounded before the multiply, with torch's own vector exp (Sleef, exported by
+// libtorch_cpu); each of the rotation's products and sums rounded, as rope.apply_rotary_'s six ops
+// round them. Built with -ffp-contract=off: a fused multiply-add would round once where torch
+// rounds twice. float32 and bfloat16, any row length (masked tails).
 //
 // A separate library from paged_attention.cpp's `pagedserve`, so the two build and load apart.
 #include <ATen/Parallel.h>
@@ -115,6 +118,20 @@ void silu_mul_row(const T* gate, const T* up, T* out, int64_t I) {
   }
 }
 
+// One head's "rotate half": (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), every product and
+// sum rounded to T as apply_rotary_'s separate ops round them.
+template <typename T>
+void rotate_head(T* x, const T* cos, const T* sin, int64_t half) {
+  for (int64_t d = 0; d < half; d += kLanes) {
+    const __mmask16 m = tail_mask(half - d);
+    const __m512 x1 = load(x + d, m), x2 = load(x + half + d, m);
+    const __m512 c = load(cos + d, m), s = load(sin + d, m);
+    const __m512 x2_sin = rounded<T>(_mm512_mul_ps(x2, s)), x1_sin = rounded<T>(_mm512_mul_ps(x1, s));
+    store(x + d, _mm512_sub_ps(rounded<T>(_mm512_mul_ps(x1, c)), x2_sin), m);
+    store(x + half + d, _mm512_add_ps(rounded<T>(_mm512_mul_ps(x2, c)), x1_sin), m);
+  }
+}
+
 // Rows of x [..., D] (last dimension contiguous, any outer strides) in parallel where there are
 // enough elements to pay for a second thread; row(i, offset) gets the row's element offset.
 template <typename Row>
@@ -200,16 +217,45 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+void rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 3 && x.stride(-1) == 1,
+              "rotary_: x must be a CPU [tokens, heads, head_dim] tensor with contiguous heads");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "rotary_: dtype must be float32 or bfloat16, got ", x.scalar_type());
+  TORCH_CHECK(x.size(2) % 2 == 0, "rotary_: head_dim must be even, got ", x.size(2));
+  const int64_t tokens = x.size(0), heads = x.size(1), half = x.size(2) / 2;
+  for (const at::Tensor* t : {&cos, &sin}) {
+    TORCH_CHECK(t->scalar_type() == x.scalar_type() && t->dim() >= 2 && t->size(0) == tokens &&
+                    t->size(-1) == half && t->numel() == tokens * half && t->stride(-1) == 1,
+                "rotary_: cos and sin must be [tokens, 1, head_dim / 2] = [", tokens, ", 1, ", half, "] in ",
+                x.scalar_type(), ", got ", t->sizes(), " in ", t->scalar_type());
+  }
+  const int64_t grain = std::max<int64_t>(1, kElementsPerThread / std::max<int64_t>(heads * 2 * half, 1));
+  DISPATCH_FLOAT_AND_BF16(x.scalar_type(), "rotary_", [&] {
+    scalar_t* base = x.data_ptr<scalar_t>();
+    const scalar_t* c = cos.data_ptr<scalar_t>();
+    const scalar_t* s = sin.data_ptr<scalar_t>();
+    at::parallel_for(0, tokens, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t)
+        for (int64_t h = 0; h < heads; ++h)
+          rotate_head(base + t * x.stride(0) + h * x.stride(1), c + t * cos.stride(0), s + t * sin.stride(0),
+                      half);
+    });
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(pagedserve_ops, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");
+  m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(pagedserve_ops, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("fused_add_rms_norm", &fused_add_rms_norm);
   m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("rotary_", &rotary_);
 }

@@ -3,12 +3,14 @@
     .venv/bin/python -m pagedserve.ops.microbench.layer_ops_ab [--dtypes float32 bfloat16]
         [--tokens 1 64 512] [--repeats 200] [--out FILE.json]
 
-- rotary: `apply_rotary` on q and on k (two calls, each a concatenated copy) against one
-  `apply_rotary_` in place over q and k side by side in the fused q/k/v output;
-- RMSNorm, twice per layer: the op-by-op form the model runs against one `F.rms_norm` call (the
-  same bits in float32; measured no faster, so not taken: "now" is the candidate here).
+- rotary: `apply_rotary_` (6 torch ops, in place over q and k side by side in the fused q/k/v
+  output) against our C++ `rotary_` (one call, the same bits);
+- residual add + RMSNorm, twice per layer: `x + residual` and the op-by-op norm (8 torch ops)
+  against one call of our fused C++ `fused_add_rms_norm` (in place);
+- SiLU-and-mul: split, `F.silu(gate) * up` (3 ops) against our C++ `silu_and_mul`, on the [T, 2I]
+  gate/up output.
 
-SmolLM2-135M's shapes (hidden 576, 9 query and 3 KV heads of 64). The variants alternate, `--repeats`
+SmolLM2-135M's shapes (hidden 576, intermediate 1536, 9 query and 3 KV heads of 64). The variants alternate, `--repeats`
 times each, in one process; medians in microseconds per layer and, x30, per step.
 """
 
@@ -22,17 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, CppLayerOps
 from pagedserve.ops.microbench.ab_report import measured, write_report
-from pagedserve.services.worker.models.rope import apply_rotary, apply_rotary_
 
-HIDDEN, Q_HEADS, KV_HEADS, HEAD_DIM, LAYERS = 576, 9, 3, 64, 30
-
-
-def _plain_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+HIDDEN, INTERMEDIATE, Q_HEADS, KV_HEADS, HEAD_DIM, LAYERS = 576, 1536, 9, 3, 64, 30
 
 
 def cases(tokens: int, dtype: torch.dtype) -> dict[str, dict[str, Callable[[], object]]]:
@@ -41,31 +36,26 @@ def cases(tokens: int, dtype: torch.dtype) -> dict[str, dict[str, Callable[[], o
     freqs = torch.arange(tokens)[:, None].float() * torch.rand(HEAD_DIM // 2)[None, :]
     cos, sin = freqs.cos().to(dtype)[:, None, :], freqs.sin().to(dtype)[:, None, :]
 
-    def rotary_plain() -> object:
-        q, k, _v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        return (
-            apply_rotary(q.view(tokens, Q_HEADS, HEAD_DIM), cos, sin),
-            apply_rotary(k.view(tokens, KV_HEADS, HEAD_DIM), cos, sin),
-        )
-
-    def rotary_in_place() -> object:
-        # Rotating the same buffer over and over changes its values, not the work done.
-        qk = qkv[:, : q_size + kv_size].view(tokens, Q_HEADS + KV_HEADS, HEAD_DIM)
-        return apply_rotary_(qk, cos, sin)
-
-    x = torch.randn(tokens, HIDDEN).to(dtype)
+    # Rotating the same buffer over and over changes its values, not the work done.
+    qk = qkv.view(tokens, -1, HEAD_DIM)[:, : Q_HEADS + KV_HEADS]
+    x, residual = torch.randn(tokens, HIDDEN).to(dtype), torch.randn(tokens, HIDDEN).to(dtype)
     weight = torch.ones(HIDDEN).to(dtype)
+    gate_up = torch.randn(tokens, 2 * INTERMEDIATE).to(dtype)
+    plain, cpp = TORCH_LAYER_OPS, CppLayerOps()
 
-    def fused_norm() -> torch.Tensor:
-        if dtype == torch.float32:
-            return F.rms_norm(x, (HIDDEN,), weight, 1e-5)
-        return weight * F.rms_norm(x.float(), (HIDDEN,), None, 1e-5).to(dtype)
+    def add_norm_twice(ops: object) -> object:
+        # In place for the C++ op: the residual grows a little each call, the work stays the same.
+        return ops.add_rms_norm(x, residual, weight, 1e-5), ops.add_rms_norm(x, residual, weight, 1e-5)
 
     return {
-        "rotary (q and k)": {"plain": rotary_plain, "now": rotary_in_place},
-        "2x RMSNorm": {
-            "plain": lambda: (_plain_rms_norm(x, weight, 1e-5), _plain_rms_norm(x, weight, 1e-5)),
-            "now": lambda: (fused_norm(), fused_norm()),
+        "rotary (q and k)": {
+            "plain": lambda: plain.rotary_(qk, cos, sin),
+            "now": lambda: cpp.rotary_(qk, cos, sin),
+        },
+        "2x add + RMSNorm": {"plain": lambda: add_norm_twice(plain), "now": lambda: add_norm_twice(cpp)},
+        "SiLU-and-mul": {
+            "plain": lambda: plain.silu_and_mul(gate_up),
+            "now": lambda: cpp.silu_and_mul(gate_up),
         },
     }
 
@@ -93,7 +83,7 @@ def measure(dtype_name: str, tokens: int, repeats: int) -> list[dict[str, object
             "load_average": os.getloadavg()[0],
         }
         print(
-            f"{dtype_name:>9} T={tokens:4d} {op:17s} plain {plain:8.1f} us  now {now:8.1f} us  "
+            f"{dtype_name:>9} T={tokens:4d} {op:18s} plain {plain:8.1f} us  now {now:8.1f} us  "
             f"{row['speedup']:.2f}x  saves {row['saved_ms_per_step']:.2f} ms/step  (load {row['load_average']:.2f})",
             flush=True,
         )

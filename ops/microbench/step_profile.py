@@ -2,13 +2,15 @@
 
     .venv/bin/python -m pagedserve.ops.microbench.step_profile [--dtype float32 bfloat16] [--batch 64]
                                                                [--backend torch cpp] [--steps 12]
-                                                               [--prepack on off] [--no-breakdown]
+                                                               [--prepack on off] [--fused-ops on off]
+                                                               [--no-breakdown]
 
 A ModelRunner on the bundled SmolLM2-135M holds `--batch` requests whose contexts are spread like the
 bench workload's (16-256 prompt tokens plus what they generated), samples at temperature 0.6, and runs
 decode steps. Wall time per step is the median of un-profiled steps; the breakdown comes from one
-torch.profiler pass over a few more steps. Variants (dtype x backend x prepacked weights or not) are
-interleaved step by step in one process, so a shared, noisy machine moves them alike.
+torch.profiler pass over a few more steps. Variants (dtype x backend x prepacked weights or not x
+fused C++ layer ops or the plain torch ones) are interleaved step by step in one process, so a
+shared, noisy machine moves them alike.
 """
 
 from __future__ import annotations
@@ -38,13 +40,23 @@ CATEGORIES = {
     "aten::scaled_dot_product_attention": "attention math (SDPA)",
     "pagedserve::paged_attention": "attention (C++ paged kernel)",
     "aten::index_put_": "K/V writes",
+    "pagedserve_ops::rms_norm": "norms, adds, SiLU (C++ fused)",
+    "pagedserve_ops::fused_add_rms_norm": "norms, adds, SiLU (C++ fused)",
+    "pagedserve_ops::silu_and_mul": "norms, adds, SiLU (C++ fused)",
 }
 LABELS = ("sample", "pack_batch")
 
 
 class Variant:
     def __init__(
-        self, dtype: str, backend: str, batch: int, block_size: int, seed: int, prepack: bool = True
+        self,
+        dtype: str,
+        backend: str,
+        batch: int,
+        block_size: int,
+        seed: int,
+        prepack: bool = True,
+        fused_ops: bool = True,
     ) -> None:
         self.name = f"{dtype}/{backend}" + ("" if prepack else "/dense")
         path = resolve_model("smollm2-135m")
@@ -62,6 +74,8 @@ class Variant:
         )
         if prepack and self.runner.num_prepacked:
             self.name += "/prepacked"
+        # "fused": our C++ norms, adds and SiLU-and-mul; "torch-ops": the plain forms.
+        self.name += "/fused" if self.runner.model.use_fused_ops(fused_ops) == "cpp" else "/torch-ops"
         params = SamplingParams(temperature=0.6, ignore_eos=True).model_dump()
         vocab = self.runner.vocab_size
         self.ids = [f"r{i}" for i in range(batch)]
@@ -150,6 +164,7 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--prepack", nargs="+", choices=["on", "off"], default=["on"])
+    ap.add_argument("--fused-ops", nargs="+", choices=["on", "off"], default=["on"])
     ap.add_argument("--no-breakdown", action="store_true", help="step times only, no profiled pass")
     ap.add_argument("--out", type=Path, default=None, help="write the step times as JSON")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -158,10 +173,11 @@ def main() -> None:
     load_start = os.getloadavg()
     print(f"load average at start: {load_start}")
     variants = [
-        Variant(d, b, args.batch, args.block_size, 0, prepack=p == "on")
+        Variant(d, b, args.batch, args.block_size, 0, prepack=p == "on", fused_ops=f == "on")
         for d in args.dtype
         for b in args.backend
         for p in args.prepack
+        for f in args.fused_ops
     ]
     for v in variants:
         v.decode()  # warm-up

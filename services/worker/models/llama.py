@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata
 from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, LayerOps, layer_ops_for
 from pagedserve.services.worker.models.packed_linear import pack_linear, prepack_linears
-from pagedserve.services.worker.models.rope import RotaryEmbedding, apply_rotary_
+from pagedserve.services.worker.models.rope import RotaryEmbedding
 from torch import nn
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.ops: LayerOps = TORCH_LAYER_OPS  # the model sets its choice (use_fused_ops)
 
     def forward(
         self,
@@ -69,10 +70,10 @@ class LlamaAttention(nn.Module):
         heads = self.qkv_proj(x).view(num_tokens, -1, self.head_dim)  # q, k and v heads side by side
         q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = apply_rotary_(self.q_norm(q), cos, sin), apply_rotary_(self.k_norm(k), cos, sin)
+            q, k = self.ops.rotary_(self.q_norm(q), cos, sin), self.ops.rotary_(self.k_norm(k), cos, sin)
         else:
             # q and k are adjacent heads in each row: one in-place rotation covers both sets.
-            apply_rotary_(heads[:, : self.num_heads + self.num_kv_heads], cos, sin)
+            self.ops.rotary_(heads[:, : self.num_heads + self.num_kv_heads], cos, sin)
         self.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = self.backend.forward(q, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.view(num_tokens, self.q_size))
@@ -151,13 +152,13 @@ class LlamaForCausalLM(nn.Module):
         return self
 
     def use_fused_ops(self, enabled: bool = True) -> str:
-        """Run the per-layer norms, residual adds and SiLU-and-mul as our fused C++ kernels where they
-        apply (CPU, float32 / bfloat16, buildable here), else (or `enabled=False`) as plain torch ops;
+        """Run the per-layer norms, residual adds, SiLU-and-mul and rotary embedding as our fused C++
+        kernels where they apply (CPU, float32 / bfloat16, buildable here), else (or `enabled=False`) as plain torch ops;
         -> the name of the ops chosen."""
         weight = self.embed_tokens.weight
         ops = layer_ops_for(weight.dtype, weight.device) if enabled else TORCH_LAYER_OPS
         for module in self.modules():
-            if isinstance(module, (RMSNorm, LlamaMLP)):
+            if isinstance(module, (RMSNorm, LlamaAttention, LlamaMLP)):
                 module.ops = ops
         self.layer_ops = ops
         return ops.name

@@ -4,7 +4,8 @@ Any row count (1 included), any row length (odd ones take the masked tail), floa
 What may differ, and by how much: the sum of squares adds in another order than torch's sum kernel,
 so a float32 norm may be a few ulp off, and where that moves a bfloat16 value across a rounding
 boundary it comes out a bf16 ulp or two off; SiLU's exp is torch's own vector exp, but torch computes a
-row's tail (length mod 16) with libm's. Everything else (the residual sum above all) is exact.
+row's tail (length mod 16) with libm's. Everything else is exact: the residual sum, and the
+rotary embedding (every product and sum rounded where apply_rotary_'s ops round them).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pagedserve.kernels.cpu.build import KernelBuildError
 from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, CppLayerOps
+from pagedserve.services.worker.models.rope import apply_rotary
 
 try:
     CPP = CppLayerOps()
@@ -94,6 +96,44 @@ def test_rms_norm_reads_heads_inside_the_fused_qkv_output(dtype):
     ours = CPP.rms_norm(q, weight, 1e-6)
     assert ours.is_contiguous()
     _assert_close(ours, TORCH_LAYER_OPS.rms_norm(q, weight, 1e-6))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    tokens=st.integers(1, 80),
+    q_heads=st.integers(1, 9),
+    kv_heads=st.integers(1, 3),
+    head_dim=st.sampled_from([2, 6, 16, 34, 64, 128]),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**16),
+)
+def test_rotary_of_q_and_k_in_the_qkv_output_gives_the_very_bits_of_the_torch_form(
+    tokens, q_heads, kv_heads, head_dim, dtype, seed
+):
+    gen = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
+    freqs = torch.rand(tokens, head_dim // 2, generator=gen) * 50
+    cos, sin = freqs.cos().to(dtype)[:, None, :], freqs.sin().to(dtype)[:, None, :]
+    expected = qkv.clone()
+    TORCH_LAYER_OPS.rotary_(expected.view(tokens, -1, head_dim)[:, : q_heads + kv_heads], cos, sin)
+
+    qk = qkv.view(tokens, -1, head_dim)[:, : q_heads + kv_heads]
+    assert CPP.rotary_(qk, cos, sin) is qk
+    assert torch.equal(qkv, expected)  # q and k rotated, v untouched
+
+
+def test_rotary_in_place_matches_the_copying_form():
+    x = torch.randn(3, 4, 64)
+    freqs = torch.rand(3, 32) * 50
+    cos, sin = freqs.cos()[:, None, :], freqs.sin()[:, None, :]
+    expected = apply_rotary(x, cos, sin)
+    assert torch.equal(CPP.rotary_(x, cos, sin), expected)
+
+
+def test_rotary_refuses_cos_of_the_wrong_shape():
+    x, cos = torch.randn(3, 4, 64), torch.randn(3, 1, 16)
+    with pytest.raises(RuntimeError, match=r"cos and sin must be \[tokens, 1, head_dim / 2\] = \[3, 1, 32\]"):
+        CPP.rotary_(x, cos, cos)
 
 
 def test_an_unsupported_dtype_is_refused_by_name():
