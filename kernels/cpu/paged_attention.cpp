@@ -4,14 +4,21 @@
 // continued chunks): query i of request b sits at position seq_len - q_len + i and attends causally
 // to context positions <= that, read block by block through block_tables[b].
 //
-// Work item = (request, KV head, tile of up to kQueryTile queries). The tile's queries times the GQA
-// group (the query heads sharing that KV head) are the item's rows, so every K/V vector read from
-// memory serves all of them: GQA is folded into rows, never repeated. Softmax is online (running
-// max and sum per row, rescaled per block), so nothing the size of the context is materialised.
-// Inner loops run over head_dim and over a block's tokens, contiguous, written so g++ -O3 vectorises
-// them (omp simd reductions, an exp with no libm call, bf16 widened by a shift). Accumulation is
-// float32 whatever the cache dtype.
+// Two paths, one result (float32 accumulation whatever the cache dtype; GQA folded into rows: the
+// query heads sharing a KV head are rows served by the same K/V vector read, never repeated):
+// - AVX-512 (head_dim a multiple of 16 up to 128, on CPUs that have it): intrinsics, all KV heads of
+//   a query tile in one work item, three passes per item (scores, softmax, values). Below.
+// - generic (any head_dim, any CPU; also callable alone as paged_attention_portable, so the tests
+//   check it here): work item = (request, KV head, tile of up to kQueryTile queries), online softmax
+//   (running max and sum per row, rescaled per block), loops written so g++ -O3 vectorises them
+//   (omp simd reductions, an exp with no libm call, bf16 widened by a shift).
+// Measured on a 2-core Sapphire Rapids at batch 64 decode, contexts 16-512: the AVX-512 path is
+// about 2x the generic one per layer and there reads K/V at about the memory bandwidth one core
+// gets (~8 GB/s); in cache it is 3x (docs/benchmarks.md).
 #include <ATen/Parallel.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <omp.h>
 #include <torch/library.h>
 #include <torch/types.h>
@@ -21,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -81,7 +89,7 @@ inline const float* as_float(const c10::BFloat16* src, int64_t n, int64_t stride
 
 struct Item {
   int64_t request;
-  int64_t kv_head;
+  int64_t kv_head;  // the generic path's; an AVX-512 item serves every KV head
   int64_t first_query;  // index into the packed query of this tile's first token
   int64_t num_queries;
   int64_t first_pos;  // context position of that first query
@@ -191,10 +199,312 @@ void attend_item(const Item& item, const T* query, const T* k_cache, const T* v_
   }
 }
 
+
+#if defined(__AVX512F__)
+// The AVX-512 path, for head_dim a multiple of 16 up to 128 (NV vectors of 16 floats per head row).
+// The generic path above stores and reloads each row's accumulator per token, reduces each dot
+// product on its own and branches per (row, token) pair; that was most of its time.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// exp_nonpositive on 16 lanes: the same polynomial, 2^round(t) applied with scalef.
+inline __m512 exp_nonpositive16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f));
+  const __m512 r = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, r);
+  __m512 p = _mm512_set1_ps(1.5252733804e-5f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393e-4f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108665e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650696e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718056e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, r);
+}
+
+// Asks for `bytes` from `p` on while the current sub-block is computed: block tables scatter the
+// blocks, so the hardware prefetcher loses the stream at every block boundary.
+inline void prefetch(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
+}
+
+// out lane t = the sum of v[t]'s 16 lanes: 16 dot products finished with 45 shuffles and adds
+// instead of 16 horizontal sums of 8 steps each.
+inline __m512 sum_lanes16(const __m512* v) {
+  __m512 w[8], x[4];
+  for (int k = 0; k < 8; ++k)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
+    w[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+  for (int k = 0; k < 4; ++k) {  // per 128-bit lane: that lane's sums of v[4k .. 4k+3]
+    const __m512d a = _mm512_castps_pd(w[2 * k]), b = _mm512_castps_pd(w[2 * k + 1]);
+    x[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  const __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88), _mm512_shuffle_f32x4(x[0], x[1], 0xDD));
+  const __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x88), _mm512_shuffle_f32x4(x[2], x[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xDD));
+}
+
+// Scores of one query row against the sub-block's n (<= 16) keys: lane t = q . k_t (scaled);
+// lanes from n on are 0 and are masked by the caller. `q` is the row in float32, pre-scaled.
+template <int NV>
+inline __m512 row_scores(const float* q, const float*, const float* kb, int64_t stride, int64_t n, float) {
+  __m512 part[16];
+  for (int t = 0; t < 16; ++t) {
+    part[t] = _mm512_setzero_ps();
+    if (t >= n) continue;
+    const float* k = kb + t * stride;
+    for (int v = 0; v < NV; ++v) part[t] = _mm512_fmadd_ps(_mm512_loadu_ps(q + v * 16), _mm512_loadu_ps(k + v * 16), part[t]);
+  }
+  return sum_lanes16(part);
+}
+
+// bf16 keys: with AVX512-BF16 and an even NV, the row's own bf16 values (`qraw`) go straight into
+// pairwise bf16 dot products (exact products, float32 sums) and the scale is applied to the sums;
+// otherwise keys are widened to float32 and the float32 path runs.
+template <int NV>
+inline __m512 row_scores(const float* q, const c10::BFloat16* qraw, const c10::BFloat16* kb, int64_t stride,
+                         int64_t n, float scale) {
+  __m512 part[16];
+#if defined(__AVX512BF16__)
+  if constexpr (NV % 2 == 0) {
+    __m512bh qv[NV / 2];
+    for (int v = 0; v < NV / 2; ++v) qv[v] = (__m512bh)_mm512_loadu_si512(qraw + v * 32);
+    for (int t = 0; t < 16; ++t) {
+      part[t] = _mm512_setzero_ps();
+      if (t >= n) continue;
+      const c10::BFloat16* k = kb + t * stride;
+      for (int v = 0; v < NV / 2; ++v)
+        part[t] = _mm512_dpbf16_ps(part[t], qv[v], (__m512bh)_mm512_loadu_si512(k + v * 32));
+    }
+    return _mm512_mul_ps(sum_lanes16(part), _mm512_set1_ps(scale));
+  }
+#endif
+  (void)qraw;
+  (void)scale;
+  for (int t = 0; t < 16; ++t) {
+    part[t] = _mm512_setzero_ps();
+    if (t >= n) continue;
+    const c10::BFloat16* k = kb + t * stride;
+    for (int v = 0; v < NV; ++v) part[t] = _mm512_fmadd_ps(_mm512_loadu_ps(q + v * 16), load16(k + v * 16), part[t]);
+  }
+  return sum_lanes16(part);
+}
+
+// acc[i] += sum over the sub-block's n tokens of w[i * row_stride + t] * v_t.
+template <int NV, int R>
+inline void add_values(__m512 (&acc)[R][NV], const float* w, int64_t row_stride, const float* vb, int64_t stride,
+                       int64_t n) {
+  for (int64_t t = 0; t < n; ++t) {
+    __m512 x[NV];
+    for (int v = 0; v < NV; ++v) x[v] = _mm512_loadu_ps(vb + t * stride + v * 16);
+    for (int i = 0; i < R; ++i) {
+      const __m512 p = _mm512_set1_ps(w[i * row_stride + t]);
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(p, x[v], acc[i][v]);
+    }
+  }
+}
+
+// bf16 values take pairs of tokens per bf16 dot product when the CPU has AVX512-BF16 (NV even): the
+// weights are rounded to bf16 for it (as a bf16 SDPA rounds its probabilities), the sums stay
+// float32. Two tokens' rows interleaved by unpack put head dims in a lane order of their own:
+// acc[i][2h] lane 4L+j holds dim 32h+8L+j, acc[i][2h+1] lane 4L+j holds dim 32h+8L+4+j.
+template <typename T, int NV>
+constexpr bool kPairedValues =
+#if defined(__AVX512BF16__)
+    std::is_same_v<T, c10::BFloat16> && NV % 2 == 0;
+#else
+    false;
+#endif
+
+// The lane (in acc[i][0..NV) laid end to end) that holds head dim d, when kPairedValues.
+inline int paired_lane(int d) {
+  const int h = d / 32, L = (d % 32) / 8, j = d % 8;
+  return (2 * h + j / 4) * 16 + 4 * L + j % 4;
+}
+
+template <int NV, int R>
+inline void add_values(__m512 (&acc)[R][NV], const float* w, int64_t row_stride, const c10::BFloat16* vb,
+                       int64_t stride, int64_t n) {
+#if defined(__AVX512BF16__)
+  if constexpr (NV % 2 == 0) {
+    alignas(64) uint32_t pairs[R][8];  // (weight of token 2k, weight of token 2k+1) as two bf16
+    for (int i = 0; i < R; ++i)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[i]), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(w + i * row_stride)));
+    for (int64_t t = 0; t < n; t += 2) {
+      const c10::BFloat16* a = vb + t * stride;
+      const bool second = t + 1 < n;  // an odd last token pairs with zeros (its weight is 0 too)
+      for (int h = 0; h < NV / 2; ++h) {
+        const __m512i x = _mm512_loadu_si512(a + h * 32);
+        const __m512i y = second ? _mm512_loadu_si512(a + stride + h * 32) : _mm512_setzero_si512();
+        const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(x, y), hi = (__m512bh)_mm512_unpackhi_epi16(x, y);
+        for (int i = 0; i < R; ++i) {
+          const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[i][t / 2]));
+          acc[i][2 * h] = _mm512_dpbf16_ps(acc[i][2 * h], p, lo);
+          acc[i][2 * h + 1] = _mm512_dpbf16_ps(acc[i][2 * h + 1], p, hi);
+        }
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t t = 0; t < n; ++t) {
+    __m512 x[NV];
+    for (int v = 0; v < NV; ++v) x[v] = load16(vb + t * stride + v * 16);
+    for (int i = 0; i < R; ++i) {
+      const __m512 p = _mm512_set1_ps(w[i * row_stride + t]);
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(p, x[v], acc[i][v]);
+    }
+  }
+}
+
+// Rows per value pass: RB x NV accumulators stay within the 32 vector registers with room to work.
+template <int NV>
+constexpr int kRowsPerChunk = NV <= 4 ? 4 : (NV <= 8 ? 2 : 1);
+
+// acc rows [R, D] in memory += their weighted values, through registers: R is a template argument
+// so the row loops unroll and the accumulators stay in registers for the sub-block (with a runtime
+// row count g++ kept them on the stack).
+template <typename T, int NV, int R>
+void add_values_rows(float* acc, const float* w, int64_t row_stride, const T* vb, int64_t stride, int64_t n) {
+  __m512 a[R][NV];
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < NV; ++v) a[i][v] = _mm512_load_ps(acc + (i * NV + v) * 16);
+  add_values<NV, R>(a, w, row_stride, vb, stride, n);
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < NV; ++v) _mm512_store_ps(acc + (i * NV + v) * 16, a[i][v]);
+}
+
+// One work item: a tile of queries of one request, every head. Three passes over the context, not
+// an online softmax: all scores, then each row's max, weights and sum in one sweep, then the
+// weighted values. An online softmax puts a dependent chain (block max, rescale, exp, sum) between
+// every block's scores and its values, and the core sat waiting on it; here each pass is a run of
+// independent work, and the scores ([rows, context] floats) stay in cache. Every KV head is served
+// from the same sub-block of 16 tokens, read once: a token's K (and V) row for all heads is one
+// contiguous run of memory, and reading one head's slice of each row per item left the prefetcher
+// behind (decode attention waited on memory at a third of the bandwidth).
+// Rows are ordered by KV head, then query, then the query heads that share the KV head.
+template <typename T, int NV>
+void attend_item_avx512(const Item& item, const T* query, const T* k_cache, const T* v_cache, const int32_t* table,
+                        T* out, int64_t num_heads, int64_t num_kv_heads, int64_t block_size, float scale,
+                        std::vector<float>& scratch) {
+  constexpr int D = NV * 16;
+  constexpr int RB = kRowsPerChunk<NV>;
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t nq = item.num_queries;
+  const int64_t head_rows = nq * group;  // rows per KV head
+  const int64_t rows = head_rows * num_kv_heads;
+  const int64_t context = item.first_pos + nq;
+  const int64_t token_stride = num_kv_heads * D;
+  // Whole vectors, plus one vector that the bf16 value path may read past the last sub-block.
+  const int64_t row_stride = (context + 15) / 16 * 16 + 16;
+  scratch.resize(static_cast<size_t>(rows * (2 * D + row_stride) + 16));
+  float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
+  float* q = acc + rows * D;      // [rows, D] float32, pre-scaled
+  float* weights = q + rows * D;  // [rows, row_stride]
+  std::fill(acc, acc + rows * D, 0.0f);
+  auto head_row = [&](int64_t r) {  // the row's index in query / out, in units of D
+    const int64_t h = r / head_rows, qi = (r % head_rows) / group, g = r % group;
+    return (item.first_query + qi) * num_heads + h * group + g;
+  };
+  auto limit = [&](int64_t r) { return item.first_pos + (r % head_rows) / group + 1; };  // causal
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* src = query + head_row(r) * D;
+    for (int d = 0; d < D; ++d) q[r * D + d] = load(src[d]) * scale;
+  }
+  // Sub-blocks: up to 16 tokens, never across a block boundary; -> the first token's row.
+  auto sub_block = [&](int64_t base, int64_t& n) {
+    const int64_t offset = base % block_size;
+    n = std::min<int64_t>({16, block_size - offset, context - base});
+    return (static_cast<int64_t>(table[base / block_size]) * block_size + offset) * token_stride;
+  };
+  for (int64_t base = 0, n = 0; base < context; base += n) {
+    const T* kb = k_cache + sub_block(base, n);
+    if (base + n < context) {
+      int64_t next = 0;
+      prefetch(k_cache + sub_block(base + n, next), next * token_stride * static_cast<int64_t>(sizeof(T)));
+    }
+    const __mmask16 lanes = static_cast<__mmask16>((1u << n) - 1u);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (base >= limit(r)) continue;
+      _mm512_mask_storeu_ps(weights + r * row_stride + base, lanes,
+                            row_scores<NV>(q + r * D, query + head_row(r) * D, kb + (r / head_rows) * D,
+                                           token_stride, n, scale));
+    }
+  }
+  std::vector<float> sums(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* w = weights + r * row_stride;
+    const int64_t valid = limit(r);
+    __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t t = 0; t < valid; t += 16) {
+      const __mmask16 mask = valid - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (valid - t)) - 1u);
+      vmax = _mm512_mask_max_ps(vmax, mask, vmax, _mm512_maskz_loadu_ps(mask, w + t));
+    }
+    const __m512 row_max = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t t = 0; t < context; t += 16) {  // weights past the row's own limit are 0
+      const int64_t left = valid - t;
+      const __mmask16 mask = left >= 16 ? 0xFFFF : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1u);
+      const __m512 e = _mm512_maskz_mov_ps(mask, exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, w + t), row_max)));
+      _mm512_storeu_ps(w + t, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    sums[r] = _mm512_reduce_add_ps(sum);
+  }
+  for (int64_t base = 0, n = 0; base < context; base += n) {
+    const T* vb = v_cache + sub_block(base, n);
+    if (base + n < context) {
+      int64_t next = 0;
+      prefetch(v_cache + sub_block(base + n, next), next * token_stride * static_cast<int64_t>(sizeof(T)));
+    }
+    for (int64_t h = 0; h < num_kv_heads; ++h) {
+      for (int64_t r0 = h * head_rows; r0 < (h + 1) * head_rows; r0 += RB) {
+        const int64_t rb = std::min<int64_t>(RB, (h + 1) * head_rows - r0);
+        const auto rows_fn = rb == RB ? add_values_rows<T, NV, RB>
+                             : rb == 3 ? add_values_rows<T, NV, (RB >= 3 ? 3 : 1)>
+                             : rb == 2 ? add_values_rows<T, NV, (RB >= 2 ? 2 : 1)>
+                                       : add_values_rows<T, NV, 1>;
+        rows_fn(acc + r0 * D, weights + r0 * row_stride + base, row_stride, vb + h * D, token_stride, n);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    T* dst = out + head_row(r) * D;
+    const float inv = 1.0f / sums[r];
+    for (int d = 0; d < D; ++d) store(dst + d, acc[r * D + (kPairedValues<T, NV> ? paired_lane(d) : d)] * inv);
+  }
+}
+
+// The AVX-512 item function for this head_dim, or nullptr (the generic path serves it).
+template <typename T>
+using ItemFn = void (*)(const Item&, const T*, const T*, const T*, const int32_t*, T*, int64_t, int64_t, int64_t,
+                        float, std::vector<float>&);
+
+template <typename T>
+ItemFn<T> avx512_item_fn(int64_t head_dim) {
+  switch (head_dim) {
+    case 16: return attend_item_avx512<T, 1>;
+    case 32: return attend_item_avx512<T, 2>;
+    case 48: return attend_item_avx512<T, 3>;
+    case 64: return attend_item_avx512<T, 4>;
+    case 80: return attend_item_avx512<T, 5>;
+    case 96: return attend_item_avx512<T, 6>;
+    case 112: return attend_item_avx512<T, 7>;
+    case 128: return attend_item_avx512<T, 8>;
+    default: return nullptr;
+  }
+}
+#endif
+
 template <typename T>
 void run_items(const std::vector<Item>& items, const std::vector<int64_t>& order, int threads,
                const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
-               const at::Tensor& block_tables, double scale, at::Tensor& out) {
+               const at::Tensor& block_tables, double scale, bool portable, at::Tensor& out) {
   const T* q = query.data_ptr<T>();
   const T* kc = k_cache.data_ptr<T>();
   const T* vc = v_cache.data_ptr<T>();
@@ -203,6 +513,11 @@ void run_items(const std::vector<Item>& items, const std::vector<int64_t>& order
   const int64_t width = block_tables.size(1), num_heads = query.size(1), head_dim = query.size(2);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   const int64_t num_items = static_cast<int64_t>(items.size());
+#if defined(__AVX512F__)
+  const ItemFn<T> fast = portable ? nullptr : avx512_item_fn<T>(head_dim);
+#else
+  (void)portable;
+#endif
   // Our own parallel region on torch's OpenMP runtime (the same libgomp, already loaded), for the
   // dynamic schedule: at::parallel_for hands out equal contiguous ranges.
 #pragma omp parallel num_threads(threads)
@@ -211,15 +526,22 @@ void run_items(const std::vector<Item>& items, const std::vector<int64_t>& order
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < num_items; ++w) {
       const Item& it = items[order[w]];
-      attend_item<T>(it, q, kc, vc, tables + it.request * width, o, num_heads, num_kv_heads, head_dim,
-                     block_size, static_cast<float>(scale), scratch);
+      const int32_t* table = tables + it.request * width;
+#if defined(__AVX512F__)
+      if (fast != nullptr) {
+        fast(it, q, kc, vc, table, o, num_heads, num_kv_heads, block_size, static_cast<float>(scale), scratch);
+        continue;
+      }
+#endif
+      attend_item<T>(it, q, kc, vc, table, o, num_heads, num_kv_heads, head_dim, block_size,
+                     static_cast<float>(scale), scratch);
     }
   }
 }
 
-void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-                     const at::Tensor& block_tables, double scale, at::Tensor& out) {
+void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+            const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& block_tables,
+            double scale, bool portable, at::Tensor& out) {
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query [T, H, D], k_cache [N, block, kv, D]");
   TORCH_CHECK(query.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
                   out.is_contiguous() && block_tables.is_contiguous(),
@@ -238,6 +560,14 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int64_t table_width = block_tables.size(1);
 
+  // The AVX-512 path takes every KV head of a query tile in one item; the generic one, one head.
+#if defined(__AVX512F__)
+  const bool all_heads = !portable && (query.scalar_type() == at::kFloat
+                                           ? avx512_item_fn<float>(head_dim) != nullptr
+                                           : avx512_item_fn<c10::BFloat16>(head_dim) != nullptr);
+#else
+  const bool all_heads = false;
+#endif
   std::vector<Item> items;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t q_len = starts[b + 1] - starts[b];
@@ -247,6 +577,10 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
                 ": its context needs more blocks than block_tables has columns");
     for (int64_t i = 0; i < q_len; i += kQueryTile) {
       const int64_t nq = std::min(kQueryTile, q_len - i);
+      if (all_heads) {
+        items.push_back({b, 0, starts[b] + i, nq, first + i, num_kv_heads * nq * (first + i + nq)});
+        continue;
+      }
       for (int64_t h = 0; h < num_kv_heads; ++h) {
         items.push_back({b, h, starts[b] + i, nq, first + i, nq * (first + i + nq)});
       }
@@ -261,12 +595,27 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
   const int threads = std::max(1, std::min<int>(at::get_num_threads(), static_cast<int>(num_items)));
 
   if (query.scalar_type() == at::kFloat) {
-    run_items<float>(items, order, threads, query, k_cache, v_cache, block_tables, scale, out);
+    run_items<float>(items, order, threads, query, k_cache, v_cache, block_tables, scale, portable, out);
   } else if (query.scalar_type() == at::kBFloat16) {
-    run_items<c10::BFloat16>(items, order, threads, query, k_cache, v_cache, block_tables, scale, out);
+    run_items<c10::BFloat16>(items, order, threads, query, k_cache, v_cache, block_tables, scale, portable,
+                                   out);
   } else {
     TORCH_CHECK(false, "paged_attention supports float32 and bfloat16, got ", query.scalar_type());
   }
+}
+
+void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                     const at::Tensor& block_tables, double scale, at::Tensor& out) {
+  attend(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, false, out);
+}
+
+// The generic path alone, whatever this CPU has: what a CPU without AVX-512 runs, kept callable so
+// the tests check it here too and the microbenchmarks can set the two side by side.
+void paged_attention_portable(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                              const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                              const at::Tensor& block_tables, double scale, at::Tensor& out) {
+  attend(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, true, out);
 }
 
 }  // namespace
@@ -275,6 +624,12 @@ TORCH_LIBRARY(pagedserve, m) {
   m.def(
       "paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, "
       "Tensor seq_lens, Tensor block_tables, float scale, Tensor(a!) out) -> ()");
+  m.def(
+      "paged_attention_portable(Tensor query, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, "
+      "Tensor seq_lens, Tensor block_tables, float scale, Tensor(a!) out) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(pagedserve, CPU, m) { m.impl("paged_attention", &paged_attention); }
+TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {
+  m.impl("paged_attention", &paged_attention);
+  m.impl("paged_attention_portable", &paged_attention_portable);
+}
