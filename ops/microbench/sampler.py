@@ -1,74 +1,105 @@
-"""Micro-benchmark: one Sampler.sample call over a SmolLM2-sized vocabulary, per batch size and setting.
+"""Micro-benchmark: one Sampler.sample call over a SmolLM2-sized vocabulary, per setting, dtype, batch
+and sampler backend.
 
-    python -m pagedserve.ops.microbench.sampler [--batches 1 32 256] [--threads 1] [--out bench/results/sampler.json]
+    python -m pagedserve.ops.microbench.sampler [--batches 1 8 32 64] [--dtypes float32 bfloat16]
+        [--backends torch cpp] [--threads 2] [--repeats 15] [--out bench/results/sampler.json]
 
-Logits are N(0, 3^2): flatter than a real model's, so top-p nuclei are wide (a few hundred tokens)
-and the top-k/top-p candidate search is near its worst case.
+Every setting but greedy runs at the bench workload's temperature, 0.6. Logits are N(0, 3^2):
+flatter than a real model's, so top-p nuclei are wide (a few hundred tokens) and the truncation
+search is near its worst case; `--logit-std` changes that. The backends alternate call by call in
+one process (an A/B on the same cores at the same moment); medians in milliseconds per call.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from pagedserve.ops.microbench.ab_report import measured, write_report
 from pagedserve.services.worker.sampler import Sampler, SamplingRequest
 from pagedserve.shared.protocol.frontend import SamplingParams
 
 VOCAB = 49152
+TEMPERATURE = 0.6
 SETTINGS: dict[str, dict[str, Any]] = {
     "greedy": {"temperature": 0.0},
-    "temperature": {"temperature": 0.8},
-    "top_k=50": {"temperature": 0.8, "top_k": 50},
-    "top_p=0.9": {"temperature": 0.8, "top_p": 0.9},
-    "min_p=0.1": {"temperature": 0.8, "min_p": 0.1},
-    "seeded": {"temperature": 0.8, "seed": 3},
-    "penalties": {"temperature": 0.8, "repetition_penalty": 1.2, "frequency_penalty": 0.5},
-    "logprobs=5": {"temperature": 0.0, "logprobs": 5},
+    "temperature": {},
+    "top_p=0.9": {"top_p": 0.9},
+    "top_k=50": {"top_k": 50},
+    "top_k=50,top_p=0.9": {"top_k": 50, "top_p": 0.9},
+    "min_p=0.05": {"min_p": 0.05},
+    "seeded": {"seed": 3},
+    "penalties": {"repetition_penalty": 1.2, "frequency_penalty": 0.5},
+    "logprobs=5": {"logprobs": 5},
 }
 
 
-def time_sample(
-    sampler: Sampler, logits: torch.Tensor, requests: list[SamplingRequest], repeats: int
-) -> float:
-    sampler.sample(logits, requests)  # warm-up
-    seconds = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        sampler.sample(logits, requests)
-        seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds)
+def _requests(setting: dict[str, Any], batch: int) -> list[SamplingRequest]:
+    fields = SamplingParams(**{"temperature": TEMPERATURE, **setting}).model_dump()
+    # 64 prompt and 64 output tokens each, as a mid-generation decode step.
+    return [SamplingRequest(fields, list(range(64)), list(range(100, 164))) for _ in range(batch)]
+
+
+def _sampler(backend: str) -> Sampler:
+    return Sampler(VOCAB, eos_token_ids=[2], backend=backend)
+
+
+def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+    samplers = {backend: _sampler(backend) for backend in args.backends}
+    rows = []
+    for dtype_name in args.dtypes:
+        for batch in args.batches:
+            generator = torch.Generator().manual_seed(batch)
+            logits = (torch.randn(batch, VOCAB, generator=generator) * args.logit_std).to(
+                getattr(torch, dtype_name)
+            )
+            for name in args.settings:
+                requests = _requests(SETTINGS[name], batch)
+                seconds: dict[str, list[float]] = {backend: [] for backend in samplers}
+                for sampler in samplers.values():
+                    sampler.sample(logits, requests)  # warm-up
+                for _ in range(args.repeats):
+                    for backend, sampler in samplers.items():
+                        started = time.perf_counter()
+                        sampler.sample(logits, requests)
+                        seconds[backend].append(time.perf_counter() - started)
+                row: dict[str, Any] = {"setting": name, "dtype": dtype_name, "batch": batch}
+                row |= {f"{b}_ms": round(statistics.median(s) * 1e3, 3) for b, s in seconds.items()}
+                rows.append(row)
+                print(
+                    f"{name:>20} {dtype_name:>8} B={batch:<4} "
+                    + "  ".join(f"{b} {row[f'{b}_ms']:8.3f} ms" for b in samplers),
+                    flush=True,
+                )
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default="bench/results/sampler.json")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--backends", nargs="+", default=["torch", "cpp"], choices=["torch", "cpp"])
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (the bench's default is 2)")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--logit-std", type=float, default=3.0)
+    ap.add_argument("--out", type=Path, default=Path("bench/results/sampler.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    sampler = Sampler(VOCAB, eos_token_ids=[2])
-    results: dict[str, dict[int, float]] = {name: {} for name in SETTINGS}
-    for batch in args.batches:
-        logits = torch.randn(batch, VOCAB, generator=torch.Generator().manual_seed(batch)) * 3
-        for name, params in SETTINGS.items():
-            fields = SamplingParams(**params).model_dump()
-            # 64 prompt and 64 output tokens each, as a mid-generation decode step.
-            requests = [SamplingRequest(fields, list(range(64)), list(range(100, 164))) for _ in range(batch)]
-            results[name][batch] = round(time_sample(sampler, logits, requests, args.repeats) * 1e3, 2)
-    print(f"Sampler.sample ms (median), vocab {VOCAB}, {args.threads} thread(s)")
-    print(f"{'setting':>12} | " + " | ".join(f"B={b:<5}" for b in args.batches))
-    for name, by_batch in results.items():
-        print(f"{name:>12} | " + " | ".join(f"{by_batch[b]:>7.2f}" for b in args.batches))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"vocab": VOCAB, "threads": args.threads, "ms": results}, indent=2) + "\n")
-    print(f"wrote {out}")
+    report = measured(
+        lambda: measure(args),
+        vocab=VOCAB,
+        temperature=TEMPERATURE,
+        logit_std=args.logit_std,
+        threads=args.threads,
+        repeats=args.repeats,
+    )
+    write_report(args.out, report)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,15 @@ log-softmax of the logits after penalties and the min_tokens mask, before temper
 (vLLM's convention). So a greedy and a sampled request report the same numbers for the same logits.
 
 Draws use the inverse CDF: one uniform per row, searched in the running sum of the kept tokens'
-weights (a vectorised torch.multinomial, one random number a row instead of one per token). Seeded
-rows take their uniform from their own generator seeded by (seed, number of tokens generated so far),
-so a seed gives the same tokens whatever else shares the batch, and again after preemption and
-recompute. Unseeded rows share one generator.
+weights in vocabulary order (a vectorised torch.multinomial, one random number a row instead of one
+per token). Seeded rows take their uniform from their own generator seeded by (seed, number of tokens
+generated so far), so a seed gives the same tokens whatever else shares the batch, and again after
+preemption and recompute. Unseeded rows share one generator.
+
+Two backends draw with these semantics: on the CPU a C++ op (kernels/cpu/sampling.cpp: two or three
+passes over each row, float32 or bfloat16 logits read in place), elsewhere, or where that op cannot
+be built, torch ops (truncation.py). `backend="auto"` takes the op when it builds. The op and the
+torch path agree up to float rounding (tests/unit/sampler), not bit for bit.
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
 import torch
+from pagedserve.kernels.cpu.build import KernelBuildError
+from pagedserve.kernels.cpu.sampling_build import load_sampling
 from pagedserve.services.worker.penalties import apply_penalties, mask_tokens
 from pagedserve.services.worker.sampling_batch import SamplingBatch, build_sampling_batch, column
 from pagedserve.services.worker.truncation import min_p_floor, top_k_top_p_floor
@@ -40,10 +48,29 @@ def row_seed(seed: int, position: int) -> int:
     return (seed * 1_000_003 + position) & _SEED_MASK
 
 
+def resolve_backend(name: str) -> str:
+    """`auto` -> `cpp` if the C++ op builds here (else `torch`, with a warning); `cpp` raises
+    KernelBuildError if it cannot be built."""
+    if name not in ("auto", "cpp", "torch"):
+        raise ValueError(f"sampler backend must be one of auto, cpp, torch; got {name!r}")
+    if name == "torch":
+        return name
+    try:
+        load_sampling()  # built once per machine and cached; loaded in milliseconds after that
+    except KernelBuildError as e:
+        if name == "cpp":
+            raise
+        # Still correct, only slower: say so once and run.
+        structlog.get_logger("pagedserve.kernels").warning("cpp_sampler_unavailable", error=str(e))
+        return "torch"
+    return "cpp"
+
+
 class Sampler:
-    def __init__(self, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+    def __init__(self, vocab_size: int, eos_token_ids: Sequence[int], backend: str = "auto") -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
+        self.backend = resolve_backend(backend)
         self._shared_generator = torch.Generator()  # unseeded rows promise nothing: seeded from the OS
         self._shared_generator.seed()
 
@@ -58,19 +85,44 @@ class Sampler:
             raise ValueError(f"logits has {logits.shape[1]} columns, vocab_size is {self.vocab_size}")
         logits = logits[:, : self.vocab_size]  # padded vocab columns are never tokens
         batch = build_sampling_batch(requests, self.eos_token_ids, self.vocab_size)
-        if batch.is_plain_greedy:
+        on_kernel = self.backend == "cpp" and logits.device.type == "cpu"
+        if batch.is_plain_greedy and not on_kernel:
             return logits.argmax(dim=1).tolist(), None
 
-        # Penalties and the mask write in place: on a copy, so the caller's logits stay as they were.
-        logits = logits.to(torch.float32, copy=bool(batch.penalised_rows or batch.banned))
-        self._penalise(logits, batch, requests)
-        mask_tokens(logits, batch.banned)
-        tokens = torch.empty(batch.num_rows, dtype=torch.long, device=logits.device)
-        if batch.greedy_rows:
-            tokens[batch.greedy_rows] = _rows(logits, batch.greedy_rows).argmax(dim=1)
-        if batch.random_rows:
-            tokens[batch.random_rows] = self._draw(_rows(logits, batch.random_rows), batch)
+        if batch.penalised_rows or batch.banned:
+            # Penalties and the mask write in place: on a copy, so the caller's logits stay as they were.
+            logits = logits.to(torch.float32, copy=True)
+            self._penalise(logits, batch, requests)
+            mask_tokens(logits, batch.banned)
+        if on_kernel:
+            tokens = self._kernel_tokens(logits, batch)
+        else:
+            logits = logits.to(torch.float32)
+            tokens = torch.empty(batch.num_rows, dtype=torch.long, device=logits.device)
+            if batch.greedy_rows:
+                tokens[batch.greedy_rows] = _rows(logits, batch.greedy_rows).argmax(dim=1)
+            if batch.random_rows:
+                tokens[batch.random_rows] = self._draw(_rows(logits, batch.random_rows), batch)
         return tokens.tolist(), _logprobs(logits, tokens, batch)
+
+    def _kernel_tokens(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """Every row's token in one call of the C++ op: greedy rows have inverse temperature 0."""
+        if logits.dtype not in (torch.float32, torch.bfloat16):
+            logits = logits.to(torch.float32)
+        if logits.stride(1) != 1:
+            logits = logits.contiguous()
+        rows, at = batch.num_rows, batch.random_rows
+        uniforms = torch.zeros(rows)
+        if at:
+            uniforms[at] = self._uniforms(batch.seeds, batch.positions)
+        return torch.ops.pagedserve_sampling.sample_rows(
+            logits,
+            torch.tensor(_spread([1.0 / t for t in batch.temperatures], at, rows, 0.0), dtype=torch.float32),
+            uniforms,
+            torch.tensor(_spread(batch.top_ks, at, rows, 0), dtype=torch.long),
+            torch.tensor(_spread(batch.top_ps, at, rows, 1.0), dtype=torch.float32),
+            torch.tensor(_spread(batch.min_ps, at, rows, 0.0), dtype=torch.float32),
+        )
 
     def _penalise(
         self, logits: torch.Tensor, batch: SamplingBatch, requests: Sequence[SamplingRequest]
@@ -126,6 +178,16 @@ class Sampler:
         return uniforms
 
 
+def _spread(values: Sequence[float | int], at: list[int], rows: int, fill: float | int) -> list[float | int]:
+    """One value per row: values[j] at row at[j], `fill` (the rule's "off") everywhere else."""
+    if len(at) == rows:
+        return list(values)  # at is every row, in order
+    spread: list[float | int] = [fill] * rows
+    for row, value in zip(at, values, strict=True):
+        spread[row] = value
+    return spread
+
+
 def _rows(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """tensor[rows] without a gather when `rows` is every row (the common, uniform batch)."""
     return tensor if len(rows) == tensor.shape[0] else tensor[rows]
@@ -135,7 +197,7 @@ def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, batch: SamplingBatch) 
     """Per row None, or [sampled token's logprob, [[token_id, logprob], ...top-n, best first]]."""
     if not batch.logprob_rows:
         return None
-    logprobs = _rows(logits, batch.logprob_rows).log_softmax(dim=1)
+    logprobs = _rows(logits, batch.logprob_rows).to(torch.float32).log_softmax(dim=1)
     sampled = logprobs.gather(1, _rows(tokens, batch.logprob_rows).unsqueeze(1)).squeeze(1).tolist()
     most = max(batch.num_logprobs)
     top_values, top_ids = logprobs.topk(most, dim=1) if most > 0 else (logprobs[:, :0], logprobs[:, :0])

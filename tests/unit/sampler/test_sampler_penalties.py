@@ -70,14 +70,14 @@ def test_penalties_are_per_row_in_a_batch() -> None:
     assert torch.equal(logits[2], base)  # presence without output tokens changes nothing
 
 
-def test_sampler_applies_penalties_before_greedy_choice() -> None:
+def test_sampler_applies_penalties_before_greedy_choice(backend: str) -> None:
     # Token 9 is the best, but the output repeats it: a repetition penalty moves greedy to token 6.
     request = make_request(temperature=0.0, output=[9], repetition_penalty=2.0)
-    tokens, _ = Sampler(VOCAB, eos_token_ids=[]).sample(_logits(), [request])
+    tokens, _ = Sampler(VOCAB, eos_token_ids=[], backend=backend).sample(_logits(), [request])
     assert tokens == [6]
 
 
-def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
+def test_min_tokens_masks_eos_and_stop_ids_until_reached(backend: str) -> None:
     logits = torch.zeros(3, VOCAB)
     logits[:, 9] = 10.0  # EOS would win
     logits[:, 6] = 9.0  # then the stop id
@@ -87,20 +87,20 @@ def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
         make_request(temperature=0.0, min_tokens=2, max_tokens=4, stop_token_ids=[6], output=[1, 1]),
         make_request(temperature=0.0, min_tokens=2, max_tokens=4, stop_token_ids=[6], ignore_eos=True),
     ]
-    tokens, _ = Sampler(VOCAB, eos_token_ids=[9]).sample(logits, requests)
+    tokens, _ = Sampler(VOCAB, eos_token_ids=[9], backend=backend).sample(logits, requests)
     assert tokens == [0, 9, 0]
 
 
-def test_min_tokens_masks_stops_for_sampled_rows_too() -> None:
+def test_min_tokens_masks_stops_for_sampled_rows_too(backend: str) -> None:
     logits = torch.zeros(500, VOCAB)
     logits[:, 9] = 3.0
     requests = [make_request(temperature=1.0, min_tokens=1, stop_token_ids=[4, 5])] * 500
-    tokens, _ = Sampler(VOCAB, eos_token_ids=[9]).sample(logits, requests)
+    tokens, _ = Sampler(VOCAB, eos_token_ids=[9], backend=backend).sample(logits, requests)
     assert not {4, 5, 9} & set(tokens)
 
 
-def test_sampling_leaves_the_callers_logits_unchanged() -> None:
+def test_sampling_leaves_the_callers_logits_unchanged(backend: str) -> None:
     logits = _logits()
     request = make_request(temperature=0.7, top_k=3, output=[9], repetition_penalty=2.0, min_tokens=3)
-    Sampler(VOCAB, eos_token_ids=[6]).sample(logits, [request])
+    Sampler(VOCAB, eos_token_ids=[6], backend=backend).sample(logits, [request])
     assert torch.equal(logits, _logits())
