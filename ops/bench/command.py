@@ -12,7 +12,8 @@ output lengths uniform in [--min-len, --max-len], EOS ignored, temperature 0.6. 
 go through: pagedserve in-process (`LLM.generate`), transformers `generate` in static batches (each
 batch size of --hf-batch-sizes; a batch runs to its longest request, but only each request's own
 tokens count), and transformers' continuous batching. Targets: >= 2x the best transformers path,
-KV utilisation >= 95%. Writes JSON (--out) and a PNG chart beside it.
+KV utilisation >= 95%. Each path's efficiency is its model FLOP/s over a torch.mm ceiling of the same
+dtype measured in the same run (ops/bench/efficiency.py). Writes JSON (--out) and a PNG chart beside it.
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         return fleet_main(argv[1:])
     args = parse_args(argv)
     import torch
+    from pagedserve.ops.bench.efficiency import ceiling_shape, efficiency_json, matmul_ceiling, model_flops
     from pagedserve.ops.bench.peers import (
         BenchSettings,
         PathResult,
@@ -145,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         args.num_requests, model_config.vocab_size, seed=args.seed, min_len=args.min_len, max_len=args.max_len
     )
 
+    # The matmul ceiling before and after the peers: the machine's speed may change in between.
+    ceilings = [matmul_ceiling(args.dtype, ceiling_shape(model_config))]
     paths: list[PathResult] = []
     for peer in PEERS:  # a fixed order: every run reads the same way
         if peer not in args.peers:
@@ -171,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: running services at depths {args.depths} ...", file=sys.stderr, flush=True)
         services = run_services(workload, settings, args.depths, args.threads)
 
+    ceilings.append(matmul_ceiling(args.dtype, ceiling_shape(model_config)))
     report = build_report(
         config=_config_json(args, settings),
         workload=workload.summary(),
@@ -180,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_model_len": model_config.max_model_len,
             "kv_utilization": max_len_utilization(workload, model_config.max_model_len),
         },
+        efficiency=efficiency_json(model_flops(model_config, workload), ceilings),
     )
     report = {"machine": {**machine_info(), "load_average_at_start": load_at_start}, **report}
     print_report(report)

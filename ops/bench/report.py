@@ -55,8 +55,10 @@ def build_report(
     paths: list[PathResult],
     services: list[PathResult],
     max_len_kv: dict[str, Any],
+    efficiency: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Every number the table shows, with the ratios and targets worked out once, here."""
+    """Every number the table shows, with the ratios and targets worked out once, here.
+    `efficiency` (efficiency.efficiency_json) adds each path's model FLOP/s and its share of the ceiling."""
     by_name = {p.name: p for p in paths}
     ours = by_name.get("pagedserve")
     ours_tps = ours.tokens_per_s if ours else 0.0
@@ -64,11 +66,18 @@ def build_report(
     best_hf = max(hf, key=lambda p: p.tokens_per_s, default=None)
     statics = [p for p in hf if p.name.startswith("hf-static")]
     best_static = max(statics, key=lambda p: p.tokens_per_s, default=None)
-    rows = [{**p.to_json(), "pagedserve_ratio": _ratio(ours_tps, p.tokens_per_s)} for p in paths]
+    rows = [
+        {**p.to_json(), "pagedserve_ratio": _ratio(ours_tps, p.tokens_per_s), **_efficiency(p, efficiency)}
+        for p in paths
+    ]
     service_rows = []
     for s in services:
         depth = s.details["pipeline_depth"]
-        row = {**s.to_json(), "services_over_in_process": _ratio(s.tokens_per_s, ours_tps)}
+        row = {
+            **s.to_json(),
+            "services_over_in_process": _ratio(s.tokens_per_s, ours_tps),
+            **_efficiency(s, efficiency),
+        }
         row["ratio_met"] = row["services_over_in_process"] is not None and (
             row["services_over_in_process"] >= SERVICES_RATIO_TARGET
         )
@@ -80,6 +89,7 @@ def build_report(
     return {
         "config": config,
         "workload": workload,
+        "efficiency": efficiency,
         "paths": rows,
         "best_hf_static": best_static.name if best_static else None,
         "best_hf": best_hf.name if best_hf else None,
@@ -102,6 +112,22 @@ def build_report(
             },
         },
     }
+
+
+def _efficiency(path: PathResult, efficiency: dict[str, Any] | None) -> dict[str, float | None]:
+    """Model FLOP/s = the workload's model FLOPs / the path's timed seconds; and that over the ceiling."""
+    if efficiency is None:
+        return {}
+    ran = path.error is None and path.wall_s > 0
+    achieved = efficiency["model_flops"]["total"] / path.wall_s if ran else None
+    return {
+        "model_flop_per_s": achieved,
+        "ceiling_fraction": _ratio(achieved or 0.0, efficiency["ceiling_flop_per_s"]),
+    }
+
+
+def _giga(value: float | None) -> float | None:
+    return None if value is None else value / 1e9
 
 
 def _fmt(value: float | None, spec: str = ".1f", suffix: str = "") -> str:
@@ -127,6 +153,8 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
         ("out tokens", "right"),
         ("pagedserve ÷ path", "right"),
         ("KV util", "right"),
+        ("GFLOP/s", "right"),
+        ("of ceiling", "right"),
         ("note", "left"),
     ):
         table.add_column(name, justify=justify, no_wrap=name == "path")  # type: ignore[arg-type]
@@ -146,6 +174,8 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
             str(row["output_tokens"] or "—"),
             _fmt(row["pagedserve_ratio"], ".2f", "x"),
             _fmt(row.get("kv_utilization"), ".1%"),
+            _fmt(_giga(row.get("model_flop_per_s"))),
+            _fmt(row.get("ceiling_fraction"), ".1%"),
             note,
         )
     max_len = report["kv_utilization"]["max_model_len_preallocation"]
@@ -156,9 +186,13 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
         "",
         "",
         _fmt(max_len["kv_utilization"], ".1%"),
+        "",
+        "",
         "KV only: tokens / max len",
     )
     console.print(table)
+    if report.get("efficiency"):
+        _print_efficiency(report["efficiency"], console)
     machine = report["machine"]
     start, end, cores = machine["load_average_at_start"][0], machine["load_average"][0], machine["cores"] or 1
     busy = " — a busy machine: compare paths with care" if max(start, end) > cores else ""
@@ -173,6 +207,20 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
         _print_services(report, console)
 
 
+def _print_efficiency(efficiency: dict[str, Any], console: Console) -> None:
+    flops = efficiency["model_flops"]
+    probes = efficiency["ceiling_probes"]
+    m, k, n = probes[0]["shape_mkn"]
+    console.print(
+        f"model FLOPs of the workload: {flops['total'] / 1e9:.1f} G (layer matmuls "
+        f"{flops['layer_matmuls'] / 1e9:.1f}, LM head {flops['lm_head'] / 1e9:.1f}, attention "
+        f"{flops['attention'] / 1e9:.1f}); ceiling: torch.mm [{m}x{k}]x[{k}x{n}] {probes[0]['dtype']}, "
+        f"{probes[0]['threads']} threads, "
+        + " / ".join(f"{p['flop_per_s'] / 1e9:.1f}" for p in probes)
+        + " GFLOP/s before / after the paths"
+    )
+
+
 def _print_services(report: dict[str, Any], console: Console) -> None:
     table = Table(title="services (supervisor, 1 worker, AsyncClient) vs in-process")
     for name in (
@@ -183,6 +231,8 @@ def _print_services(report: dict[str, Any], console: Console) -> None:
         "worker idle",
         "in steps",
         "steps",
+        "GFLOP/s",
+        "of ceiling",
         "note",
     ):
         table.add_column(name, justify="left" if name in ("depth", "note") else "right")
@@ -195,6 +245,8 @@ def _print_services(report: dict[str, Any], console: Console) -> None:
             _fmt(row.get("idle_fraction"), ".1%"),
             _fmt(row.get("busy_fraction"), ".1%"),
             str(row.get("steps", "—")),
+            _fmt(_giga(row.get("model_flop_per_s"))),
+            _fmt(row.get("ceiling_fraction"), ".1%"),
             row["error"] or "",
         )
     console.print(table)

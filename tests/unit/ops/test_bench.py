@@ -135,6 +135,7 @@ def test_quick_run_on_a_tiny_model_writes_json_with_every_path_and_a_chart(
     # transformers' continuous batching either ran or says why it could not, on this machine.
     assert rows["hf-continuous"]["error"] is not None or rows["hf-continuous"]["output_tokens"] == wanted
     assert 0 < report["kv_utilization"]["pagedserve"] <= 1
+    assert report["efficiency"]["ceiling_flop_per_s"] > 0 and rows["pagedserve"]["ceiling_fraction"] > 0
     assert report["machine"]["cores"] >= 1 and report["machine"]["torch"]
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
