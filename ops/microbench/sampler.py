@@ -7,7 +7,7 @@ and sampler backend.
 Every setting but greedy runs at the bench workload's temperature, 0.6. Logits are N(0, 3^2):
 flatter than a real model's, so top-p nuclei are wide (a few hundred tokens) and the truncation
 search is near its worst case; `--logit-std` changes that. The backends alternate call by call in
-one process (an A/B on the same cores at the same moment); medians in milliseconds per call.
+one process (an A/B on the same cores at the same moment); medians and minima in milliseconds per call.
 """
 
 from __future__ import annotations
@@ -69,10 +69,14 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                         seconds[backend].append(time.perf_counter() - started)
                 row: dict[str, Any] = {"setting": name, "dtype": dtype_name, "batch": batch}
                 row |= {f"{b}_ms": round(statistics.median(s) * 1e3, 3) for b, s in seconds.items()}
+                # The fastest call too: on shared cores a preempted call inflates the median.
+                row |= {f"{b}_min_ms": round(min(s) * 1e3, 3) for b, s in seconds.items()}
                 rows.append(row)
                 print(
                     f"{name:>20} {dtype_name:>8} B={batch:<4} "
-                    + "  ".join(f"{b} {row[f'{b}_ms']:8.3f} ms" for b in samplers),
+                    + "  ".join(
+                        f"{b} {row[f'{b}_ms']:8.3f} ms (min {row[f'{b}_min_ms']:7.3f})" for b in samplers
+                    ),
                     flush=True,
                 )
     return rows

@@ -94,3 +94,23 @@ def test_top_k_deeper_than_every_first_candidate_looks_at_the_whole_row() -> Non
     uniforms = torch.rand(200, generator=torch.Generator().manual_seed(4)).tolist()
     tokens = sample_rows(logits.expand(200, -1).contiguous(), uniforms, top_k=1000, top_p=0.5)
     assert set(tokens) <= set(range(4990, 5000)) and len(set(tokens)) > 1
+
+
+def test_auto_falls_back_to_torch_where_the_op_cannot_be_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pagedserve.kernels.cpu.build import KernelBuildError
+    from pagedserve.services.worker import sampler
+
+    def no_compiler() -> None:
+        raise KernelBuildError("no g++ here")
+
+    monkeypatch.setattr(sampler, "load_sampling", no_compiler)
+    assert sampler.Sampler(10, eos_token_ids=[]).backend == "torch"
+    with pytest.raises(KernelBuildError):
+        sampler.Sampler(10, eos_token_ids=[], backend="cpp")
+
+
+def test_an_unknown_backend_is_refused_by_name() -> None:
+    from pagedserve.services.worker.sampler import Sampler
+
+    with pytest.raises(ValueError, match="sampler backend must be one of auto, cpp, torch"):
+        Sampler(10, eos_token_ids=[], backend="cuda")
