@@ -6,6 +6,9 @@ exactly as good as the last token in), so with ties a row may keep more than top
 
 Sorting a 49k vocabulary is slow on the CPU (~4 ms a row), so top-k / top-p look at the best few
 hundred tokens first (torch.topk) and only sort more of a row whose nucleus does not end there.
+
+This is the torch path (any device; the oracle in the tests). On the CPU the sampler's C++ op
+(kernels/cpu/sampling.cpp) applies the same rules in a pass or two over each row.
 """
 
 from __future__ import annotations
