@@ -166,7 +166,7 @@ def main() -> None:
     ap.add_argument("--prepack", nargs="+", choices=["on", "off"], default=["on"])
     ap.add_argument("--fused-ops", nargs="+", choices=["on", "off"], default=["on"])
     ap.add_argument("--no-breakdown", action="store_true", help="step times only, no profiled pass")
-    ap.add_argument("--out", type=Path, default=None, help="write the step times as JSON")
+    ap.add_argument("--out", type=Path, default=None, help="write the step times and breakdowns as JSON")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -189,24 +189,30 @@ def main() -> None:
         print(
             f"{v.name}: median decode step {statistics.median(times[v.name]) * 1e3:.1f} ms at B={args.batch}"
         )
-    if args.out:
-        report = {
-            "batch": args.batch,
-            "threads": args.threads,
-            "steps": args.steps,
-            "load_average_at_start": load_start,
-            "load_average_at_end": os.getloadavg(),
-            "median_step_ms": {v.name: round(statistics.median(times[v.name]) * 1e3, 2) for v in variants},
-            "step_ms": {v.name: [round(t * 1e3, 2) for t in times[v.name]] for v in variants},
-        }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    report: dict[str, Any] = {
+        "batch": args.batch,
+        "threads": args.threads,
+        "steps": args.steps,
+        "load_average_at_start": load_start,
+        "load_average_after_steps": os.getloadavg(),
+        "median_step_ms": {v.name: round(statistics.median(times[v.name]) * 1e3, 2) for v in variants},
+        "step_ms": {v.name: [round(t * 1e3, 2) for t in times[v.name]] for v in variants},
+        "profiled_ms": {},
+    }
     for v in variants if not args.no_breakdown else []:
         rows = breakdown(v, max(4, args.steps // 3))
         wall = rows.pop("step wall")
         print(f"\n{v.name} profiled step {wall:.1f} ms")
         for name, ms in sorted(rows.items(), key=lambda kv: -kv[1]):
             print(f"  {name:32s} {ms:7.2f} ms  {100 * ms / wall:5.1f}%")
+        report["profiled_ms"][v.name] = {
+            "step": round(wall, 2),
+            **{k: round(ms, 2) for k, ms in rows.items()},
+        }
+    report["load_average_at_end"] = os.getloadavg()
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nload average at end: {os.getloadavg()}")
 
 
