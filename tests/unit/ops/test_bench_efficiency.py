@@ -70,7 +70,7 @@ def test_each_path_gets_its_flop_per_s_and_share_of_the_best_ceiling() -> None:
         config={},
         workload={},
         paths=[PathResult("pagedserve", 50, 0.5), PathResult("vllm", 50, 0.25), PathResult("x", error="no")],
-        services=[],
+        services=[PathResult("services", 50, 1.0, details={"pipeline_depth": 2, "idle_fraction": 0.0})],
         max_len_kv={"max_model_len": 512, "kv_utilization": 0.3},
         efficiency=efficiency_json(flops, probes),
     )
@@ -80,3 +80,4 @@ def test_each_path_gets_its_flop_per_s_and_share_of_the_best_ceiling() -> None:
     assert rows["pagedserve"]["ceiling_fraction"] == 0.5
     assert rows["vllm"]["ceiling_fraction"] == 1.0
     assert rows["x"]["model_flop_per_s"] is None and rows["x"]["ceiling_fraction"] is None
+    assert report["services"][0]["ceiling_fraction"] == 0.25  # the services run the same FLOPs in 1 s
