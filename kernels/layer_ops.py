@@ -14,9 +14,21 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
-from pagedserve.services.worker.models.rope import apply_rotary_
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, head_dim], any strides (a view into the fused q/k/v output) -> x, rotated in place.
+
+    The same products and sums as `apply_rotary`, so the same bits, in 6 ops instead of 7 and no
+    concatenated copy; one call can rotate q and k together (adjacent in the q/k/v output)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    x2_sin, x1_sin = x2 * sin, x1 * sin  # both read before either half is overwritten
+    x1.mul_(cos).sub_(x2_sin)
+    x2.mul_(cos).add_(x1_sin)
+    return x
 
 
 class LayerOps(Protocol):
