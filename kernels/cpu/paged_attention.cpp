@@ -226,13 +226,6 @@ inline __m512 exp_nonpositive16(__m512 x) {
   return _mm512_scalef_ps(p, r);
 }
 
-// Asks for `bytes` from `p` on while the current sub-block is computed: block tables scatter the
-// blocks, so the hardware prefetcher loses the stream at every block boundary.
-inline void prefetch(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
-}
-
 // out lane t = the sum of v[t]'s 16 lanes: 16 dot products finished with 45 shuffles and adds
 // instead of 16 horizontal sums of 8 steps each.
 inline __m512 sum_lanes16(const __m512* v) {
@@ -385,10 +378,6 @@ void attend_item_avx512(const Item& item, const T* query, const T* k_cache, cons
   };
   for (int64_t base = 0, n = 0; base < context; base += n) {
     const T* kb = k_cache + sub_block(base, n);
-    if (base + n < context) {
-      int64_t next = 0;
-      prefetch(k_cache + sub_block(base + n, next), next * token_stride * static_cast<int64_t>(sizeof(T)));
-    }
     const __mmask16 lanes = static_cast<__mmask16>((1u << n) - 1u);
     for (int64_t r = 0; r < rows; ++r) {
       if (base >= limit(r)) continue;
@@ -419,10 +408,6 @@ void attend_item_avx512(const Item& item, const T* query, const T* k_cache, cons
   }
   for (int64_t base = 0, n = 0; base < context; base += n) {
     const T* vb = v_cache + sub_block(base, n);
-    if (base + n < context) {
-      int64_t next = 0;
-      prefetch(v_cache + sub_block(base + n, next), next * token_stride * static_cast<int64_t>(sizeof(T)));
-    }
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       for (int64_t r0 = h * head_rows; r0 < (h + 1) * head_rows; r0 += RB) {
         const int64_t rb = std::min<int64_t>(RB, (h + 1) * head_rows - r0);
