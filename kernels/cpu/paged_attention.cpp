@@ -337,10 +337,11 @@ void add_values_rows(float* acc, const float* w, int64_t row_stride, const T* vb
 // an online softmax: all scores, then each row's max, weights and sum in one sweep, then the
 // weighted values. An online softmax puts a dependent chain (block max, rescale, exp, sum) between
 // every block's scores and its values, and the core sat waiting on it; here each pass is a run of
-// independent work, and the scores ([rows, context] floats) stay in cache. Every KV head is served
-// from the same sub-block of 16 tokens, read once: a token's K (and V) row for all heads is one
-// contiguous run of memory, and reading one head's slice of each row per item left the prefetcher
-// behind (decode attention waited on memory at a third of the bandwidth).
+// independent work, and the scores ([rows, context] floats) stay in cache (the three passes measured
+// 1.3-1.5x the online form in cache). Every KV head is served from the same sub-block of 16 tokens:
+// a token's K (and V) row for all heads is one contiguous run of memory, read in order (a small gain
+// over one item per KV head, within the noise of a shared machine). Decode over a large batch is
+// then bound by memory: ~12-15 GB/s of K/V on 2 cores (ops/microbench/attention_kernel_ab).
 // Rows are ordered by KV head, then query, then the query heads that share the KV head.
 template <typename T, int NV>
 void attend_item_avx512(const Item& item, const T* query, const T* k_cache, const T* v_cache, const int32_t* table,
