@@ -2,8 +2,9 @@
 
 Reads K/V in place from the paged cache, block by block, with an online softmax; the torch backend
 gathers each row's whole context into a padded copy per layer first, which was ~half of attention's
-time. K/V writes are the torch backend's (indexed assignment, already the fastest measured).
-The torch backend stays the oracle: tests compare the two on random shapes, block sizes and dtypes.
+time. K/V writes are one C++ copy per token row too (the torch backend's indexed assignment is two
+index_put_ dispatches per layer). The torch backend stays the oracle: tests compare the two on
+random shapes, block sizes and dtypes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,19 @@ class CppAttentionBackend(TorchAttentionBackend):
     def __init__(self) -> None:
         load_paged_attention()  # builds on first use; KernelBuildError if this machine cannot
         self._op = torch.ops.pagedserve.paged_attention
+        self._write_kv = torch.ops.pagedserve.write_kv
+
+    def write_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        if key.device.type != "cpu" or key.dtype not in SUPPORTED_DTYPES or slot_mapping.dtype != torch.int64:
+            return super().write_kv(key, value, k_cache, v_cache, slot_mapping)
+        self._write_kv(key, value, k_cache, v_cache, slot_mapping)
 
     def forward(
         self,

@@ -565,6 +565,48 @@ void paged_attention_portable(const at::Tensor& query, const at::Tensor& k_cache
   attend(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, true, out);
 }
 
+// This step's K and V rows into their cache slots: one copy of each token's row (every KV head),
+// where the indexed assignment it replaces dispatched two index_put_ calls per layer.
+// key, value: [T, kv, D] with each token's heads contiguous (views into the fused q/k/v output are).
+void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache, at::Tensor& v_cache,
+              const at::Tensor& slot_mapping) {
+  TORCH_CHECK(key.dim() == 3 && value.sizes() == key.sizes() && k_cache.dim() == 4 &&
+                  v_cache.sizes() == k_cache.sizes(),
+              "write_kv: key/value [T, kv, D], caches [N, block, kv, D]");
+  TORCH_CHECK(key.size(1) == k_cache.size(2) && key.size(2) == k_cache.size(3), "write_kv: head shapes do not match");
+  TORCH_CHECK(key.scalar_type() == k_cache.scalar_type() && value.scalar_type() == k_cache.scalar_type() &&
+                  v_cache.scalar_type() == k_cache.scalar_type(),
+              "write_kv: key, value and caches must share one dtype");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "write_kv: caches must be contiguous");
+  const int64_t row = key.size(1) * key.size(2);
+  TORCH_CHECK(key.stride(2) == 1 && key.stride(1) == key.size(2) && value.stride(2) == 1 &&
+                  value.stride(1) == value.size(2),
+              "write_kv: each token's heads must be contiguous in key and value");
+  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == key.size(0) &&
+                  slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(),
+              "write_kv: slot_mapping must be int64 [T]");
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  const int64_t bytes = row * static_cast<int64_t>(k_cache.element_size());
+  const char* k = static_cast<const char*>(key.data_ptr());
+  const char* v = static_cast<const char*>(value.data_ptr());
+  char* kc = static_cast<char*>(k_cache.data_ptr());
+  char* vc = static_cast<char*>(v_cache.data_ptr());
+  const int64_t k_stride = key.stride(0) * static_cast<int64_t>(key.element_size());
+  const int64_t v_stride = value.stride(0) * static_cast<int64_t>(value.element_size());
+  for (int64_t t = 0; t < key.size(0); ++t) {  // all checked before any is written
+    TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "write_kv: token ", t, " has slot ", slots[t],
+                ", outside the cache's ", num_slots);
+  }
+  // Threads only for a prefill's worth of rows: a decode step's copy is shorter than waking them.
+  at::parallel_for(0, key.size(0), 256, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      std::memcpy(kc + slots[t] * bytes, k + t * k_stride, static_cast<size_t>(bytes));
+      std::memcpy(vc + slots[t] * bytes, v + t * v_stride, static_cast<size_t>(bytes));
+    }
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(pagedserve, m) {
@@ -574,9 +616,11 @@ TORCH_LIBRARY(pagedserve, m) {
   m.def(
       "paged_attention_portable(Tensor query, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, "
       "Tensor seq_lens, Tensor block_tables, float scale, Tensor(a!) out) -> ()");
+  m.def("write_kv(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {
   m.impl("paged_attention", &paged_attention);
   m.impl("paged_attention_portable", &paged_attention_portable);
+  m.impl("write_kv", &write_kv);
 }

@@ -93,3 +93,39 @@ def test_a_context_longer_than_its_block_table_is_refused() -> None:
     meta.seq_lens = torch.tensor([60], dtype=torch.int32)  # 4 blocks; the table has 3
     with pytest.raises(RuntimeError, match="more blocks than block_tables has columns"):
         CppAttentionBackend().forward(batch.query, batch.k_cache, batch.v_cache, meta, 0.25)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    tokens=st.integers(1, 40),
+    num_kv_heads=st.sampled_from([1, 3]),
+    head_dim=st.sampled_from([16, 64, 80]),
+    block_size=st.sampled_from([8, 16]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+def test_cpp_write_kv_matches_the_torch_backend(tokens, num_kv_heads, head_dim, block_size, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    # K and V as the model hands them over: views into one fused q/k/v row per token.
+    kv = num_kv_heads * head_dim
+    qkv = torch.randn(tokens, 2 * kv + 2 * kv, generator=gen).to(dtype)
+    key = qkv[:, 2 * kv : 3 * kv].view(tokens, num_kv_heads, head_dim)
+    value = qkv[:, 3 * kv :].view(tokens, num_kv_heads, head_dim)
+    shape = (-(-tokens // block_size) + 2, block_size, num_kv_heads, head_dim)
+    slots = torch.randperm(shape[0] * block_size, generator=gen)[:tokens]
+    caches = {
+        name: (torch.full(shape, 7.0).to(dtype), torch.full(shape, -7.0).to(dtype))
+        for name in ("torch", "cpp")
+    }
+    TorchAttentionBackend().write_kv(key, value, *caches["torch"], slots)
+    CppAttentionBackend().write_kv(key, value, *caches["cpp"], slots)
+    assert torch.equal(caches["cpp"][0], caches["torch"][0])
+    assert torch.equal(caches["cpp"][1], caches["torch"][1])
+
+
+def test_cpp_write_kv_refuses_a_slot_outside_the_cache() -> None:
+    key = torch.randn(2, 1, 16)
+    k_cache, v_cache = torch.zeros(2, 8, 1, 16), torch.zeros(2, 8, 1, 16)
+    with pytest.raises(RuntimeError, match="token 1 has slot 16, outside the cache's 16"):
+        CppAttentionBackend().write_kv(key, key, k_cache, v_cache, torch.tensor([3, 16]))
+    assert not k_cache.any() and not v_cache.any()  # nothing written, not even the valid token 0
