@@ -47,9 +47,12 @@ class CppAttentionBackend(TorchAttentionBackend):
     ) -> torch.Tensor:
         if query.device.type != "cpu" or query.dtype not in SUPPORTED_DTYPES:
             return super().forward(query, k_cache, v_cache, meta, scale)
-        out = torch.empty_like(query)
+        # The kernel reads q in place from the fused q/k/v output (tokens strided, heads packed).
+        if query.stride(2) != 1 or query.stride(1) != query.shape[2]:
+            query = query.contiguous()
+        out = torch.empty(query.shape, dtype=query.dtype)
         self._op(
-            query.contiguous(),
+            query,
             k_cache,
             v_cache,
             meta.query_start_loc,

@@ -96,8 +96,8 @@ struct Item {
 };
 
 template <typename T>
-void attend_item(const Item& item, const T* query, const T* k_cache, const T* v_cache, const int32_t* table,
-                 T* out, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+void attend_item(const Item& item, const T* query, int64_t q_stride, const T* k_cache, const T* v_cache,
+                 const int32_t* table, T* out, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
                  float scale, std::vector<float>& scratch) {
   const int64_t group = num_heads / num_kv_heads;
   const int64_t rows = item.num_queries * group;
@@ -114,7 +114,7 @@ void attend_item(const Item& item, const T* query, const T* k_cache, const T* v_
   for (int64_t i = 0; i < item.num_queries; ++i) {
     for (int64_t g = 0; g < group; ++g) {
       const int64_t r = i * group + g;
-      const T* src = query + ((item.first_query + i) * num_heads + item.kv_head * group + g) * D;
+      const T* src = query + (item.first_query + i) * q_stride + (item.kv_head * group + g) * D;
       for (int64_t d = 0; d < D; ++d) q[r * D + d] = load(src[d]) * scale;
       limit[r] = static_cast<float>(item.first_pos + i + 1);
       m[r] = -std::numeric_limits<float>::infinity();
@@ -344,8 +344,8 @@ void add_values_rows(float* acc, const float* w, int64_t row_stride, const T* vb
 // then bound by memory: ~12-15 GB/s of K/V on 2 cores (ops/microbench/attention_kernel_ab).
 // Rows are ordered by KV head, then query, then the query heads that share the KV head.
 template <typename T, int NV>
-void attend_item_avx512(const Item& item, const T* query, const T* k_cache, const T* v_cache, const int32_t* table,
-                        T* out, int64_t num_heads, int64_t num_kv_heads, int64_t block_size, float scale,
+void attend_item_avx512(const Item& item, const T* query, int64_t q_stride, const T* k_cache, const T* v_cache,
+                        const int32_t* table, T* out, int64_t num_heads, int64_t num_kv_heads, int64_t block_size, float scale,
                         std::vector<float>& scratch) {
   constexpr int D = NV * 16;
   constexpr int RB = kRowsPerChunk<NV>;
@@ -362,13 +362,12 @@ void attend_item_avx512(const Item& item, const T* query, const T* k_cache, cons
   float* q = acc + rows * D;      // [rows, D] float32, pre-scaled
   float* weights = q + rows * D;  // [rows, row_stride]
   std::fill(acc, acc + rows * D, 0.0f);
-  auto head_row = [&](int64_t r) {  // the row's index in query / out, in units of D
-    const int64_t h = r / head_rows, qi = (r % head_rows) / group, g = r % group;
-    return (item.first_query + qi) * num_heads + h * group + g;
-  };
+  auto token = [&](int64_t r) { return item.first_query + (r % head_rows) / group; };
+  auto head = [&](int64_t r) { return (r / head_rows) * group + r % group; };
+  auto query_row = [&](int64_t r) { return query + token(r) * q_stride + head(r) * D; };
   auto limit = [&](int64_t r) { return item.first_pos + (r % head_rows) / group + 1; };  // causal
   for (int64_t r = 0; r < rows; ++r) {
-    const T* src = query + head_row(r) * D;
+    const T* src = query_row(r);
     for (int d = 0; d < D; ++d) q[r * D + d] = load(src[d]) * scale;
   }
   // Sub-blocks: up to 16 tokens, never across a block boundary; -> the first token's row.
@@ -383,7 +382,7 @@ void attend_item_avx512(const Item& item, const T* query, const T* k_cache, cons
     for (int64_t r = 0; r < rows; ++r) {
       if (base >= limit(r)) continue;
       _mm512_mask_storeu_ps(weights + r * row_stride + base, lanes,
-                            row_scores<NV>(q + r * D, query + head_row(r) * D, kb + (r / head_rows) * D,
+                            row_scores<NV>(q + r * D, query_row(r), kb + (r / head_rows) * D,
                                            token_stride, n, scale));
     }
   }
@@ -421,7 +420,7 @@ void attend_item_avx512(const Item& item, const T* query, const T* k_cache, cons
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
-    T* dst = out + head_row(r) * D;
+    T* dst = out + (token(r) * num_heads + head(r)) * D;
     const float inv = 1.0f / sums[r];
     for (int d = 0; d < D; ++d) store(dst + d, acc[r * D + d] * inv);
   }
@@ -429,8 +428,8 @@ void attend_item_avx512(const Item& item, const T* query, const T* k_cache, cons
 
 // The AVX-512 item function for this head_dim, or nullptr (the generic path serves it).
 template <typename T>
-using ItemFn = void (*)(const Item&, const T*, const T*, const T*, const int32_t*, T*, int64_t, int64_t, int64_t,
-                        float, std::vector<float>&);
+using ItemFn = void (*)(const Item&, const T*, int64_t, const T*, const T*, const int32_t*, T*, int64_t, int64_t,
+                        int64_t, float, std::vector<float>&);
 
 template <typename T>
 ItemFn<T> avx512_item_fn(int64_t head_dim) {
@@ -458,6 +457,7 @@ void run_items(const std::vector<Item>& items, const std::vector<int64_t>& order
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   T* o = out.data_ptr<T>();
   const int64_t width = block_tables.size(1), num_heads = query.size(1), head_dim = query.size(2);
+  const int64_t q_stride = query.stride(0);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   const int64_t num_items = static_cast<int64_t>(items.size());
 #if defined(__AVX512F__)
@@ -476,11 +476,11 @@ void run_items(const std::vector<Item>& items, const std::vector<int64_t>& order
       const int32_t* table = tables + it.request * width;
 #if defined(__AVX512F__)
       if (fast != nullptr) {
-        fast(it, q, kc, vc, table, o, num_heads, num_kv_heads, block_size, static_cast<float>(scale), scratch);
+        fast(it, q, q_stride, kc, vc, table, o, num_heads, num_kv_heads, block_size, static_cast<float>(scale), scratch);
         continue;
       }
 #endif
-      attend_item<T>(it, q, kc, vc, table, o, num_heads, num_kv_heads, head_dim, block_size,
+      attend_item<T>(it, q, q_stride, kc, vc, table, o, num_heads, num_kv_heads, head_dim, block_size,
                      static_cast<float>(scale), scratch);
     }
   }
@@ -490,9 +490,11 @@ void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor
             const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& block_tables,
             double scale, bool portable, at::Tensor& out) {
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query [T, H, D], k_cache [N, block, kv, D]");
-  TORCH_CHECK(query.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  out.is_contiguous() && block_tables.is_contiguous(),
-              "paged_attention needs contiguous tensors");
+  // query may be a view into the fused q/k/v output: tokens at any stride, each token's heads packed.
+  TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2) && query.stride(0) >= query.size(1) * query.size(2),
+              "paged_attention needs each token's query heads contiguous");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && out.is_contiguous() && block_tables.is_contiguous(),
+              "paged_attention needs contiguous caches, out and block_tables");
   TORCH_CHECK(query.scalar_type() == k_cache.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type() &&
                   out.scalar_type() == query.scalar_type(),
               "query, caches and out must share one dtype");

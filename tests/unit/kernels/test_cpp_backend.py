@@ -68,10 +68,19 @@ def test_cpp_matches_the_torch_backend(case: dict) -> None:
     atol, rtol = TOLERANCE[case["dtype"]]
     assert got.dtype == expected.dtype
     torch.testing.assert_close(got.float(), expected.float(), atol=atol, rtol=rtol)
+    # q as the model passes it: a view into the fused q/k/v rows (here with NaN heads beside it,
+    # which any read outside q's own heads would spread into the output).
+    fused = torch.full((batch.query.shape[0], case["num_heads"] + 2, case["head_dim"]), float("nan"))
+    fused = fused.to(case["dtype"])
+    fused[:, : case["num_heads"]] = batch.query
+    strided = CppAttentionBackend().forward(
+        fused[:, : case["num_heads"]], batch.k_cache, batch.v_cache, meta, scale
+    )
+    assert torch.equal(strided, got)
     # The generic path (what a CPU without AVX-512 runs) on the same step, whichever path `got` took.
     portable = torch.empty_like(batch.query)
     torch.ops.pagedserve.paged_attention_portable(
-        batch.query.contiguous(),
+        fused[:, : case["num_heads"]],
         batch.k_cache,
         batch.v_cache,
         meta.query_start_loc,
