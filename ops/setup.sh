@@ -33,7 +33,7 @@ fi
 PYTHONPATH= .venv/bin/python -P -c 'from pagedserve.kernels.cpu.build import load_paged_attention as b; b()' \
   || echo "setup: the C++ paged-attention kernel did not build; workers will use the torch backend" >&2
 # The same for the CPU sampler's op (kernels/cpu/sampling.cpp); without it the sampler runs torch ops.
-PYTHONPATH= .venv/bin/python -P -c 'from pagedserve.kernels.cpu.sampling_build import load_sampling as b; b()' \
+PYTHONPATH= .venv/bin/python -P -c 'from pagedserve.kernels.cpu.build import load_sampling as b; b()' \
   || echo "setup: the C++ sampling op did not build; workers will sample with torch ops" >&2
 # The same for the decoder's fused small ops (kernels/cpu/layer_ops.cpp); without them the model runs torch ops.
 PYTHONPATH= .venv/bin/python -P -c 'from pagedserve.kernels.cpu.build import load_layer_ops as b; b()' \

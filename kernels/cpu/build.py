@@ -1,8 +1,9 @@
 """Builds the C++ CPU kernels at first use (torch.utils.cpp_extension) and loads their ops.
 
-Two extensions, built and loaded apart so that one failing to build leaves the other usable:
-paged_attention.cpp (torch.ops.pagedserve.paged_attention) and layer_ops.cpp (torch.ops.pagedserve_ops:
-the decoder layer's fused norms, residual adds and SiLU-and-mul).
+Three extensions, built and loaded apart so that one failing to build leaves the others usable:
+paged_attention.cpp (torch.ops.pagedserve: paged attention and the K/V write), layer_ops.cpp
+(torch.ops.pagedserve_ops: the decoder layer's fused norms, residual adds, SiLU-and-mul, rotary) and
+sampling.cpp (torch.ops.pagedserve_sampling: one step's draws).
 
 Each build lives under the pagedserve cache (PAGEDSERVE_CACHE, default ~/.cache/pagedserve), in a
 folder named by a hash of every source, the flags, torch's version and this CPU's instruction-set
@@ -39,6 +40,7 @@ class Extension:
 PAGED_ATTENTION = Extension("paged_attention", (HERE / "paged_attention.cpp",), tuple(CFLAGS))
 # -ffp-contract=off: no fused multiply-adds, so each product and sum rounds where torch's ops round.
 LAYER_OPS = Extension("layer_ops", (HERE / "layer_ops.cpp",), (*CFLAGS, "-ffp-contract=off"))
+SAMPLING = Extension("sampling", (HERE / "sampling.cpp",), tuple(CFLAGS))
 
 _lock = threading.Lock()
 _loaded: set[str] = set()
@@ -119,5 +121,10 @@ def load_paged_attention() -> None:
 
 
 def load_layer_ops() -> None:
-    """Make torch.ops.pagedserve_ops.{rms_norm, fused_add_rms_norm, silu_and_mul} available."""
+    """Make torch.ops.pagedserve_ops.{rms_norm, fused_add_rms_norm, silu_and_mul, rotary_} available."""
     load_extension(LAYER_OPS)
+
+
+def load_sampling() -> None:
+    """Make torch.ops.pagedserve_sampling.sample_rows available."""
+    load_extension(SAMPLING)

@@ -40,6 +40,7 @@ CATEGORIES = {
     "aten::scaled_dot_product_attention": "attention math (SDPA)",
     "pagedserve::paged_attention": "attention (C++ paged kernel)",
     "aten::index_put_": "K/V writes",
+    "pagedserve::write_kv": "K/V writes",
     "pagedserve_ops::rms_norm": "norms, adds, SiLU (C++ fused)",
     "pagedserve_ops::fused_add_rms_norm": "norms, adds, SiLU (C++ fused)",
     "pagedserve_ops::silu_and_mul": "norms, adds, SiLU (C++ fused)",

@@ -27,8 +27,7 @@ from typing import Any
 
 import structlog
 import torch
-from pagedserve.kernels.cpu.build import KernelBuildError
-from pagedserve.kernels.cpu.sampling_build import load_sampling
+from pagedserve.kernels.cpu.build import KernelBuildError, load_sampling
 from pagedserve.services.worker.penalties import apply_penalties, mask_tokens
 from pagedserve.services.worker.sampling_batch import SamplingBatch, build_sampling_batch, column
 from pagedserve.services.worker.truncation import min_p_floor, top_k_top_p_floor

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from pagedserve.kernels.cpu.sampling_build import load_sampling
+from pagedserve.kernels.cpu.build import load_sampling
 
 LAST_UNIFORM = 1.0 - 2.0**-24  # the largest float32 torch.rand returns
 
