@@ -6,30 +6,22 @@ slower layout; packing it once
 (`mkldnn._linear_pointwise`) skips that. The packed weight serves any number of rows: the decode
 batch changes every step and a prefill chunk has hundreds of rows, all with the same packed copy.
 
-In bfloat16 the packed GEMM returns the very bits `F.linear` does (both are oneDNN) and measured
-1.2-1.5x faster on the whole model's linears at 1-128 rows (ops/microbench/linears_ab; 512 rows
-measured 0.83-1.4x, noise included), so the dense copy is dropped.
-
-In float32 `F.linear` is MKL's sgemm. oneDNN's packed float32 GEMM measured slower at 1-2 rows,
-1.1-1.5x faster at 4-192 and about even from 256 up, so float32 keeps both copies and picks by row
-count (`PACKED_FLOAT32_ROWS`): a decode batch takes the packed one, a single row or a prefill chunk
-the dense one. The two sum in another order (~4e-6 apart on these shapes), so a float32 row's
-logits can move by that much with the size of the batch it runs in; greedy parity with
-transformers holds in the tests (tiny models and SmolLM2). The price is a second float32 copy of
-every projection (~540 MB for SmolLM2-135M). MKL's own packed sgemm (`mkl._mkl_linear`) is no
-alternative: it uses its packing only when the row count equals the one it was packed for and
-otherwise silently runs `F.linear`, which is every decode step whose batch changed.
+Only bfloat16 is packed. There the packed GEMM returns the very bits `F.linear` does (both are
+oneDNN) and measured 1.2-1.5x faster on the whole model's linears at 1-128 rows (ops/microbench/
+linears_ab; 512 rows measured 0.83-1.4x, noise included). In float32 `F.linear` is MKL's sgemm:
+oneDNN's packed float32 GEMM sums in another order (~4e-6 apart on these shapes) and measured
+slower at 1-2 rows, 1.1-1.5x faster at 4-192 and about even from 256 up, so it would need a row-count
+dispatch and the dense copy kept; MKL's own packed sgemm (`mkl._mkl_linear`) uses its packing only
+when the row count equals the one it was packed for and otherwise silently runs `F.linear`, which
+is every decode step whose batch changed.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-PACKED_DTYPES = (torch.bfloat16, torch.float32)
-# Row counts (inclusive) at which oneDNN's packed float32 GEMM beat MKL's sgemm on this model.
-PACKED_FLOAT32_ROWS = (4, 192)
+PACKED_DTYPES = (torch.bfloat16,)
 
 
 def packing_available(dtype: torch.dtype, device: torch.device) -> bool:
@@ -61,30 +53,10 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed=oneDNN"
 
 
-class RowDispatchedLinear(PackedLinear):
-    """float32: the packed GEMM for PACKED_FLOAT32_ROWS rows, the dense weight (MKL) for the rest."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__(weight, bias)
-        self.dense_weight = weight.detach()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        low, high = PACKED_FLOAT32_ROWS
-        if low <= x.shape[0] <= high:
-            return super().forward(x)
-        return F.linear(x, self.dense_weight, self.bias)
-
-    def extra_repr(self) -> str:
-        low, high = PACKED_FLOAT32_ROWS
-        return f"{super().extra_repr()} for {low}-{high} rows, dense otherwise"
-
-
 def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module | None:
     """A PackedLinear for this weight, or None where packing is not available for it."""
     if not packing_available(weight.dtype, weight.device):
         return None
-    if weight.dtype == torch.float32:
-        return RowDispatchedLinear(weight, bias)
     return PackedLinear(weight, bias)
 
 

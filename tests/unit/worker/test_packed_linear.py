@@ -8,9 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pagedserve.services.worker.models.packed_linear import (
-    PACKED_FLOAT32_ROWS,
     PackedLinear,
-    RowDispatchedLinear,
     pack_linear,
     packing_available,
     prepack_linears,
@@ -60,28 +58,8 @@ def test_packed_linear_reads_a_strided_input():
     assert torch.equal(PackedLinear(weight, None)(x), F.linear(x, weight))
 
 
-@needs_packing
-@pytest.mark.parametrize("bias", [False, True])
-def test_float32_takes_the_packed_gemm_only_inside_its_row_range(bias):
-    gen = torch.Generator().manual_seed(1)
-    weight = torch.randn(320, 96, generator=gen) * 0.1
-    b = torch.randn(320, generator=gen) * 0.1 if bias else None
-    linear = pack_linear(weight, b)
-    assert isinstance(linear, RowDispatchedLinear)
-    low, high = PACKED_FLOAT32_ROWS
-    for rows in (1, low - 1, low, 64, high, high + 1, 512):
-        x = torch.randn(rows, 96, generator=gen)
-        expected = F.linear(x, weight, b)
-        got = linear(x)
-        if low <= rows <= high:
-            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)  # oneDNN: another sum order
-            assert torch.equal(got, PackedLinear(weight, b)(x))
-        else:
-            assert torch.equal(got, expected)  # the dense weight, MKL's sgemm
-
-
 def test_no_packing_where_the_op_is_not_available(monkeypatch):
-    assert not packing_available(torch.float16, CPU)
+    assert not packing_available(torch.float32, CPU)  # float32 stays on F.linear (MKL sgemm)
     assert not packing_available(torch.bfloat16, torch.device("meta"))
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     assert pack_linear(torch.randn(4, 4).bfloat16()) is None
@@ -128,11 +106,10 @@ def test_bf16_logits_are_the_same_bits_with_and_without_prepacking(tiny_model, a
     assert torch.equal(packed, dense)
 
 
-@needs_packing
-def test_float32_runner_keeps_a_dense_copy_beside_the_packed_one(llama):
+def test_float32_runner_keeps_dense_weights(llama):
     runner = _runner(llama)
-    assert runner.num_prepacked == 4 * runner.model_config.num_layers + 1
-    assert isinstance(runner.model.layers[0].self_attn.qkv_proj, RowDispatchedLinear)
+    assert runner.num_prepacked == 0
+    assert isinstance(runner.model.layers[0].self_attn.qkv_proj, nn.Linear)
 
 
 @needs_packing
