@@ -75,12 +75,8 @@ def get_backend(name: str, device: torch.device | str) -> AttentionBackend:
 
             try:
                 return get_backend("cpp", device)
-            except KernelBuildError as e:
-                # Still correct, only slower: say so once, loudly, and run.
-                import structlog
-
-                structlog.get_logger("pagedserve.kernels").warning("cpp_attention_unavailable", error=str(e))
-                name = "torch"
+            except KernelBuildError:
+                name = "torch"  # still correct, only slower; the loader logged why, on one line
     if name == "torch":
         from pagedserve.kernels.torch_backend import TorchAttentionBackend
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 from pagedserve.kernels.attention import AttentionMetadata
-from pagedserve.kernels.cpu.build import load_paged_attention
+from pagedserve.kernels.cpu.build import PAGED_ATTENTION
+from pagedserve.kernels.cpu.dispatch import load_ops
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
@@ -21,9 +22,9 @@ class CppAttentionBackend(TorchAttentionBackend):
     name = "cpp"
 
     def __init__(self) -> None:
-        load_paged_attention()  # builds on first use; KernelBuildError if this machine cannot
-        self._op = torch.ops.pagedserve.paged_attention
-        self._write_kv = torch.ops.pagedserve.write_kv
+        ops = load_ops(PAGED_ATTENTION)  # builds on first use; KernelBuildError if this machine cannot
+        self._op = ops.paged_attention
+        self._write_kv = ops.write_kv
 
     def write_kv(
         self,

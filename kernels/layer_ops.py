@@ -85,11 +85,14 @@ TORCH_LAYER_OPS = TorchLayerOps()
 class CppLayerOps:
     name = "cpp"
 
-    def __init__(self) -> None:
-        from pagedserve.kernels.cpu.build import load_layer_ops
+    def __init__(self, isa: str | None = None) -> None:
+        """The best ISA path this CPU runs, or exactly `isa` (tests hold each path to the torch forms)."""
+        from pagedserve.kernels.cpu.build import LAYER_OPS, load_extension
+        from pagedserve.kernels.cpu.dispatch import kernel_paths, load_ops
 
-        load_layer_ops()  # KernelBuildError where this machine cannot build it
-        ops = torch.ops.pagedserve_ops
+        # KernelBuildError where this machine cannot build it
+        ops = load_ops(LAYER_OPS) if isa is None else load_extension(LAYER_OPS, isa)
+        self.isa = isa or kernel_paths()["layer_ops"]
         # The resolved overloads: calling them skips the packet's lookup on every call.
         self.rms_norm = ops.rms_norm.default
         self.silu_and_mul = ops.silu_and_mul.default
@@ -121,11 +124,7 @@ def layer_ops_for(dtype: torch.dtype, device: torch.device) -> LayerOps:
 
         try:
             _cpp = CppLayerOps()
-        except KernelBuildError as e:
-            # Still correct, only slower: say so once, loudly, and run the torch forms.
-            import structlog
-
-            structlog.get_logger("pagedserve.kernels").warning("cpp_layer_ops_unavailable", error=str(e))
-            _cpp_failed = True
+        except KernelBuildError:
+            _cpp_failed = True  # still correct, only slower; the loader logged why, on one line
             return TORCH_LAYER_OPS
     return _cpp

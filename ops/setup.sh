@@ -28,13 +28,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-# The CPU paged-attention kernel, compiled once now (cached by source, CPU and torch version) rather
-# than inside the first worker to start. Without a compiler the workers use the torch backend.
-PYTHONPATH= .venv/bin/python -P -c 'from pagedserve.kernels.cpu.build import load_paged_attention as b; b()' \
-  || echo "setup: the C++ paged-attention kernel did not build; workers will use the torch backend" >&2
-# The same for the CPU sampler's op (kernels/cpu/sampling.cpp); without it the sampler runs torch ops.
-PYTHONPATH= .venv/bin/python -P -c 'from pagedserve.kernels.cpu.build import load_sampling as b; b()' \
-  || echo "setup: the C++ sampling op did not build; workers will sample with torch ops" >&2
-# The same for the decoder's fused small ops (kernels/cpu/layer_ops.cpp); without them the model runs torch ops.
-PYTHONPATH= .venv/bin/python -P -c 'from pagedserve.kernels.cpu.build import load_layer_ops as b; b()' \
-  || echo "setup: the C++ layer ops did not build; workers will run the torch ops" >&2
+# The C++ CPU kernels (paged attention + K/V write, the fused layer ops, the sampler), compiled once
+# now for the best ISA path this CPU runs (cached by source, flags, CPU and torch version) rather than
+# inside the first worker to start. An op that cannot build is named, with its reason and its log,
+# and its workers run the torch form of it.
+PYTHONPATH= .venv/bin/python -P -m pagedserve.kernels.cpu.dispatch \
+  || echo "setup: the C++ kernels could not be tried; workers will run the torch ops" >&2

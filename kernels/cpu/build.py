@@ -1,46 +1,56 @@
-"""Builds the C++ CPU kernels at first use (torch.utils.cpp_extension) and loads their ops.
+"""Builds one C++ kernel extension for one ISA path (torch.utils.cpp_extension) and loads its ops.
 
 Three extensions, built and loaded apart so that one failing to build leaves the others usable:
-paged_attention.cpp (torch.ops.pagedserve: paged attention and the K/V write), layer_ops.cpp
-(torch.ops.pagedserve_ops: the decoder layer's fused norms, residual adds, SiLU-and-mul, rotary) and
-sampling.cpp (torch.ops.pagedserve_sampling: one step's draws).
+paged_attention.cpp (paged attention and the K/V write), layer_ops.cpp (the decoder layer's fused
+norms, residual adds, SiLU-and-mul, rotary) and sampling.cpp (one step's draws). Each builds once per
+ISA path (kernels/cpu/isa.py) into its own torch.ops namespace, `pagedserve_<name>_<isa>`, so the
+three paths of one op can be loaded side by side (the tests compare each against torch).
 
-Each build lives under the pagedserve cache (PAGEDSERVE_CACHE, default ~/.cache/pagedserve), in a
-folder named by a hash of every source, the flags, torch's version and this CPU's instruction-set
-flags: -march=native code must never be loaded on a CPU it was not built for, and a changed source
-rebuilds. First build ~30-60 s on 2 cores; after that loading takes milliseconds.
+A build lives under the pagedserve cache (PAGEDSERVE_CACHE, default ~/.cache/pagedserve), in a folder
+named by a hash of every source and header, the flags, torch's version, the compiler and this CPU's
+flags. Its outcome is remembered there, a failure as much as a success: the compiler runs once per
+machine, not once per process. Builds hold an flock on the folder's lock file, which the kernel
+drops when its holder dies, so a build killed midway never wedges the next one (torch's own `lock`
+file, which a killed build leaves behind, is removed under it). First build ~30-60 s on 2 cores;
+after that loading takes milliseconds.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import platform
 import shutil
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from pagedserve.kernels.cpu.isa import compile_flags, cpu_flags
 
 HERE = Path(__file__).parent
-# -march=native: AVX-512 where the CPU has it; 512-bit vectors (g++ prefers 256 on some Xeons).
+HEADERS = tuple(sorted(HERE.glob("*.h")))
 # -fopenmp: the op's own parallel region runs on torch's libgomp (same soname, already loaded).
-CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-std=c++17"]
+BASE_CFLAGS = ("-O3", "-fopenmp", "-std=c++17")
 LDFLAGS = ["-fopenmp"]
+OK_MARKER, FAILED_MARKER, BUILD_LOG = "built", "failed", "build.log"
 
 
 @dataclass(frozen=True, slots=True)
 class Extension:
     name: str
     sources: tuple[Path, ...]
-    cflags: tuple[str, ...]
+    cflags: tuple[str, ...] = ()  # this extension's own, on top of the base and the ISA's
 
 
-PAGED_ATTENTION = Extension("paged_attention", (HERE / "paged_attention.cpp",), tuple(CFLAGS))
+PAGED_ATTENTION = Extension("paged_attention", (HERE / "paged_attention.cpp",))
 # -ffp-contract=off: no fused multiply-adds, so each product and sum rounds where torch's ops round.
-LAYER_OPS = Extension("layer_ops", (HERE / "layer_ops.cpp",), (*CFLAGS, "-ffp-contract=off"))
-SAMPLING = Extension("sampling", (HERE / "sampling.cpp",), tuple(CFLAGS))
+LAYER_OPS = Extension("layer_ops", (HERE / "layer_ops.cpp",), ("-ffp-contract=off",))
+SAMPLING = Extension("sampling", (HERE / "sampling.cpp",))
+EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING)
 
 _lock = threading.Lock()
 _loaded: set[str] = set()
@@ -50,29 +60,39 @@ class KernelBuildError(RuntimeError):
     """The C++ kernel could not be compiled or loaded here (no compiler, no headers...)."""
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
+def library_name(extension: Extension, isa: str) -> str:
+    """The torch.ops namespace the extension's ops register under on this path."""
+    return f"pagedserve_{extension.name}_{isa}"
 
 
-def build_dir(extension: Extension = PAGED_ATTENTION) -> Path:
+def build_flags(extension: Extension, isa: str) -> tuple[str, ...]:
+    return (
+        *BASE_CFLAGS,
+        *compile_flags(isa),
+        *extension.cflags,
+        f"-DPAGEDSERVE_LIBRARY={library_name(extension, isa)}",
+    )
+
+
+def _compiler() -> str:
+    return shutil.which(os.environ.get("CXX", "c++")) or "no-compiler"
+
+
+def build_dir(extension: Extension, isa: str) -> Path:
     key = hashlib.sha256(
         b"\0".join(
             [
-                *(source.read_bytes() for source in extension.sources),
-                " ".join(extension.cflags).encode(),
+                *(source.read_bytes() for source in (*extension.sources, *HEADERS)),
+                " ".join(build_flags(extension, isa)).encode(),
                 torch.__version__.encode(),
-                _cpu_flags().encode(),
+                _compiler().encode(),
+                platform.machine().encode(),
+                " ".join(sorted(cpu_flags())).encode(),
             ]
         )
     ).hexdigest()[:16]
     root = Path(os.environ.get("PAGEDSERVE_CACHE") or "~/.cache/pagedserve").expanduser()
-    return root / "kernels" / f"{extension.name}_{key}"
+    return root / "kernels" / f"{extension.name}_{isa}_{key}"
 
 
 def _put_ninja_on_path() -> None:
@@ -87,44 +107,77 @@ def _put_ninja_on_path() -> None:
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
-def load_extension(extension: Extension) -> None:
-    """Build `extension` once per source/CPU/torch and load it; KernelBuildError where it cannot be."""
-    if extension.name in _loaded:
-        return
-    with _lock:
-        if extension.name in _loaded:
-            return
-        from torch.utils.cpp_extension import load
-
-        _put_ninja_on_path()
-        directory = build_dir(extension)
-        directory.mkdir(parents=True, exist_ok=True)
+@contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """An exclusive flock on the build folder's lock file: released by the kernel when the holder
+    exits, however it exits (a SIGKILL included), unlike torch's own lock file."""
+    with open(directory.with_name(directory.name + ".lock"), "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            load(
-                name=directory.name,
-                sources=[str(source) for source in extension.sources],
-                extra_cflags=list(extension.cflags),
-                extra_ldflags=LDFLAGS,
-                build_directory=str(directory),
-                is_python_module=False,
-                verbose=False,
-            )
-        except Exception as e:  # compiler missing or failing: the caller decides whether to fall back
-            names = ", ".join(source.name for source in extension.sources)
-            raise KernelBuildError(f"building {names} in {directory} failed: {e}") from e
-        _loaded.add(extension.name)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def load_paged_attention() -> None:
-    """Make torch.ops.pagedserve.paged_attention available."""
-    load_extension(PAGED_ATTENTION)
+def _reason(log: str) -> str:
+    """The first compiler error of a build log, on one line (else its last line)."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    skip = ("Error building extension", "ninja: build stopped", "FAILED:")
+    for marker in (" error: ", "error:", "Error", "error"):
+        for line in lines:
+            if marker in line and not line.startswith(skip):
+                return line[:300]
+    return (lines[-1] if lines else "no output")[:300]
 
 
-def load_layer_ops() -> None:
-    """Make torch.ops.pagedserve_ops.{rms_norm, fused_add_rms_norm, silu_and_mul, rotary_} available."""
-    load_extension(LAYER_OPS)
+def _compile(extension: Extension, isa: str, directory: Path) -> None:
+    from torch.utils.cpp_extension import load
+
+    _put_ninja_on_path()
+    (directory / "lock").unlink(missing_ok=True)  # torch's baton, left by a build killed midway
+    load(
+        name=directory.name,
+        sources=[str(source) for source in extension.sources],
+        extra_cflags=list(build_flags(extension, isa)),
+        extra_ldflags=LDFLAGS,
+        build_directory=str(directory),
+        is_python_module=False,
+        verbose=False,
+    )
 
 
-def load_sampling() -> None:
-    """Make torch.ops.pagedserve_sampling.sample_rows available."""
-    load_extension(SAMPLING)
+def load_extension(extension: Extension, isa: str):
+    """Build `extension` for `isa` once per machine and load it -> its torch.ops namespace.
+    KernelBuildError (one line: which op, which path, why, where the full log is) where it cannot
+    be built, now or in an earlier process on this machine."""
+    library = library_name(extension, isa)
+    if library in _loaded:
+        return getattr(torch.ops, library)
+    with _lock:
+        if library not in _loaded:
+            directory = build_dir(extension, isa)
+            directory.mkdir(parents=True, exist_ok=True)
+            with _build_lock(directory):
+                _load_or_build(extension, isa, directory)
+            _loaded.add(library)
+    return getattr(torch.ops, library)
+
+
+def _load_or_build(extension: Extension, isa: str, directory: Path) -> None:
+    failed, log = directory / FAILED_MARKER, directory / BUILD_LOG
+    if failed.exists():
+        raise KernelBuildError(failed.read_text().strip())
+    if (directory / OK_MARKER).exists():
+        torch.ops.load_library(str(directory / f"{directory.name}.so"))
+        return
+    try:
+        _compile(extension, isa, directory)
+    except Exception as e:  # compiler missing or failing: remembered, so no other process retries it
+        log.write_text(f"{type(e).__name__}: {e}\n")
+        message = (
+            f"{extension.name} [{isa}] did not build: {_reason(str(e))} "
+            f"(full log {log}; remove {directory} to retry)"
+        )
+        failed.write_text(message + "\n")
+        raise KernelBuildError(message) from e
+    (directory / OK_MARKER).write_text("ok\n")

@@ -17,7 +17,7 @@
 // A separate library from paged_attention.cpp's `pagedserve`, so the two build and load apart.
 #include <ATen/Parallel.h>
 #include <immintrin.h>
-#include <torch/library.h>
+#include "library.h"
 #include <torch/types.h>
 
 #include <algorithm>
@@ -252,14 +252,14 @@ void rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
 
 }  // namespace
 
-TORCH_LIBRARY(pagedserve_ops, m) {
+PAGEDSERVE_TORCH_LIBRARY(m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");
   m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(pagedserve_ops, CPU, m) {
+PAGEDSERVE_TORCH_LIBRARY_IMPL(CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("fused_add_rms_norm", &fused_add_rms_norm);
   m.impl("silu_and_mul", &silu_and_mul);

@@ -20,7 +20,7 @@
 #include <immintrin.h>
 #endif
 #include <omp.h>
-#include <torch/library.h>
+#include "library.h"
 #include <torch/types.h>
 
 #include <algorithm>
@@ -598,7 +598,7 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cach
 
 }  // namespace
 
-TORCH_LIBRARY(pagedserve, m) {
+PAGEDSERVE_TORCH_LIBRARY(m) {
   m.def(
       "paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, "
       "Tensor seq_lens, Tensor block_tables, float scale, Tensor(a!) out) -> ()");
@@ -608,7 +608,7 @@ TORCH_LIBRARY(pagedserve, m) {
   m.def("write_kv(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {
+PAGEDSERVE_TORCH_LIBRARY_IMPL(CPU, m) {
   m.impl("paged_attention", &paged_attention);
   m.impl("paged_attention_portable", &paged_attention_portable);
   m.impl("write_kv", &write_kv);

@@ -23,7 +23,7 @@
 // A sampling row whose maximum is not finite (NaN, +inf, or every token masked) takes the argmax.
 
 #include <ATen/Parallel.h>
-#include <torch/library.h>
+#include "library.h"
 #include <torch/types.h>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -473,10 +473,10 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& inv_temperatu
 
 }  // namespace
 
-TORCH_LIBRARY(pagedserve_sampling, m) {
+PAGEDSERVE_TORCH_LIBRARY(m) {
   m.def(
       "sample_rows(Tensor logits, Tensor inv_temperature, Tensor uniforms, Tensor top_k, Tensor top_p, "
       "Tensor min_p) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(pagedserve_sampling, CPU, m) { m.impl("sample_rows", &sample_rows); }
+PAGEDSERVE_TORCH_LIBRARY_IMPL(CPU, m) { m.impl("sample_rows", &sample_rows); }

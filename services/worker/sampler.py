@@ -27,7 +27,8 @@ from typing import Any
 
 import structlog
 import torch
-from pagedserve.kernels.cpu.build import KernelBuildError, load_sampling
+from pagedserve.kernels.cpu.build import SAMPLING, KernelBuildError
+from pagedserve.kernels.cpu.dispatch import load_ops, note_torch_path
 from pagedserve.services.worker.penalties import apply_penalties, mask_tokens
 from pagedserve.services.worker.sampling_batch import SamplingBatch, build_sampling_batch, column
 from pagedserve.services.worker.truncation import min_p_floor, top_k_top_p_floor
@@ -48,20 +49,19 @@ def row_seed(seed: int, position: int) -> int:
 
 
 def resolve_backend(name: str) -> str:
-    """`auto` -> `cpp` if the C++ op builds here (else `torch`, with a warning); `cpp` raises
+    """`auto` -> `cpp` if the C++ op builds here (else `torch`; the loader logs why), `cpp` raises
     KernelBuildError if it cannot be built."""
     if name not in ("auto", "cpp", "torch"):
         raise ValueError(f"sampler backend must be one of auto, cpp, torch; got {name!r}")
     if name == "torch":
+        note_torch_path(SAMPLING)
         return name
     try:
-        load_sampling()  # built once per machine and cached; loaded in milliseconds after that
-    except KernelBuildError as e:
+        load_ops(SAMPLING)  # built once per machine and cached; loaded in milliseconds after that
+    except KernelBuildError:
         if name == "cpp":
             raise
-        # Still correct, only slower: say so once and run.
-        structlog.get_logger("pagedserve.kernels").warning("cpp_sampler_unavailable", error=str(e))
-        return "torch"
+        return "torch"  # still correct, only slower
     return "cpp"
 
 
@@ -70,6 +70,7 @@ class Sampler:
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.backend = resolve_backend(backend)
+        self._sample_rows = load_ops(SAMPLING).sample_rows.default if self.backend == "cpp" else None
         self._shared_generator = torch.Generator()  # unseeded rows promise nothing: seeded from the OS
         self._shared_generator.seed()
 
@@ -114,7 +115,7 @@ class Sampler:
         uniforms = torch.zeros(rows)
         if at:
             uniforms[at] = self._uniforms(batch.seeds, batch.positions)
-        return torch.ops.pagedserve_sampling.sample_rows(
+        return self._sample_rows(
             logits,
             torch.tensor(_spread([1.0 / t for t in batch.temperatures], at, rows, 0.0), dtype=torch.float32),
             uniforms,

@@ -1,0 +1,68 @@
+"""The one loader of the C++ kernels: the best ISA path this CPU runs (or the forced one), else None.
+
+Every user of a C++ op (the attention backend, the layer ops, the sampler) asks here. A path that
+does not build is logged once per process, on one line (op, path, reason, log file), and the next
+path down is tried; when none builds the caller runs its torch form. `kernel_paths()` says what
+each op ended on, for the worker's start log and `/process`.
+"""
+
+from __future__ import annotations
+
+import structlog
+from pagedserve.kernels.cpu.build import EXTENSIONS, Extension, KernelBuildError, load_extension
+from pagedserve.kernels.cpu.isa import preferred_isas
+
+TORCH_FALLBACK = "torch"
+
+_paths: dict[str, str] = {}
+
+
+def load_ops(extension: Extension):
+    """The extension's torch.ops namespace on the best path that builds; KernelBuildError naming
+    every path's failure when none does."""
+    errors = []
+    for isa in preferred_isas():
+        try:
+            ops = load_extension(extension, isa)
+        except KernelBuildError as e:
+            if _paths.get(f"{extension.name}/{isa}") != "failed":
+                _paths[f"{extension.name}/{isa}"] = "failed"
+                structlog.get_logger("pagedserve.kernels").warning(
+                    "cpp_kernel_unavailable", op=extension.name, isa=isa, reason=str(e)
+                )
+            errors.append(str(e))
+            continue
+        _paths[extension.name] = isa
+        return ops
+    _paths[extension.name] = TORCH_FALLBACK
+    raise KernelBuildError("; ".join(errors) or f"{extension.name}: no ISA path to try")
+
+
+def try_load_ops(extension: Extension):
+    """load_ops, or None where no path builds (the caller runs torch ops; the reason is logged)."""
+    try:
+        return load_ops(extension)
+    except KernelBuildError:
+        return None
+
+
+def kernel_paths() -> dict[str, str]:
+    """Each C++ op loaded in this process -> the ISA path it runs (`torch` where it fell back)."""
+    return {e.name: _paths[e.name] for e in EXTENSIONS if e.name in _paths}
+
+
+def note_torch_path(extension: Extension) -> None:
+    """Record that a caller chose the torch form of this op (a setting, not a failure)."""
+    _paths[extension.name] = TORCH_FALLBACK
+
+
+def main() -> None:
+    """Build every op for the path this CPU runs (setup calls this once) and say which path each uses."""
+    for extension in EXTENSIONS:
+        try_load_ops(extension)
+    paths = kernel_paths()
+    print("setup: C++ kernels: " + ", ".join(f"{name} {path}" for name, path in paths.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,15 @@
+// The torch.ops namespace of one build. kernels/cpu/build.py names it per extension and ISA path
+// (-DPAGEDSERVE_LIBRARY=pagedserve_layer_ops_avx2), so the paths of one op load side by side in one
+// process: the worker loads the best, the tests load every path the CPU runs.
+#pragma once
+#include <torch/library.h>
+
+#ifndef PAGEDSERVE_LIBRARY
+#error "build with -DPAGEDSERVE_LIBRARY=<namespace> (kernels/cpu/build.py sets it)"
+#endif
+
+// One level of indirection so PAGEDSERVE_LIBRARY expands before TORCH_LIBRARY pastes it into names.
+#define PAGEDSERVE_TORCH_LIBRARY_(ns, m) TORCH_LIBRARY(ns, m)
+#define PAGEDSERVE_TORCH_LIBRARY_IMPL_(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
+#define PAGEDSERVE_TORCH_LIBRARY(m) PAGEDSERVE_TORCH_LIBRARY_(PAGEDSERVE_LIBRARY, m)
+#define PAGEDSERVE_TORCH_LIBRARY_IMPL(key, m) PAGEDSERVE_TORCH_LIBRARY_IMPL_(PAGEDSERVE_LIBRARY, key, m)
