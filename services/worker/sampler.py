@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
 import torch
 from pagedserve.kernels.cpu.build import SAMPLING, KernelBuildError
 from pagedserve.kernels.cpu.dispatch import load_ops, note_torch_path

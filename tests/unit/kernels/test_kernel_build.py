@@ -68,7 +68,9 @@ def test_a_failed_build_is_remembered_and_named_on_one_line(tmp_path, monkeypatc
     error without compiling again."""
     calls = tmp_path / "compiler-calls"
     compiler = tmp_path / "broken-c++"
-    compiler.write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho "broken: error: no compiler today" >&2\nexit 1\n')
+    compiler.write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\necho "broken: error: no compiler today" >&2\nexit 1\n'
+    )
     compiler.chmod(0o755)
     monkeypatch.setenv("CXX", str(compiler))
     monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path / "cache"))
