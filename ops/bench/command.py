@@ -114,6 +114,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return fleet_main(argv[1:])
     args = parse_args(argv)
+    from pagedserve.services.worker.cpu_dtype import UnsupportedDtype, check_cpu_dtype
+
+    try:
+        check_cpu_dtype(args.dtype)
+    except UnsupportedDtype as e:
+        print(f"pagedserve bench: {e}", file=sys.stderr)
+        return 2
     import torch
     from pagedserve.ops.bench.efficiency import ceiling_shape, efficiency_json, matmul_ceiling, model_flops
     from pagedserve.ops.bench.peers import (

@@ -145,6 +145,10 @@ def _cmd_service(args: argparse.Namespace) -> int:
     faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     if args.command == "worker":
         config = _with_worker_id(config)
+        refusal = dtype_refusal(config)
+        if refusal:  # once, clearly, and exit: a model that cannot run here is not retried
+            print(f"pagedserve worker: {refusal}", file=sys.stderr)
+            return 2
     module = importlib.import_module(SERVICES[args.command])
     module.run(config)
     return 0
@@ -198,6 +202,20 @@ def _ray_placement(args: argparse.Namespace) -> RayPlacement | None:
     return RayPlacement(args.ray, resources)
 
 
+def dtype_refusal(config: ServeConfig) -> str | None:
+    """Why this machine's workers would refuse the configured dtype, or None (torch is imported only
+    for a dtype that may be refused)."""
+    if config.simulate_step_ms is not None or config.dtype not in ("bfloat16", "float16"):
+        return None
+    from pagedserve.services.worker.cpu_dtype import UnsupportedDtype, check_cpu_dtype
+
+    try:
+        check_cpu_dtype(config.dtype, config.device)
+    except UnsupportedDtype as e:
+        return str(e)
+    return None
+
+
 def _cmd_up(args: argparse.Namespace) -> int:
     from pagedserve.ops.deploy.supervisor import resolve_model_first
     from pagedserve.ops.deploy.up import run_up
@@ -218,6 +236,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
         config = resolve_model_first(config)
     except ValueError as e:  # no such checkpoint folder: say so before starting anything
         print(f"pagedserve {args.command}: {e}", file=sys.stderr)
+        return 2
+    refusal = dtype_refusal(config)
+    if refusal:  # before any worker starts: a worker that cannot load would be restarted forever
+        print(f"pagedserve {args.command}: {refusal}", file=sys.stderr)
         return 2
     return run_up(config, args.workers, args.ready_timeout, args.log_dir, api=args.api, ray=ray)
 

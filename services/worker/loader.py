@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from pagedserve.kernels.attention import AttentionBackend
+from pagedserve.kernels.cpu.isa import forced_isa
 from pagedserve.services.worker.models.llama import LlamaForCausalLM
 from pagedserve.services.worker.models.registry import ModelConfig, resolve
 from safetensors import safe_open
@@ -43,6 +44,8 @@ def cpu_has_fast_bf16() -> bool:
             line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
         )
     except (OSError, StopIteration):
+        return False
+    if forced_isa() in ("avx2", "portable"):  # the ISA setting hides AVX-512 (tests, --emulate-isa)
         return False
     return bool({"amx_bf16", "avx512_bf16"} & set(flags.split()))
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from pagedserve.kernels.attention import get_backend
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
+from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
 from pagedserve.services.worker.loader import load_model, resolve_dtype, torch_dtype
 from pagedserve.services.worker.models.registry import ModelConfig
 from pagedserve.services.worker.packed_batch import PackedBatch, RequestState, pack_batch
@@ -35,11 +36,16 @@ class ModelRunner:
         gpu_memory_utilization: float = config_default("gpu_memory_utilization"),
         num_threads: int | None = None,
         prepack_weights: bool = config_default("prepack_weights"),
+        allow_slow_dtype: bool = False,
     ) -> None:
+        """allow_slow_dtype: load bfloat16/float16 even on a CPU without native support for it (tests of
+        the model code in those dtypes on tiny models); a server refuses it (cpu_dtype.py)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = torch.device(device)
         dtype = resolve_dtype(dtype, self.device)
+        if not allow_slow_dtype:
+            check_cpu_dtype(dtype, self.device)  # UnsupportedDtype, naming the missing CPU feature
         self.dtype = dtype  # what `auto` became here
         backend = get_backend(attention_backend, self.device)
         self.attention_backend = backend.name

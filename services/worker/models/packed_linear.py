@@ -25,13 +25,16 @@ PACKED_DTYPES = (torch.bfloat16,)
 
 
 def packing_available(dtype: torch.dtype, device: torch.device) -> bool:
-    """True where this torch build has the packed oneDNN GEMM for `dtype` on `device`."""
+    """True where this torch build has the packed oneDNN GEMM for `dtype` on `device` and oneDNN has a
+    path for `dtype` on this CPU: its bf16 reorder raises on a CPU without avx_ne_convert or
+    AVX-512 BW/VL/DQ (an AMD EPYC Zen 3, say), so there the model keeps its dense weights."""
     return (
         device.type == "cpu"
         and dtype in PACKED_DTYPES
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and (dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
     )
 
 
