@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 from pagedserve.kernels.attention import get_backend
-from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
 from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
+from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
 from pagedserve.services.worker.loader import load_model, resolve_dtype, torch_dtype
 from pagedserve.services.worker.models.registry import ModelConfig
 from pagedserve.services.worker.packed_batch import PackedBatch, RequestState, pack_batch
