@@ -181,3 +181,25 @@ def _load_or_build(extension: Extension, isa: str, directory: Path) -> None:
         failed.write_text(message + "\n")
         raise KernelBuildError(message) from e
     (directory / OK_MARKER).write_text("ok\n")
+
+
+def compile_check(extension: Extension, isa: str) -> None:
+    """Compile `extension` for `isa` without linking or loading it: how a path this CPU cannot execute
+    (AVX-512 code on an AVX2 machine) is still proven to build. KernelBuildError with the first error."""
+    import subprocess
+    import tempfile
+
+    from torch.utils.cpp_extension import include_paths
+
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    includes = [f"-isystem{path}" for path in include_paths()]
+    for source in extension.sources:
+        with tempfile.TemporaryDirectory() as scratch:
+            argv = [
+                os.environ.get("CXX", "c++"), "-c", "-fPIC", "-o", str(Path(scratch) / "check.o"),
+                *includes, f"-I{HERE}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_API_INCLUDE_EXTENSION_H",
+                f"-DTORCH_EXTENSION_NAME={library_name(extension, isa)}", *build_flags(extension, isa), str(source),
+            ]  # fmt: skip
+            done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise KernelBuildError(f"{extension.name} [{isa}] does not compile: {_reason(done.stderr)}")

@@ -9,7 +9,7 @@ moment after a connection closes, the heartbeat timeout drops to 1.5 heartbeats.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pagedserve.shared.protocol.control import WorkerAnnouncement
 
@@ -24,6 +24,8 @@ class WorkerLink:
     active: bool = False  # known to the core (its pool is registered and reachable)
     routable: bool = False  # its step socket has spoken to us: steps sent to it arrive
     generation: int = 0  # sent with the reset that activated it: only results stamped so are believed
+    model: str = ""
+    runtime: dict[str, str] = field(default_factory=dict)  # as it last announced (dtype, ISA paths)
 
 
 class WorkerLiveness:
@@ -49,7 +51,23 @@ class WorkerLiveness:
             )
         link.last_heartbeat = now
         link.routable = link.routable or step_socket
+        link.model, link.runtime = msg.model, msg.runtime
         return link, joined
+
+    def view(self, now: float) -> list[dict[str, object]]:
+        """Every known worker, for the ops `/workers` route."""
+        return [
+            {
+                "worker_id": link.worker_id,
+                "active": link.active,
+                "num_blocks": link.num_blocks,
+                "block_size": link.block_size,
+                "model": link.model,
+                "runtime": dict(link.runtime),
+                "last_heartbeat_age_s": round(now - link.last_heartbeat, 3),
+            }
+            for link in list(self.links.values())  # read from the ops thread
+        ]
 
     def touch(self, worker_id: str, now: float) -> None:
         """A step result is a sign of life too."""

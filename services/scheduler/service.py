@@ -107,6 +107,7 @@ class SchedulerService:
                     "/healthz": lambda: json_response({"ok": True}),
                     "/readyz": self._readyz,
                     "/requests": lambda: json_response(self._requests_view()),
+                    "/workers": lambda: json_response({"workers": self.liveness.view(time.monotonic())}),
                     "/metrics": lambda: (
                         200,
                         "text/plain; version=0.0.4",

@@ -94,6 +94,25 @@ class ModelRunner:
     def model_config(self) -> ModelConfig:
         return self._config
 
+    @property
+    def runtime(self) -> dict[str, str]:
+        """How this worker runs the model, for its start log and its announcements: the dtype, the
+        attention backend, the linears' layout and the CPU ISA path of each C++ op."""
+        from pagedserve.kernels.cpu.dispatch import kernel_paths
+
+        layer_ops = self.model.layer_ops
+        facts = {
+            "dtype": self.dtype,
+            "device": self.device.type,
+            "attention_backend": self.attention_backend,
+            "layer_ops": "torch" if layer_ops is None else layer_ops.name,
+            "linears": "prepacked" if self.num_prepacked else "dense",
+        }
+        if self.device.type == "cpu":
+            facts.update({f"isa_{op}": path for op, path in kernel_paths().items()})
+            facts["sampler"] = self.sampler.backend
+        return facts
+
     # ------------------------------------------------------------------ one step
 
     def execute(self, step: Execute) -> StepResult:

@@ -118,6 +118,7 @@ class WorkerService:
             self.runner.max_model_len,
             list(self.runner.eos_token_ids),
             str(self.model_path),
+            self.runner.runtime,
         )
 
     def _dealer(self, endpoint: str, identity: str | None = None) -> zmq.Socket:
@@ -170,7 +171,10 @@ class WorkerService:
         beat = threading.Thread(target=self.heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
         self.log.info(
-            "worker_started", endpoint=self.config.worker_endpoint, num_blocks=self.runner.num_blocks
+            "worker_started",
+            endpoint=self.config.worker_endpoint,
+            num_blocks=self.runner.num_blocks,
+            **self.runner.runtime,  # dtype, attention backend, the ISA path of each C++ op
         )
         last_sent = time.monotonic()
         last_hello = 0.0

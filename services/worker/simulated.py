@@ -57,6 +57,7 @@ class SimulatedRunner:
             [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
         )
         self.attention_backend = "simulated"
+        self.runtime = {"runner": "simulated", "step_ms": f"{step_ms:g}"}
         self.requests: dict[str, SimulatedRequest] = {}
 
     def execute(self, step: Execute) -> StepResult:

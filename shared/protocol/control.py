@@ -40,6 +40,13 @@ def _count(body: dict[str, Any], name: str, of: str, least: int = 1) -> int:
     return value
 
 
+def _str_map(body: dict[str, Any], name: str, of: str) -> dict[str, str]:
+    value = body.get(name, {})  # absent from older workers
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ProtocolError("bad_fields", f"{of}: field {name!r} must be a map of strings to strings")
+    return value
+
+
 def _int_list(body: dict[str, Any], name: str, of: str) -> list[int]:
     value = _field(body, name, list, of)
     if not all(type(v) is int for v in value):
@@ -61,6 +68,9 @@ class WorkerAnnouncement:
     max_model_len: int
     eos_token_ids: list[int] = field(default_factory=list)
     model: str = ""
+    # How it runs the model, for the operator: dtype, attention backend, the CPU ISA path each C++ op
+    # uses ("torch" where it fell back). Read by the scheduler's `/workers` view.
+    runtime: dict[str, str] = field(default_factory=dict)
 
     @property
     def pool_id(self) -> str:
@@ -77,6 +87,7 @@ class WorkerAnnouncement:
             "max_model_len": self.max_model_len,
             "eos_token_ids": list(self.eos_token_ids),
             "model": self.model,
+            "runtime": dict(self.runtime),
         }
 
     @classmethod
@@ -94,6 +105,7 @@ class WorkerAnnouncement:
             _count(body, "max_model_len", of),
             _int_list(body, "eos_token_ids", of),
             _field(body, "model", str, of),
+            _str_map(body, "runtime", of),
         )
 
 

@@ -7,7 +7,7 @@ import random
 import time
 
 import pytest
-from deployment import blocks, get_text, start, workers_ready
+from deployment import blocks, get_json, get_text, start, workers_ready
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagedserve import LLM, AsyncClient, SamplingParams
@@ -91,6 +91,25 @@ def test_streamed_requests_through_two_workers_match_the_in_process_engine(
             f.name for f in text_string_to_metric_families(get_text(f"{sup.block_manager_ops_url}/metrics"))
         }
         assert "pagedserve_bm_blocks" in bm_families
+    finally:
+        sup.stop()
+
+
+def test_the_scheduler_shows_how_each_worker_runs_its_model(model_path, tmp_path):
+    """`/workers` on the scheduler's ops port: each worker's dtype, backends and the CPU ISA path of
+    every C++ op, as the worker announced them; on a CPU with a compiler none is the torch fallback."""
+    from pagedserve.kernels.cpu.isa import runnable_isas
+
+    sup = start(model_path, workers=1, log_dir=tmp_path, pipeline_depth=2)
+    try:
+        deadline = time.monotonic() + 30
+        while not workers_ready(sup) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        (worker,) = get_json(f"{sup.scheduler_ops_url}/workers")["workers"]
+        runtime = worker["runtime"]
+        assert worker["active"] and runtime["dtype"] == "float32" and runtime["attention_backend"] == "cpp"
+        paths = {op: runtime[f"isa_{op}"] for op in ("paged_attention", "layer_ops", "sampling")}
+        assert all(path == runnable_isas()[0] for path in paths.values()), paths
     finally:
         sup.stop()
 
