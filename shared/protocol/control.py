@@ -42,7 +42,9 @@ def _count(body: dict[str, Any], name: str, of: str, least: int = 1) -> int:
 
 def _str_map(body: dict[str, Any], name: str, of: str) -> dict[str, str]:
     value = body.get(name, {})  # absent from older workers
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
         raise ProtocolError("bad_fields", f"{of}: field {name!r} must be a map of strings to strings")
     return value
 

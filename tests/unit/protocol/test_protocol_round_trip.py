@@ -40,7 +40,17 @@ from pagedserve.shared.protocol.step import (
     StepResultMessage,
 )
 
-ANNOUNCEMENT = ("w0", "inc-1", 64, 16, 32000, 2048, [2], "/models/tiny", {"dtype": "float32", "isa_layer_ops": "avx2"})
+ANNOUNCEMENT = (
+    "w0",
+    "inc-1",
+    64,
+    16,
+    32000,
+    2048,
+    [2],
+    "/models/tiny",
+    {"dtype": "float32", "isa_layer_ops": "avx2"},
+)
 
 EXAMPLES = [
     Submit(request_id="r1", prompt="hi", sampling=SamplingParams(n=2, stop=["\n"], seed=3)),

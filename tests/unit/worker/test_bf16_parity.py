@@ -30,7 +30,12 @@ def _ours(path, prompts, backend: str) -> tuple[torch.Tensor, list[int], torch.T
     """-> (prefill logits, the greedy tokens they give, the next decode step's logits), float32."""
     # allow_slow_dtype: on a CPU without native bf16 the model code is still checked (tiny models).
     runner = ModelRunner(
-        path, dtype="bfloat16", block_size=16, num_blocks=128, attention_backend=backend, allow_slow_dtype=True
+        path,
+        dtype="bfloat16",
+        block_size=16,
+        num_blocks=128,
+        attention_backend=backend,
+        allow_slow_dtype=True,
     )
     step, next_block = Execute(0), 0
     for i, prompt in enumerate(prompts):
