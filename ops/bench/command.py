@@ -88,9 +88,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--depths", type=_int_list, default=[1, 2, 3], help="pipeline depths for --services")
     ap.add_argument("--quick", action="store_true", help="16 requests, lengths 16-64, batch sizes 8,16")
     ap.add_argument(
+        "--emulate-isa",
+        choices=["avx2", "portable"],
+        default=None,
+        help="run every peer as on a CPU without AVX-512 (our kernels, ATen, oneDNN, MKL, vLLM's build)",
+    )
+    ap.add_argument(
         "--out", type=Path, default=Path("bench/results/bench.json"), help="JSON; the PNG goes beside"
     )
     args = ap.parse_args(argv)
+    args.emulated = {}
+    if args.emulate_isa:  # before anything imports torch
+        from pagedserve.ops.bench.emulation import emulate_isa
+
+        args.emulated = emulate_isa(args.emulate_isa)
     from pagedserve.services.worker.loader import resolve_dtype
 
     args.dtype = resolve_dtype(args.dtype, "cpu")  # every peer gets the same, concrete dtype
@@ -225,7 +236,16 @@ def _config_json(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "services": args.services,
         "depths": args.depths if args.services else [],
         "quick": args.quick,
+        "emulate_isa": args.emulate_isa,
+        "emulation_environment": args.emulated,
+        **({"emulation_note": _emulation_note(args.emulate_isa)} if args.emulate_isa else {}),
     }
+
+
+def _emulation_note(isa: str) -> str:
+    from pagedserve.ops.bench.emulation import NOTE
+
+    return NOTE.format(isa=isa)
 
 
 if __name__ == "__main__":

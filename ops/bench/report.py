@@ -32,8 +32,16 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
+    from pagedserve.kernels.cpu.dispatch import kernel_paths
+    from pagedserve.kernels.cpu.isa import cpu_flags, preferred_isas
+
     return {
         "cpu_model": cpu,
+        # What the speed depends on: the vector ISA the CPU has, what our kernels and ATen ran.
+        "cpu_vector_flags": sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma"))),
+        "kernel_isa": preferred_isas()[0],
+        "kernel_paths": kernel_paths(),
+        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,

@@ -46,8 +46,32 @@ def _environment(request: dict[str, Any]) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
+def _emulate_isa(request: dict[str, Any]) -> None:
+    """`--emulate-isa avx2|portable`: vLLM loads its `_C_AVX2` build when torch reports no AVX-512,
+    so torch's answers are made to say so before vllm is imported (the environment does the rest)."""
+    if request.get("emulate_isa") not in ("avx2", "portable"):
+        return
+    import torch
+
+    for name in (
+        "_is_avx512_supported",
+        "_is_avx512_bf16_supported",
+        "_is_amx_tile_supported",
+        "_is_amx_fp16_supported",
+    ):
+        if hasattr(torch.cpu, name):
+            setattr(torch.cpu, name, lambda: False)
+
+
+def _loaded_extension() -> str:
+    """Which of vLLM's CPU builds this process loaded (`_C`, `_C_AVX512`, `_C_AVX2`)."""
+    loaded = [name for name in sys.modules if name.startswith("vllm._C")]
+    return ",".join(sorted(loaded)) or "none"
+
+
 def run(request: dict[str, Any]) -> dict[str, Any]:
     _environment(request)
+    _emulate_isa(request)
     import vllm
     from vllm import LLM, SamplingParams
 
@@ -89,6 +113,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         "block_size": config.cache_config.block_size,
         "enforce_eager": bool(request.get("enforce_eager", False)),
         "omp_threads_bind": os.environ["VLLM_CPU_OMP_THREADS_BIND"],
+        "cpu_extension": _loaded_extension(),
+        "emulate_isa": request.get("emulate_isa"),
     }
 
 

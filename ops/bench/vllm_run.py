@@ -48,6 +48,8 @@ def run_vllm(workload: Workload, settings: BenchSettings, threads: int) -> PathR
         # Its pool in GiB, at least the bytes ours gets (vLLM takes whole GiB).
         "kv_cache_space_gib": max(1, -(-settings.kv_cache_memory // 1024**3)),
         "enforce_eager": os.environ.get("PAGEDSERVE_BENCH_VLLM_EAGER") == "1",
+        # `--emulate-isa`: the environment is inherited; vLLM must also load its AVX2 build.
+        "emulate_isa": os.environ.get("PAGEDSERVE_CPU_ISA") or None,
     }
     with tempfile.TemporaryDirectory(prefix="pagedserve-vllm-") as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"

@@ -152,3 +152,46 @@ def test_services_run_on_a_tiny_model_reports_throughput_and_worker_idle(
     assert row["error"] is None and row["pipeline_depth"] == 2
     assert row["output_tokens"] > 0 and row["steps"] > 0
     assert 0 <= row["idle_fraction"] < 1 and row["services_over_in_process"] > 0
+
+
+def test_emulated_avx2_run_tells_every_library_and_says_it_is_emulation(
+    tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    """`--emulate-isa avx2` in a fresh process (the environment must be set before torch loads): our
+    kernels, ATen and oneDNN/MKL stop at AVX2, and the report says so."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench.json"
+    argv = ["--model", str(tiny_model("llama")), "--quick", "--num-requests", "2", "--max-len", "16"]
+    argv += ["--threads", "1", "--kv-cache-memory-mib", "4", "--peers", "pagedserve", "--emulate-isa", "avx2"]
+    env = {k: v for k, v in os.environ.items() if k not in ("PAGEDSERVE_CPU_ISA", "ATEN_CPU_CAPABILITY")}
+    code = "import sys; from pagedserve.ops.bench.command import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, *argv, "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["config"]["emulate_isa"] == "avx2"
+    assert report["config"]["emulation_environment"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert "emulation" in report["config"]["emulation_note"]
+    machine = report["machine"]
+    assert machine["kernel_isa"] == "avx2" and machine["aten_cpu_capability"] == "AVX2"
+    assert set(machine["kernel_paths"].values()) <= {"avx2", "torch"}
+    (row,) = report["paths"]
+    assert row["error"] is None and row["output_tokens"] == report["workload"]["output_tokens"]
+
+
+def test_emulating_a_path_this_cpu_cannot_run_is_refused(monkeypatch) -> None:
+    from pagedserve.ops.bench import emulation
+
+    monkeypatch.setattr(emulation, "check_isa", lambda isa: (_ for _ in ()).throw(ValueError("lacks avx2")))
+    with pytest.raises(ValueError, match="lacks avx2"):
+        emulation.emulate_isa("avx2")
+    with pytest.raises(ValueError, match="must be one of"):
+        emulation.emulate_isa("avx512")
