@@ -7,8 +7,10 @@ ISA path (kernels/cpu/isa.py) into its own torch.ops namespace, `pagedserve_<nam
 three paths of one op can be loaded side by side (the tests compare each against torch).
 
 A build lives under the pagedserve cache (PAGEDSERVE_CACHE, default ~/.cache/pagedserve), in a folder
-named by a hash of every source and header, the flags, torch's version, the compiler and this CPU's
-flags. Its outcome is remembered there, a failure as much as a success: the compiler runs once per
+named by a hash of every source and header, the flags, torch's version, the compiler and the machine
+architecture. No `-march=native`: each path names its ISA flags, so its build is valid on every CPU
+that runs that path (a Docker image's prebuilt kernels included), and `isa.py` decides which path a
+CPU may load. Its outcome is remembered there, a failure as much as a success: the compiler runs once per
 machine, not once per process. Builds hold an flock on the folder's lock file, which the kernel
 drops when its holder dies, so a build killed midway never wedges the next one (torch's own `lock`
 file, which a killed build leaves behind, is removed under it). First build ~30-60 s on 2 cores;
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from pagedserve.kernels.cpu.isa import compile_flags, cpu_flags
+from pagedserve.kernels.cpu.isa import compile_flags
 
 HERE = Path(__file__).parent
 HEADERS = tuple(sorted(HERE.glob("*.h")))
@@ -87,7 +89,6 @@ def build_dir(extension: Extension, isa: str) -> Path:
                 torch.__version__.encode(),
                 _compiler().encode(),
                 platform.machine().encode(),
-                " ".join(sorted(cpu_flags())).encode(),
             ]
         )
     ).hexdigest()[:16]

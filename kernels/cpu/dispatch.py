@@ -56,10 +56,21 @@ def note_torch_path(extension: Extension) -> None:
     _paths[extension.name] = TORCH_FALLBACK
 
 
-def main() -> None:
-    """Build every op for the path this CPU runs (setup calls this once) and say which path each uses."""
+def main(argv: list[str] | None = None) -> None:
+    """Build every op for the path this CPU runs (setup calls this once) and say which path each uses;
+    `--all-paths` also builds every other path this CPU can run (the Docker image does)."""
+    import sys
+
+    from pagedserve.kernels.cpu.isa import runnable_isas
+
+    args = sys.argv[1:] if argv is None else argv
     for extension in EXTENSIONS:
         try_load_ops(extension)
+        for isa in runnable_isas()[1:] if "--all-paths" in args else ():
+            try:
+                load_extension(extension, isa)
+            except KernelBuildError as e:
+                print(f"setup: {e}")
     paths = kernel_paths()
     print("setup: C++ kernels: " + ", ".join(f"{name} {path}" for name, path in paths.items()))
 

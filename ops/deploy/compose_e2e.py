@@ -57,10 +57,27 @@ def wait_ready(scheduler_ops: str, workers: int, timeout_s: float) -> int:
             print(f"    /readyz workers: {ready}", flush=True)
             last = ready
         if ready is not None and len(ready) >= workers:
-            return 0
+            return _kernels_compiled(scheduler_ops)
         time.sleep(1.0)
     print(f"only {last} ready after {timeout_s:.0f} s", file=sys.stderr)
     return 1
+
+
+def _kernels_compiled(scheduler_ops: str) -> int:
+    """Every worker container runs each C++ op on a CPU ISA path, not the torch fallback (the image
+    carries a compiler and builds them once into the cache volume)."""
+    from pagedserve.ops.deploy.ops_http import get_json
+
+    fallbacks = []
+    for worker in get_json(f"{scheduler_ops}/workers")["workers"]:
+        paths = {k: v for k, v in worker["runtime"].items() if k.startswith("isa_")}
+        print(f"    {worker['worker_id']}: {paths}", flush=True)
+        if not paths or "torch" in paths.values():
+            fallbacks.append(worker["worker_id"])
+    if fallbacks:
+        print(f"workers on the torch fallback: {fallbacks}", file=sys.stderr)
+        return 1
+    return 0
 
 
 async def _generate_all(endpoint: str, max_tokens: int) -> list[tuple[str, str, int]]:
