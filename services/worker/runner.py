@@ -15,6 +15,7 @@ from pagedserve.kernels.attention import get_backend
 from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
 from pagedserve.services.worker.loader import load_model, resolve_dtype, torch_dtype
+from pagedserve.services.worker.models.packed_linear import linears_kind
 from pagedserve.services.worker.models.registry import ModelConfig
 from pagedserve.services.worker.packed_batch import PackedBatch, RequestState, pack_batch
 from pagedserve.services.worker.sampler import Sampler, SamplingRequest
@@ -106,7 +107,7 @@ class ModelRunner:
             "device": self.device.type,
             "attention_backend": self.attention_backend,
             "layer_ops": "torch" if layer_ops is None else layer_ops.name,
-            "linears": "prepacked" if self.num_prepacked else "dense",
+            "linears": linears_kind(self.model),
         }
         if self.device.type == "cpu":
             facts.update({f"isa_{op}": path for op, path in kernel_paths().items()})

@@ -19,9 +19,12 @@ is every decode step whose batch changed.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 PACKED_DTYPES = (torch.bfloat16,)
+# float32 rows up to this many take our kernel (RowsLinear); above it MKL's sgemm is faster.
+ROWS_KERNEL_MAX_ROWS = 8
 
 
 def packing_available(dtype: torch.dtype, device: torch.device) -> bool:
@@ -56,8 +59,44 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed=oneDNN"
 
 
+class RowsLinear(nn.Module):
+    """float32 y = x W^T + b: our C++ kernel for a decode step's few rows (kernels/cpu/linear.cpp,
+    which streams each weight row once), F.linear (MKL's sgemm) from `max_rows` + 1 rows up, where
+    a blocked GEMM is faster. Both read the same dense weight: no second copy."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, op, max_rows: int) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight = weight.detach()  # the model's own tensor (a tied embedding stays shared)
+        self.bias = None if bias is None else bias.detach()
+        self._op, self.max_rows = op, max_rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.shape[0] <= self.max_rows and x.stride(1) == 1:
+            return self._op(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, rows_kernel<={self.max_rows}"
+        )
+
+
+def rows_linear_op():
+    """Our float32 few-rows linear on this CPU's ISA path, or None where it cannot be built."""
+    from pagedserve.kernels.cpu.build import LINEAR
+    from pagedserve.kernels.cpu.dispatch import try_load_ops
+
+    ops = try_load_ops(LINEAR)
+    return None if ops is None else ops.linear_rows.default
+
+
 def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module | None:
-    """A PackedLinear for this weight, or None where packing is not available for it."""
+    """The CPU linear for this weight: bfloat16 packed for oneDNN, float32 on our few-rows kernel; None
+    where neither applies (the linear stays as it is)."""
+    if weight.dtype == torch.float32 and weight.device.type == "cpu":
+        op = rows_linear_op()
+        return None if op is None else RowsLinear(weight, bias, op, ROWS_KERNEL_MAX_ROWS)
     if not packing_available(weight.dtype, weight.device):
         return None
     return PackedLinear(weight, bias)
@@ -75,3 +114,14 @@ def prepack_linears(module: nn.Module) -> int:
                     setattr(parent, name, packed)
                     count += 1
     return count
+
+
+def linears_kind(module: nn.Module) -> str:
+    """What runs the linears under `module`, in words: `onednn-packed`, `rows-kernel<=N+F.linear`
+    or `F.linear` (for the start log and the worker's announcements)."""
+    for child in module.modules():
+        if isinstance(child, PackedLinear):
+            return "onednn-packed"
+        if isinstance(child, RowsLinear):
+            return f"rows-kernel<={child.max_rows}+F.linear"
+    return "F.linear"

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pagedserve.services.worker.models.packed_linear import (
     PackedLinear,
+    RowsLinear,
     pack_linear,
     packing_available,
     prepack_linears,
@@ -120,10 +121,26 @@ def test_bf16_logits_are_the_same_bits_with_and_without_prepacking(tiny_model, a
     assert torch.equal(packed, dense)
 
 
-def test_float32_runner_keeps_dense_weights(llama):
+def test_float32_runner_puts_every_linear_on_the_rows_kernel_without_a_second_weight(llama):
     runner = _runner(llama)
-    assert runner.num_prepacked == 0
-    assert isinstance(runner.model.layers[0].self_attn.qkv_proj, nn.Linear)
+    layers = runner.model_config.num_layers
+    assert runner.num_prepacked == 4 * layers + 1  # qkv, o, gate/up, down per layer + the tied head
+    qkv = runner.model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv, RowsLinear) and qkv.weight.dtype == torch.float32
+    # The tied head reads the embedding itself: no copy of the largest weight.
+    assert runner.model.tied_head.weight.data_ptr() == runner.model.embed_tokens.weight.data_ptr()
+    assert runner.runtime["linears"] == f"rows-kernel<={qkv.max_rows}+F.linear"
+
+
+def test_float32_logits_with_the_rows_kernel_match_f_linear_but_for_rounding(llama):
+    prompt = [3 + (i * 7) % 250 for i in range(40)]
+    step = Execute(0, new_requests=[NewRequest("r", prompt, 40, 0, 40, list(range(5)), GREEDY)])
+    kernel_runner, dense_runner = _runner(llama), _runner(llama, prepack_weights=False)
+    outputs = StepDriver(kernel_runner, chunk_size=16).generate([[5, 6, 7], [9] * 20], 6)
+    assert outputs == StepDriver(dense_runner, chunk_size=16).generate([[5, 6, 7], [9] * 20], 6)
+    _, ours = _runner(llama).execute_with_logits(step)
+    _, dense = dense_runner.execute_with_logits(step)
+    torch.testing.assert_close(ours, dense, rtol=0, atol=1e-5)
 
 
 @needs_packing
