@@ -55,6 +55,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--model", required=True, help="checkpoint folder (a tiny model: the soak is about state)"
     )
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="the workers' dtype: each has its own linears (float32 few-rows kernel, bf16 oneDNN-packed)",
+    )
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument(
         "--checkpoints", default="1000,10000", help="request counts to measure at (default: 1000,10000)"
@@ -235,10 +241,11 @@ async def settle(sup: Supervisor, client: Any, timeout_s: float) -> float | None
     return None
 
 
-def soak_config(model: str) -> ServeConfig:
+def soak_config(model: str, dtype: str = "float32") -> ServeConfig:
     front, workers, bm, sched_ops, bm_ops = free_ports(5)
     return ServeConfig(
         model=model,
+        dtype=dtype,
         num_threads=1,
         num_blocks=256,
         front_endpoint=f"tcp://127.0.0.1:{front}",
@@ -258,7 +265,7 @@ def soak_config(model: str) -> ServeConfig:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        config = resolve_model_first(soak_config(args.model))
+        config = resolve_model_first(soak_config(args.model, args.dtype))
     except ValueError as e:
         print(f"pagedserve chaos soak: {e}", file=sys.stderr)
         return 2

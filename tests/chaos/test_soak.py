@@ -9,12 +9,28 @@ import pytest
 from pagedserve.ops.chaos import command as chaos
 
 
-@pytest.fixture(scope="module")
-def report(tiny_model, tmp_path_factory) -> dict:
+def _bf16_refusal() -> str | None:
+    from pagedserve.services.worker.cpu_dtype import UnsupportedDtype, check_cpu_dtype
+
+    try:
+        check_cpu_dtype("bfloat16")
+    except UnsupportedDtype as e:
+        return str(e)
+    return None
+
+
+# Each dtype has its own linears (float32: our few-rows kernel and F.linear; bfloat16: oneDNN's
+# packed GEMM, which builds one primitive per row count): both must stay flat.
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def report(request, tiny_model, tmp_path_factory) -> dict:
+    if request.param == "bfloat16" and _bf16_refusal():
+        pytest.skip(f"no bfloat16 soak on this CPU, whose workers refuse it: {_bf16_refusal()}")
     out = tmp_path_factory.mktemp("soak") / "soak.json"
     code = chaos.main(
         [
             "soak",
+            "--dtype",
+            request.param,
             "--model",
             str(tiny_model("llama")),
             "--requests",
