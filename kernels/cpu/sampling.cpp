@@ -56,16 +56,16 @@ constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kDepths[] = {-12.0f, -24.0f, -48.0f, -kInf};  // top-k / top-p candidates: y >= depth
 static_assert(kBlock % (4 * kLanes) == 0, "a block is whole steps of four vectors");
 
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 // One bit per lane of a comparison's result (all ones where true, zero where false).
 inline Mask bits(Vec m) {
 #if defined(CPU_CAPABILITY_AVX512)
   return Mask(_mm512_movepi32_mask(_mm512_castps_si512(m)));
-#elif defined(CPU_CAPABILITY_AVX2)
-  return Mask(_mm256_movemask_ps(m));
 #else
-  return ~Mask(m.zero_mask()) & kAll;  // a true lane's bits are a NaN, never equal to 0
+  return Mask(_mm256_movemask_ps(m));
 #endif
 }
+#endif
 
 // kLanes logits as float, all in the row.
 inline Vec load(const float* p) { return Vec::loadu(p); }
@@ -90,7 +90,11 @@ inline Vec bits_below_max(Vec x, float max, float scale) { return (x - Vec(max))
 // exactly 0: a masked (-inf) token must weigh nothing.
 inline Vec exp2_nonpositive(Vec y) {
   y = at::vec::clamp_min(y, Vec(-160.0f));
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
   const Vec n = y.round();
+#else  // round() is a libm call per lane without SSE4.1: adding and taking 1.5 * 2^23 rounds to nearest
+  const Vec n = (y + Vec(12582912.0f)) - Vec(12582912.0f);
+#endif
   const Vec f = y - n;
   Vec p = Vec(1.5403530393381606e-4f);  // ln2^6 / 6!
   p = at::vec::fmadd(p, f, Vec(1.3333558146428443e-3f));
@@ -109,9 +113,33 @@ inline float reduce_max(Vec v) {
 inline float reduce_add(Vec v) {
   return at::vec::vec_reduce_all<float>([](Vec a, Vec b) { return a + b; }, v);
 }
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 inline Mask is_nan(Vec v) { return bits(v.isnan()); }
 inline Mask is_equal(Vec v, float x) { return bits(v == Vec(x)); }
 inline Mask at_least(Vec v, float x) { return bits(v >= Vec(x)); }
+// w where y >= floor, else 0.
+inline Vec where_at_least(Vec y, float floor, Vec w) { return w & (y >= Vec(floor)); }
+#else
+// portable: ATen's generic comparisons build each lane's all-ones or zero with a memset, which the
+// compiler keeps lane by lane; a plain loop over the lanes' values is several times faster.
+template <typename P>
+inline Mask lanes_where(Vec v, P pred) {
+  float lanes[kLanes];
+  v.store(lanes);
+  Mask m = 0;
+  for (int i = 0; i < kLanes; ++i) m |= Mask(pred(lanes[i])) << i;
+  return m;
+}
+inline Mask is_nan(Vec v) { return lanes_where(v, [](float x) { return std::isnan(x); }); }
+inline Mask is_equal(Vec v, float y) { return lanes_where(v, [=](float x) { return x == y; }); }
+inline Mask at_least(Vec v, float y) { return lanes_where(v, [=](float x) { return x >= y; }); }
+inline Vec where_at_least(Vec y, float floor, Vec w) {
+  float ys[kLanes], ws[kLanes];
+  y.store(ys), w.store(ws);
+  for (int i = 0; i < kLanes; ++i) ws[i] = ys[i] >= floor ? ws[i] : 0.0f;
+  return Vec::loadu(ws);
+}
+#endif
 inline int first_lane(Mask m) { return __builtin_ctz(m); }
 inline int count(Mask m) { return __builtin_popcount(m); }
 
@@ -165,27 +193,27 @@ inline int compress(float* values, int32_t* ids, Mask m, Vec v, int32_t first) {
 template <typename T>
 float row_max(const T* x, int64_t n, int64_t& first_nan) {
   Vec best[4] = {Vec(-kInf), Vec(-kInf), Vec(-kInf), Vec(-kInf)};
-  Vec nan(0.0f);  // a lane's bits are all ones once it has seen a NaN
+  Mask nan = 0;
   int64_t i = 0;
   for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
     for (int j = 0; j < 4; ++j) {
       const Vec v = load(x + i + j * kLanes);
-      nan = nan | v.isnan();
+      nan |= is_nan(v);
       best[j] = at::vec::clamp_min(best[j], v);
     }
   }
   for (; i + kLanes <= n; i += kLanes) {
     const Vec v = load(x + i);
-    nan = nan | v.isnan();
+    nan |= is_nan(v);
     best[0] = at::vec::clamp_min(best[0], v);
   }
   if (i < n) {
     const Vec v = load_tail(x + i, n - i);
-    nan = nan | v.isnan();
+    nan |= is_nan(v);
     best[0] = at::vec::clamp_min(best[0], v);
   }
   first_nan = -1;
-  if (bits(nan)) {
+  if (nan) {
     for (i = 0; i < n; ++i) {
       if (std::isnan(float(x[i]))) {
         first_nan = i;
@@ -275,15 +303,16 @@ int64_t collect(const T* x, int64_t n, Row row, float depth, float* values, int3
   // Four vectors a step: candidates are rare, so one branch on the four masks is almost always not
   // taken, where a branch per vector mispredicts and a compress to memory per vector is slow.
   for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
-    Vec y[4], in[4];
+    Vec y[4];
+    Mask in[4];
     for (int j = 0; j < 4; ++j) {
       y[j] = bits_below_max(load(x + i + j * kLanes), row.max, row.scale);
-      in[j] = y[j] >= Vec(depth);
+      in[j] = at_least(y[j], depth);
       if (total) sum = sum + exp2_nonpositive(y[j]);
     }
-    if (bits((in[0] | in[1]) | (in[2] | in[3]))) {
+    if (in[0] | in[1] | in[2] | in[3]) {
       for (int j = 0; j < 4; ++j)
-        if (const Mask m = bits(in[j])) found += compress(values + found, ids + found, m, y[j], int32_t(i + j * kLanes));
+        if (in[j]) found += compress(values + found, ids + found, in[j], y[j], int32_t(i + j * kLanes));
     }
     if (total && (i + 4 * kLanes) % kBlock == 0) *total += reduce_add(sum), sum = Vec(0.0f);
   }
@@ -388,11 +417,11 @@ int64_t draw_candidates(const float* y, const int32_t* ids, int64_t n, float flo
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     const Vec v = Vec::loadu(y + i);
-    (exp2_nonpositive(v) & (v >= Vec(floor))).store(w + i);
+    where_at_least(v, floor, exp2_nonpositive(v)).store(w + i);
   }
   if (i < n) {
     const Vec v = load_tail(y + i, n - i);
-    (exp2_nonpositive(v) & (v >= Vec(floor))).store(w + i, n - i);
+    where_at_least(v, floor, exp2_nonpositive(v)).store(w + i, n - i);
   }
   double total = 0;
   for (i = 0; i < n; ++i) total += w[i];
