@@ -46,7 +46,7 @@
 //   top-p 0.9      153 / 141     8.5 / 3.6   24.3 / 20.4   33.3 / 33.0
 //   min-p 0.05    55.5 / 114     2.2 / 2.5    9.6 / 10.4    9.0 / 15.0
 // and B = 1 (float32): torch 0.13-2.9, avx2 0.09-0.33, portable 0.17-0.41, before 0.13-0.53. The
-// machine was loaded (load average ~4.6): repeat runs moved single cells by up to 2x, never avx2
+// machine was loaded (load average ~4.6): repeat runs moved single cells by up to 2.3x, never avx2
 // from first place.
 
 #include <ATen/Parallel.h>
