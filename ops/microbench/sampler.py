@@ -2,7 +2,12 @@
 and sampler backend.
 
     python -m pagedserve.ops.microbench.sampler [--batches 1 8 32 64] [--dtypes float32 bfloat16]
-        [--backends torch cpp] [--threads 2] [--repeats 15] [--out bench/results/sampler.json]
+        [--backends torch cpp] [--isas avx2 portable] [--baseline old_sampling.cpp]
+        [--threads 2] [--repeats 15] [--out bench/results/sampler.json]
+
+`--isas` measures the C++ op on each named ISA path (columns cpp_avx2, cpp_portable...) instead of
+the best one alone; `--baseline` adds the op built from another sampling.cpp (say an older revision,
+`git show REV:kernels/cpu/sampling.cpp > old.cpp`) on the first of those paths (columns base_<isa>).
 
 Every setting but greedy runs at the bench workload's temperature, 0.6. Logits are N(0, 3^2):
 flatter than a real model's, so top-p nuclei are wide (a few hundred tokens) and the truncation
@@ -19,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pagedserve.kernels.cpu.build import HERE, Extension, load_extension
+from pagedserve.kernels.cpu.isa import ISAS
 from pagedserve.ops.microbench.ab_report import measured, write_report
 from pagedserve.services.worker.sampler import Sampler, SamplingRequest
 from pagedserve.shared.protocol.frontend import SamplingParams
@@ -44,12 +51,37 @@ def _requests(setting: dict[str, Any], batch: int) -> list[SamplingRequest]:
     return [SamplingRequest(fields, list(range(64)), list(range(100, 164))) for _ in range(batch)]
 
 
-def _sampler(backend: str) -> Sampler:
-    return Sampler(VOCAB, eos_token_ids=[2], backend=backend)
+def _samplers(args: argparse.Namespace) -> dict[str, Sampler]:
+    """Column name -> sampler: torch, cpp (the best path) or cpp_<isa> per --isas, base_<isa>."""
+    samplers = {}
+    for backend in args.backends:
+        if backend == "cpp" and args.isas:
+            for isa in args.isas:
+                samplers[f"cpp_{isa}"] = Sampler(VOCAB, eos_token_ids=[2], backend="cpp", isa=isa)
+        else:
+            samplers[backend] = Sampler(VOCAB, eos_token_ids=[2], backend=backend)
+    if args.baseline:
+        isa = args.isas[0] if args.isas else next((s.isa for s in samplers.values() if s.isa), "portable")
+        # Its own extension name, so its op loads beside this tree's; library.h from this tree.
+        extension = Extension("sampling_baseline", (args.baseline.resolve(),), (f"-I{HERE}",))
+        baseline = Sampler(VOCAB, eos_token_ids=[2], backend="cpp", isa=isa)
+        baseline._sample_rows = load_extension(extension, isa).sample_rows.default
+        samplers[f"base_{isa}"] = baseline
+    return samplers
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
-    samplers = {backend: _sampler(backend) for backend in args.backends}
+    samplers = _samplers(args)
     rows = []
     for dtype_name in args.dtypes:
         for batch in args.batches:
@@ -88,6 +120,8 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     ap.add_argument("--backends", nargs="+", default=["torch", "cpp"], choices=["torch", "cpp"])
+    ap.add_argument("--isas", nargs="+", default=[], choices=list(ISAS), help="C++ paths to measure")
+    ap.add_argument("--baseline", type=Path, help="another sampling.cpp to measure beside this one")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (the bench's default is 2)")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--logit-std", type=float, default=3.0)
@@ -101,6 +135,9 @@ def main() -> None:
         logit_std=args.logit_std,
         threads=args.threads,
         repeats=args.repeats,
+        cpu=_cpu_model(),
+        isas=args.isas,
+        baseline=str(args.baseline) if args.baseline else None,
     )
     write_report(args.out, report)
     print(f"wrote {args.out}")

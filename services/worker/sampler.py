@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pagedserve.kernels.cpu.build import SAMPLING, KernelBuildError
-from pagedserve.kernels.cpu.dispatch import load_ops, note_torch_path
+from pagedserve.kernels.cpu.build import SAMPLING, KernelBuildError, load_extension
+from pagedserve.kernels.cpu.dispatch import kernel_paths, load_ops, note_torch_path
+from pagedserve.kernels.cpu.isa import check_isa
 from pagedserve.services.worker.penalties import apply_penalties, mask_tokens
 from pagedserve.services.worker.sampling_batch import SamplingBatch, build_sampling_batch, column
 from pagedserve.services.worker.truncation import min_p_floor, top_k_top_p_floor
@@ -47,16 +48,22 @@ def row_seed(seed: int, position: int) -> int:
     return (seed * 1_000_003 + position) & _SEED_MASK
 
 
-def resolve_backend(name: str) -> str:
+def _sampling_ops(isa: str | None):
+    """The op's torch.ops namespace: the best ISA path that builds (or the one PAGEDSERVE_CPU_ISA
+    forces), or exactly `isa`. Built once per machine and cached; loaded in milliseconds after that."""
+    return load_ops(SAMPLING) if isa is None else load_extension(SAMPLING, check_isa(isa))
+
+
+def resolve_backend(name: str, isa: str | None = None) -> str:
     """`auto` -> `cpp` if the C++ op builds here (else `torch`; the loader logs why), `cpp` raises
-    KernelBuildError if it cannot be built."""
+    KernelBuildError if it cannot be built. `isa` asks for one ISA path of the op (tests)."""
     if name not in ("auto", "cpp", "torch"):
         raise ValueError(f"sampler backend must be one of auto, cpp, torch; got {name!r}")
     if name == "torch":
         note_torch_path(SAMPLING)
         return name
     try:
-        load_ops(SAMPLING)  # built once per machine and cached; loaded in milliseconds after that
+        _sampling_ops(isa)
     except KernelBuildError:
         if name == "cpp":
             raise
@@ -65,11 +72,16 @@ def resolve_backend(name: str) -> str:
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, eos_token_ids: Sequence[int], backend: str = "auto") -> None:
+    def __init__(
+        self, vocab_size: int, eos_token_ids: Sequence[int], backend: str = "auto", isa: str | None = None
+    ) -> None:
+        """`isa` (avx512, avx2, portable): run that path of the C++ op rather than the best one."""
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
-        self.backend = resolve_backend(backend)
-        self._sample_rows = load_ops(SAMPLING).sample_rows.default if self.backend == "cpp" else None
+        self.backend = resolve_backend(backend, isa)
+        self._sample_rows = _sampling_ops(isa).sample_rows.default if self.backend == "cpp" else None
+        # The ISA path the op runs (None on the torch backend).
+        self.isa = (isa or kernel_paths()[SAMPLING.name]) if self.backend == "cpp" else None
         self._shared_generator = torch.Generator()  # unseeded rows promise nothing: seeded from the OS
         self._shared_generator.seed()
 
