@@ -15,20 +15,33 @@
 // rounds twice. float32 and bfloat16, any row length (masked tails).
 //
 // A separate library from paged_attention.cpp's `pagedserve`, so the two build and load apart.
+//
+// One source, three ISA paths (kernels/cpu/isa.py builds it once per path): every op is written
+// over ATen's at::vec::Vectorized<float>, whose width and instructions follow CPU_CAPABILITY_*:
+//   avx512:   16 float32 lanes, masked loads and stores for a row's tail, exp = Sleef_expf16_u10;
+//             bfloat16 in and out by 16-bit masked loads and stores, and the rounding in one
+//             instruction where the CPU has AVX512-BF16 (it flushes float32 denormals,
+//             < 1.2e-38, to zero: no activation or weight of these models is one).
+//   avx2:     8 lanes (AVX2 masked loads/stores for tails), exp = Sleef_expf8_u10, bfloat16 by
+//             torch's own AVX2 conversions (at::vec::cvtbf16_fp32 / cvtfp32_bf16).
+//   portable: whatever Vectorized's generic form is on the compiler's baseline (x86-64 SSE2:
+//             8 lanes over plain arrays, which g++ vectorizes; ARM64: NEON), exp = libm's expf
+//             lane by lane, bfloat16 by c10::BFloat16's scalar rounding.
+// Every path rounds to bfloat16 to nearest even and keeps NaN a NaN (its bits: 0x7FC0 as c10's
+// scalar rounding, but 0xFFFF on avx2, torch's vector rounding; the AVX512-BF16 instruction's
+// quiet NaN with it).
+//
+// Measured on an AMD EPYC 7B13 (Zen 3: AVX2, no AVX-512), 2 cores, SmolLM2-135M's shapes, per
+// layer (ops/microbench/layer_ops_ab.py --isa avx2 portable): see MEASURED below.
 #include <ATen/Parallel.h>
-#include <immintrin.h>
+#include <ATen/cpu/vec/vec.h>
 #include "library.h"
 #include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-
-#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__)
-#error "layer_ops.cpp needs AVX-512 (F, BW, VL); without it the model runs the torch ops"
-#endif
-
-extern "C" __m512 Sleef_expf16_u10(__m512);  // what torch's Vectorized<float>::exp calls on AVX-512
+#include <cstring>
 
 // float32 and bfloat16 only (AT_DISPATCH_FLOATING_TYPES would also instantiate double).
 #define DISPATCH_FLOAT_AND_BF16(TYPE, NAME, ...) \
@@ -36,21 +49,44 @@ extern "C" __m512 Sleef_expf16_u10(__m512);  // what torch's Vectorized<float>::
 
 namespace {
 
-constexpr int64_t kLanes = 16;
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kLanes = Vec::size();
 // Below this many elements per thread a second thread costs more (fork/join) than it saves.
 constexpr int64_t kElementsPerThread = 32768;
 
+// f(d, n) over [0, size) in whole vectors (n == kLanes, a constant the loads fold on) and at
+// most one tail (0 < n < kLanes: masked, the lanes past n load 0 and store nothing).
+template <typename F>
+inline void for_each_chunk(int64_t size, F f) {
+  int64_t d = 0;
+  for (; d + kLanes <= size; d += kLanes) f(d, kLanes);
+  if (d < size) f(d, size - d);
+}
+
+inline Vec load(const float* p, int64_t n) { return n >= kLanes ? Vec::loadu(p) : Vec::loadu(p, n); }
+inline void store(float* p, const Vec& v, int64_t n) {
+  if (n >= kLanes)
+    v.store(p);
+  else
+    v.store(p, static_cast<int>(n));
+}
+// v rounded to T's precision and widened back: the value torch's op would have stored and re-read.
+inline Vec rounded(float*, const Vec& v) { return v; }
+
+#if defined(CPU_CAPABILITY_AVX512)
+
 inline __mmask16 tail_mask(int64_t n) { return n >= kLanes ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1); }
 
-inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load(const c10::BFloat16* p, __mmask16 m) {
-  const __m256i bits = _mm256_maskz_loadu_epi16(m, p);  // bf16 is the top half of a float32
+inline __m512 widen(__m256i bits) {  // bf16 is the top half of a float32
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline Vec load(const c10::BFloat16* p, int64_t n) {
+  return widen(n >= kLanes ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                           : _mm256_maskz_loadu_epi16(tail_mask(n), p));
 }
 
 // float32 -> bfloat16 bits, round to nearest even (c10::BFloat16's rounding; NaN stays NaN). One
-// instruction where the CPU has AVX512-BF16 (it flushes float32 denormals, < 1.2e-38, to zero:
-// no activation or weight of these models is one); else the integer rounding c10 does.
+// instruction where the CPU has AVX512-BF16; else the integer rounding c10 does.
 inline __m256i to_bf16_bits(__m512 v) {
 #if defined(__AVX512BF16__)
   return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
@@ -64,78 +100,140 @@ inline __m256i to_bf16_bits(__m512 v) {
 #endif
 }
 
-inline void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
-inline void store(c10::BFloat16* p, __m512 v, __mmask16 m) { _mm256_mask_storeu_epi16(p, m, to_bf16_bits(v)); }
-
-// v rounded to T's precision and widened back: the value torch's op would have stored and re-read.
-inline __m512 rounded(float*, __m512 v) { return v; }
-inline __m512 rounded(c10::BFloat16*, __m512 v) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16_bits(v)), 16));
+inline void store(c10::BFloat16* p, const Vec& v, int64_t n) {
+  const __m256i bits = to_bf16_bits(v);
+  if (n >= kLanes)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
+  else
+    _mm256_mask_storeu_epi16(p, tail_mask(n), bits);
 }
+inline Vec rounded(c10::BFloat16*, const Vec& v) { return widen(to_bf16_bits(v)); }
+
+// The 16 lanes' sum, as _mm512_reduce_add_ps adds them (halves, then halves again).
+inline float sum_lanes(const Vec& v) { return _mm512_reduce_add_ps(v); }
+
+#elif defined(CPU_CAPABILITY_AVX2)
+
+inline Vec load(const c10::BFloat16* p, int64_t n) {
+  __m128i bits;
+  if (n >= kLanes) {
+    bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  } else {  // no 16-bit masked load in AVX2: the tail through a zeroed buffer
+    alignas(16) uint16_t buffer[kLanes] = {};
+    std::memcpy(buffer, p, n * sizeof(uint16_t));
+    bits = _mm_load_si128(reinterpret_cast<const __m128i*>(buffer));
+  }
+  __m256 out;
+  at::vec::cvtbf16_fp32(bits, out);
+  return out;
+}
+inline void store(c10::BFloat16* p, const Vec& v, int64_t n) {
+  const __m128i bits = at::vec::cvtfp32_bf16(__m256(v));  // round to nearest even, NaN -> 0xFFFF
+  if (n >= kLanes) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bits);
+  } else {
+    alignas(16) uint16_t buffer[kLanes];
+    _mm_store_si128(reinterpret_cast<__m128i*>(buffer), bits);
+    std::memcpy(p, buffer, n * sizeof(uint16_t));
+  }
+}
+inline Vec rounded(c10::BFloat16*, const Vec& v) {
+  __m256 out;
+  at::vec::cvtbf16_fp32(at::vec::cvtfp32_bf16(__m256(v)), out);
+  return out;
+}
+
+#endif
+
+#if !defined(CPU_CAPABILITY_AVX512) && !defined(CPU_CAPABILITY_AVX2)
+
+// The portable path: c10::BFloat16's own conversions, lane by lane through a buffer.
+inline Vec load(const c10::BFloat16* p, int64_t n) {
+  alignas(64) float buffer[kLanes] = {};
+  for (int64_t i = 0; i < std::min(n, kLanes); ++i) buffer[i] = static_cast<float>(p[i]);
+  return Vec::loadu(buffer);
+}
+inline void store(c10::BFloat16* p, const Vec& v, int64_t n) {
+  alignas(64) float buffer[kLanes];
+  v.store(buffer);
+  for (int64_t i = 0; i < std::min(n, kLanes); ++i) p[i] = c10::BFloat16(buffer[i]);
+}
+inline Vec rounded(c10::BFloat16*, const Vec& v) {
+  alignas(64) float buffer[kLanes];
+  v.store(buffer);
+  for (int64_t i = 0; i < kLanes; ++i) buffer[i] = static_cast<float>(c10::BFloat16(buffer[i]));
+  return Vec::loadu(buffer);
+}
+
+#endif
+
+#if !defined(CPU_CAPABILITY_AVX512)
+// The lanes' sum, in lane order.
+inline float sum_lanes(const Vec& v) {
+  alignas(64) float lanes[kLanes];
+  v.store(lanes);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < kLanes; ++i) sum += lanes[i];
+  return sum;
+}
+#endif
+
 template <typename T>
-inline __m512 rounded(__m512 v) {
+inline Vec rounded(const Vec& v) {
   return rounded(static_cast<T*>(nullptr), v);
 }
 
 // mean(x^2) + eps, then 1 / sqrt, as `xf.pow(2).mean(-1) + eps` and `torch.rsqrt` compute it. The
-// sum of squares adds in another order than torch's sum kernel (16 lanes, then across them), so
-// float32 norms may differ from torch's in the last bit or two; everything after it rounds alike.
+// sum of squares adds in another order than torch's sum kernel (one accumulator per lane, then
+// across the lanes), so float32 norms may differ from torch's in the last bit or two; everything
+// after it rounds alike.
 template <typename T>
 float inverse_rms(const T* x, int64_t D, float eps) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t d = 0; d < D; d += kLanes) {
-    const __m512 v = load(x + d, tail_mask(D - d));  // masked-off lanes load 0 and add nothing
-    acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
-  }
-  const float sum = _mm512_reduce_add_ps(acc);
-  return 1.0f / std::sqrt(sum / static_cast<float>(D) + eps);
+  Vec acc(0.0f);
+  for_each_chunk(D, [&](int64_t d, int64_t n) {
+    const Vec v = load(x + d, n);  // masked-off lanes load 0 and add nothing
+    acc = acc + v * v;
+  });
+  return 1.0f / std::sqrt(sum_lanes(acc) / static_cast<float>(D) + eps);
 }
 
 // out = weight * (x * inv_rms rounded to T), rounded to T.
 template <typename T>
 void scale_row(const T* x, const T* weight, T* out, int64_t D, float inv_rms) {
-  const __m512 r = _mm512_set1_ps(inv_rms);
-  for (int64_t d = 0; d < D; d += kLanes) {
-    const __mmask16 m = tail_mask(D - d);
-    const __m512 normed = rounded<T>(_mm512_mul_ps(load(x + d, m), r));
-    store(out + d, _mm512_mul_ps(load(weight + d, m), normed), m);
-  }
+  const Vec r(inv_rms);
+  for_each_chunk(D, [&](int64_t d, int64_t n) {
+    const Vec normed = rounded<T>(load(x + d, n) * r);
+    store(out + d, load(weight + d, n) * normed, n);
+  });
 }
 
 // residual = x + residual rounded to T (the sum that continues down the residual stream).
 template <typename T>
 void add_into(const T* x, T* residual, int64_t D) {
-  for (int64_t d = 0; d < D; d += kLanes) {
-    const __mmask16 m = tail_mask(D - d);
-    store(residual + d, _mm512_add_ps(load(x + d, m), load(residual + d, m)), m);
-  }
+  for_each_chunk(D, [&](int64_t d, int64_t n) { store(residual + d, load(x + d, n) + load(residual + d, n), n); });
 }
 
 template <typename T>
 void silu_mul_row(const T* gate, const T* up, T* out, int64_t I) {
-  const __m512 one = _mm512_set1_ps(1.0f);
-  const __m512 sign = _mm512_set1_ps(-0.0f);
-  for (int64_t d = 0; d < I; d += kLanes) {
-    const __mmask16 m = tail_mask(I - d);
-    const __m512 g = load(gate + d, m);
-    const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(g, sign));  // exp(-g)
-    const __m512 silu = rounded<T>(_mm512_div_ps(g, _mm512_add_ps(one, e)));
-    store(out + d, _mm512_mul_ps(silu, load(up + d, m)), m);
-  }
+  const Vec one(1.0f);
+  for_each_chunk(I, [&](int64_t d, int64_t n) {
+    const Vec g = load(gate + d, n);
+    const Vec silu = rounded<T>(g / (one + g.neg().exp()));  // exp(-g): Sleef on avx2/avx512
+    store(out + d, silu * load(up + d, n), n);
+  });
 }
 
 // One head's "rotate half": (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), every product and
 // sum rounded to T as apply_rotary_'s separate ops round them.
 template <typename T>
 void rotate_head(T* x, const T* cos, const T* sin, int64_t half) {
-  for (int64_t d = 0; d < half; d += kLanes) {
-    const __mmask16 m = tail_mask(half - d);
-    const __m512 x1 = load(x + d, m), x2 = load(x + half + d, m);
-    const __m512 c = load(cos + d, m), s = load(sin + d, m);
-    const __m512 x2_sin = rounded<T>(_mm512_mul_ps(x2, s)), x1_sin = rounded<T>(_mm512_mul_ps(x1, s));
-    store(x + d, _mm512_sub_ps(rounded<T>(_mm512_mul_ps(x1, c)), x2_sin), m);
-    store(x + half + d, _mm512_add_ps(rounded<T>(_mm512_mul_ps(x2, c)), x1_sin), m);
-  }
+  for_each_chunk(half, [&](int64_t d, int64_t n) {
+    const Vec x1 = load(x + d, n), x2 = load(x + half + d, n);
+    const Vec c = load(cos + d, n), s = load(sin + d, n);
+    const Vec x2_sin = rounded<T>(x2 * s), x1_sin = rounded<T>(x1 * s);
+    store(x + d, rounded<T>(x1 * c) - x2_sin, n);
+    store(x + half + d, rounded<T>(x2 * c) + x1_sin, n);
+  });
 }
 
 // Rows of x [..., D] (last dimension contiguous, any outer strides) in parallel where there are
