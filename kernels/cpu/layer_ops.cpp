@@ -9,30 +9,47 @@
 // Each op does what Hugging Face's modules and our torch forms do op by op, with the same roundings:
 // the norm in float32 whatever the dtype (sum of squares, / D, + eps, 1 / sqrt), rounded to the
 // model dtype, then times the weight in the model dtype; the residual sum rounded to the model
-// dtype; SiLU rounded before the multiply, with torch's own vector exp (Sleef, exported by
-// libtorch_cpu); each of the rotation's products and sums rounded, as rope.apply_rotary_'s six ops
-// round them. Built with -ffp-contract=off: a fused multiply-add would round once where torch
-// rounds twice. float32 and bfloat16, any row length (masked tails).
+// dtype; SiLU rounded before the multiply; each of the rotation's products and sums rounded, as
+// rope.apply_rotary_'s six ops round them. Built with -ffp-contract=off: a fused multiply-add would
+// round once where torch rounds twice. float32 and bfloat16, any row length (masked tails).
+// Rounding to bfloat16 is to nearest even, and a NaN stays a NaN (its bits differ by path, below).
 //
 // A separate library from paged_attention.cpp's `pagedserve`, so the two build and load apart.
 //
-// One source, three ISA paths (kernels/cpu/isa.py builds it once per path): every op is written
-// over ATen's at::vec::Vectorized<float>, whose width and instructions follow CPU_CAPABILITY_*:
-//   avx512:   16 float32 lanes, masked loads and stores for a row's tail, exp = Sleef_expf16_u10;
-//             bfloat16 in and out by 16-bit masked loads and stores, and the rounding in one
-//             instruction where the CPU has AVX512-BF16 (it flushes float32 denormals,
-//             < 1.2e-38, to zero: no activation or weight of these models is one).
-//   avx2:     8 lanes (AVX2 masked loads/stores for tails), exp = Sleef_expf8_u10, bfloat16 by
-//             torch's own AVX2 conversions (at::vec::cvtbf16_fp32 / cvtfp32_bf16).
-//   portable: whatever Vectorized's generic form is on the compiler's baseline (x86-64 SSE2:
-//             8 lanes over plain arrays, which g++ vectorizes; ARM64: NEON), exp = libm's expf
-//             lane by lane, bfloat16 by c10::BFloat16's scalar rounding.
-// Every path rounds to bfloat16 to nearest even and keeps NaN a NaN (its bits: 0x7FC0 as c10's
-// scalar rounding, but 0xFFFF on avx2, torch's vector rounding; the AVX512-BF16 instruction's
-// quiet NaN with it).
+// One source, three ISA paths (kernels/cpu/isa.py builds it once per path, each its own torch.ops
+// namespace): the ops are written over ATen's at::vec::Vectorized<float>, whose width and
+// instructions follow the CPU_CAPABILITY_* macro the path is built with.
+//   avx512   16 float32 lanes; a row's tail by masked loads and stores; exp is Sleef_expf16_u10
+//            (torch's own, exported by libtorch_cpu). bfloat16 in and out by 16-bit masked loads
+//            and stores, rounded by c10's integer rounding (NaN -> 0x7FC0), or, where the CPU has
+//            AVX512-BF16, by its one instruction (which flushes float32 denormals, < 1.2e-38, to
+//            zero: no activation or weight of these models is one). The same instructions as the
+//            AVX-512-only intrinsics this file was before, tails now after the whole vectors.
+//   avx2     8 lanes; tails by AVX2's 32-bit masked loads and stores (bfloat16 tails through a
+//            buffer); exp is Sleef_expf8_u10; bfloat16 by torch's AVX2 conversions
+//            (at::vec::cvtbf16_fp32 / cvtfp32_bf16: round to nearest even, NaN -> 0xFFFF).
+//   portable no ISA flag: Vectorized's generic form (x86-64: 8 lanes over arrays, which g++
+//            vectorizes with SSE2 where it can; ARM64: torch's NEON Vectorized); exp is libm's
+//            expf lane by lane (not Sleef: float32 SiLU may differ from torch's by an ulp);
+//            bfloat16 by c10::BFloat16's scalar rounding (NaN -> 0x7FC0).
+// The sum of squares adds one accumulator per lane, then the lanes (_mm512_reduce_add_ps on
+// avx512, in lane order elsewhere): the only order that differs from torch's.
 //
-// Measured on an AMD EPYC 7B13 (Zen 3: AVX2, no AVX-512), 2 cores, SmolLM2-135M's shapes, per
-// layer (ops/microbench/layer_ops_ab.py --isa avx2 portable): see MEASURED below.
+// Measured on an AMD EPYC (Zen 3, family 25 model 1: AVX2 + FMA + F16C, no AVX-512), one thread,
+// other builds sharing its 2 cores (so minimum of 150 interleaved repeats), SmolLM2-135M's shapes,
+// microseconds per layer, `ops/microbench/layer_ops_ab.py --threads 1` (torch | avx2 | portable):
+//   float32   T=1    rotary 13.3 | 2.5 | 2.3    2x add+norm  52.2 | 7.0 | 5.6     SiLU-mul  8.2 | 4.5 | 8.6
+//             T=4           15.1 | 2.9 | 3.7                 58.1 | 8.8 | 9.1              15.1 | 9.7 | 28.2
+//             T=64          47.2 | 12.1 | 31.6              111.2 | 35.0 | 75.5          143.7 | 108 | 408
+//             T=512        316.5 | 74.6 | 232               838.1 | 229 | 578            1855 | 1240 | 3631
+//   bfloat16  T=1    rotary 14.4 | 3.1 | 4.0    2x add+norm  59.8 | 8.1 | 7.1     SiLU-mul  8.9 | 6.0 | 11.0
+//             T=4           17.4 | 5.1 | 10.2                66.9 | 11.8 | 14.9            16.7 | 15.0 | 36.2
+//             T=64          73.6 | 43.8 | 131               164.1 | 81.2 | 168           165.4 | 191 | 541
+//             T=512        631.1 | 351 | 1053              1124 | 600 | 1328             1760 | 1632 | 4878
+// avx2 beats the torch forms everywhere but bfloat16 SiLU-and-mul from T=64 (even; its three
+// roundings cost as much as the fusion saves); portable wins at small T on the norms and the
+// rotation, and loses on SiLU (libm's expf per lane against torch's AVX2 Sleef: torch picks its own
+// AVX2 kernels at run time, portable is for CPUs without AVX2, where torch's are scalar too).
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include "library.h"
