@@ -38,20 +38,23 @@
 // avx512, in lane order elsewhere): the only order that differs from torch's.
 //
 // Measured on an AMD EPYC (Zen 3, family 25 model 1: AVX2 + FMA + F16C, no AVX-512), one thread,
-// other builds sharing its 2 cores (so minimum of 150 interleaved repeats), SmolLM2-135M's shapes,
-// microseconds per layer, `ops/microbench/layer_ops_ab.py --threads 1` (torch | avx2 | portable):
-//   float32   T=1    rotary 13.3 | 2.5 | 2.3    2x add+norm  52.2 | 7.0 | 5.6     SiLU-mul  8.2 | 4.5 | 8.6
-//             T=4           15.1 | 2.9 | 3.7                 58.1 | 8.8 | 9.1              15.1 | 9.7 | 28.2
-//             T=64          47.2 | 12.1 | 31.6              111.2 | 35.0 | 75.5          143.7 | 108 | 408
-//             T=512        316.5 | 74.6 | 232               838.1 | 229 | 578            1855 | 1240 | 3631
-//   bfloat16  T=1    rotary 14.4 | 3.1 | 4.0    2x add+norm  59.8 | 8.1 | 7.1     SiLU-mul  8.9 | 6.0 | 11.0
-//             T=4           17.4 | 5.1 | 10.2                66.9 | 11.8 | 14.9            16.7 | 15.0 | 36.2
-//             T=64          73.6 | 43.8 | 131               164.1 | 81.2 | 168           165.4 | 191 | 541
-//             T=512        631.1 | 351 | 1053              1124 | 600 | 1328             1760 | 1632 | 4878
-// avx2 beats the torch forms everywhere but bfloat16 SiLU-and-mul from T=64 (even; its three
-// roundings cost as much as the fusion saves); portable wins at small T on the norms and the
-// rotation, and loses on SiLU (libm's expf per lane against torch's AVX2 Sleef: torch picks its own
-// AVX2 kernels at run time, portable is for CPUs without AVX2, where torch's are scalar too).
+// other builds sharing its 2 cores (load average 4-5, so the minimum of 150 interleaved repeats),
+// SmolLM2-135M's shapes, microseconds per layer, torch forms | avx2 | portable
+// (`ops/microbench/layer_ops_ab.py --threads 1 --repeats 150 --tokens 1 4 64 512`):
+//   float32   T=1    rotary 23.2 | 4.2 | 3.8   2x add+norm 101 | 13.0 | 10.2   SiLU-mul 13.5 | 7.0 | 13.5
+//             T=4    rotary 26.9 | 5.2 | 5.7   2x add+norm 94.6 | 12.2 | 10.1   SiLU-mul 27.5 | 15.9 | 42.1
+//             T=64   rotary 81.3 | 20.2 | 40.9   2x add+norm 224 | 51.1 | 118   SiLU-mul 202 | 143 | 636
+//             T=512  rotary 413 | 109 | 308   2x add+norm 1086 | 295 | 903   SiLU-mul 2274 | 1407 | 3998
+//   bfloat16  T=1    rotary 24.4 | 4.2 | 5.9   2x add+norm 118 | 14.3 | 12.7   SiLU-mul 14.5 | 7.7 | 16.9
+//             T=4    rotary 31.2 | 6.6 | 16.5   2x add+norm 133 | 18.7 | 25.2   SiLU-mul 23.9 | 16.5 | 50.8
+//             T=64   rotary 128 | 45.0 | 178   2x add+norm 281 | 89.8 | 260   SiLU-mul 230 | 203 | 667
+//             T=512  rotary 512 | 229 | 1056   2x add+norm 1146 | 488 | 1327   SiLU-mul 1800 | 1615 | 6556
+// avx2 beats the torch forms everywhere (bfloat16 SiLU-and-mul least: 1.1-1.2x from T=64, its
+// three roundings cost nearly what the fusion saves); portable wins on the norms and the rotation
+// at small T and loses on SiLU (libm's expf per lane against torch's AVX2 Sleef: torch picks its
+// own AVX2 kernels at run time; portable is for CPUs without AVX2, where torch's kernels take the
+// generic Vectorized, libm's expf included, too). With 2 threads on these busy cores, an op whose
+// rows fill two threads' grain (kElementsPerThread) waited ~16 ms for the second thread most calls.
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include "library.h"
