@@ -9,26 +9,61 @@
 // Each op does what Hugging Face's modules and our torch forms do op by op, with the same roundings:
 // the norm in float32 whatever the dtype (sum of squares, / D, + eps, 1 / sqrt), rounded to the
 // model dtype, then times the weight in the model dtype; the residual sum rounded to the model
-// dtype; SiLU rounded before the multiply, with torch's own vector exp (Sleef, exported by
-// libtorch_cpu); each of the rotation's products and sums rounded, as rope.apply_rotary_'s six ops
-// round them. Built with -ffp-contract=off: a fused multiply-add would round once where torch
-// rounds twice. float32 and bfloat16, any row length (masked tails).
+// dtype; SiLU rounded before the multiply; each of the rotation's products and sums rounded, as
+// rope.apply_rotary_'s six ops round them. Built with -ffp-contract=off: a fused multiply-add would
+// round once where torch rounds twice. float32 and bfloat16, any row length (masked tails).
+// Rounding to bfloat16 is to nearest even, and a NaN stays a NaN (its bits differ by path, below).
 //
 // A separate library from paged_attention.cpp's `pagedserve`, so the two build and load apart.
+//
+// One source, three ISA paths (kernels/cpu/isa.py builds it once per path, each its own torch.ops
+// namespace): the ops are written over ATen's at::vec::Vectorized<float>, whose width and
+// instructions follow the CPU_CAPABILITY_* macro the path is built with.
+//   avx512   16 float32 lanes; a row's tail by masked loads and stores; exp is Sleef_expf16_u10
+//            (torch's own, exported by libtorch_cpu). bfloat16 in and out by 16-bit masked loads
+//            and stores, rounded by c10's integer rounding (NaN -> 0x7FC0), or, where the CPU has
+//            AVX512-BF16, by its one instruction (which flushes float32 denormals, < 1.2e-38, to
+//            zero: no activation or weight of these models is one). The same instructions as the
+//            AVX-512-only intrinsics this file was before, tails now after the whole vectors.
+//   avx2     8 lanes; tails by AVX2's 32-bit masked loads and stores (bfloat16 tails through a
+//            buffer); exp is Sleef_expf8_u10; bfloat16 loads and stores by torch's AVX2
+//            conversions (at::vec::cvtbf16_fp32 / cvtfp32_bf16: round to nearest even, NaN ->
+//            0xFFFF), and a value rounded and re-read (`rounded`) by the same rounding done in the
+//            float32 bits, without the pack to 16 bits and back: 12-30% faster, the same bits.
+//   portable no ISA flag: Vectorized's generic form (x86-64: 8 lanes over arrays, which g++
+//            vectorizes with SSE2 where it can; ARM64: torch's NEON Vectorized); exp is libm's
+//            expf lane by lane (not Sleef: float32 SiLU may differ from torch's by an ulp);
+//            bfloat16 by c10::BFloat16's scalar rounding (NaN -> 0x7FC0).
+// The sum of squares adds one accumulator per lane, then the lanes (_mm512_reduce_add_ps on
+// avx512, in lane order elsewhere): the only order that differs from torch's.
+//
+// Measured on an AMD EPYC (Zen 3, family 25 model 1: AVX2 + FMA + F16C, no AVX-512), one thread,
+// other builds sharing its 2 cores (load average 4-5, so the minimum of 150 interleaved repeats),
+// SmolLM2-135M's shapes, microseconds per layer, torch forms | avx2 | portable
+// (`ops/microbench/layer_ops_ab.py --threads 1 --repeats 150 --tokens 1 4 64 512`):
+//   float32   T=1    rotary 23.2 | 4.2 | 3.8   2x add+norm 101 | 13.0 | 10.2   SiLU-mul 13.5 | 7.0 | 13.5
+//             T=4    rotary 26.9 | 5.2 | 5.7   2x add+norm 94.6 | 12.2 | 10.1   SiLU-mul 27.5 | 15.9 | 42.1
+//             T=64   rotary 81.3 | 20.2 | 40.9   2x add+norm 224 | 51.1 | 118   SiLU-mul 202 | 143 | 636
+//             T=512  rotary 413 | 109 | 308   2x add+norm 1086 | 295 | 903   SiLU-mul 2274 | 1407 | 3998
+//   bfloat16  T=1    rotary 24.4 | 4.2 | 5.9   2x add+norm 118 | 14.3 | 12.7   SiLU-mul 14.5 | 7.7 | 16.9
+//             T=4    rotary 31.2 | 6.6 | 16.5   2x add+norm 133 | 18.7 | 25.2   SiLU-mul 23.9 | 16.5 | 50.8
+//             T=64   rotary 128 | 45.0 | 178   2x add+norm 281 | 89.8 | 260   SiLU-mul 230 | 203 | 667
+//             T=512  rotary 512 | 229 | 1056   2x add+norm 1146 | 488 | 1327   SiLU-mul 1800 | 1615 | 6556
+// avx2 beats the torch forms everywhere (bfloat16 SiLU-and-mul least: 1.1-1.2x from T=64, its
+// three roundings cost nearly what the fusion saves); portable wins on the norms and the rotation
+// at small T and loses on SiLU (libm's expf per lane against torch's AVX2 Sleef: torch picks its
+// own AVX2 kernels at run time; portable is for CPUs without AVX2, where torch's kernels take the
+// generic Vectorized, libm's expf included, too). With 2 threads on these busy cores, an op whose
+// rows fill two threads' grain (kElementsPerThread) waited ~16 ms for the second thread most calls.
 #include <ATen/Parallel.h>
-#include <immintrin.h>
+#include <ATen/cpu/vec/vec.h>
 #include "library.h"
 #include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-
-#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__)
-#error "layer_ops.cpp needs AVX-512 (F, BW, VL); without it the model runs the torch ops"
-#endif
-
-extern "C" __m512 Sleef_expf16_u10(__m512);  // what torch's Vectorized<float>::exp calls on AVX-512
+#include <cstring>
 
 // float32 and bfloat16 only (AT_DISPATCH_FLOATING_TYPES would also instantiate double).
 #define DISPATCH_FLOAT_AND_BF16(TYPE, NAME, ...) \
@@ -36,21 +71,44 @@ extern "C" __m512 Sleef_expf16_u10(__m512);  // what torch's Vectorized<float>::
 
 namespace {
 
-constexpr int64_t kLanes = 16;
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kLanes = Vec::size();
 // Below this many elements per thread a second thread costs more (fork/join) than it saves.
 constexpr int64_t kElementsPerThread = 32768;
 
+// f(d, n) over [0, size) in whole vectors (n == kLanes, a constant the loads fold on) and at
+// most one tail (0 < n < kLanes: masked, the lanes past n load 0 and store nothing).
+template <typename F>
+inline void for_each_chunk(int64_t size, F f) {
+  int64_t d = 0;
+  for (; d + kLanes <= size; d += kLanes) f(d, kLanes);
+  if (d < size) f(d, size - d);
+}
+
+inline Vec load(const float* p, int64_t n) { return n >= kLanes ? Vec::loadu(p) : Vec::loadu(p, n); }
+inline void store(float* p, const Vec& v, int64_t n) {
+  if (n >= kLanes)
+    v.store(p);
+  else
+    v.store(p, static_cast<int>(n));
+}
+// v rounded to T's precision and widened back: the value torch's op would have stored and re-read.
+inline Vec rounded(float*, const Vec& v) { return v; }
+
+#if defined(CPU_CAPABILITY_AVX512)
+
 inline __mmask16 tail_mask(int64_t n) { return n >= kLanes ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1); }
 
-inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load(const c10::BFloat16* p, __mmask16 m) {
-  const __m256i bits = _mm256_maskz_loadu_epi16(m, p);  // bf16 is the top half of a float32
+inline __m512 widen(__m256i bits) {  // bf16 is the top half of a float32
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline Vec load(const c10::BFloat16* p, int64_t n) {
+  return widen(n >= kLanes ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                           : _mm256_maskz_loadu_epi16(tail_mask(n), p));
 }
 
 // float32 -> bfloat16 bits, round to nearest even (c10::BFloat16's rounding; NaN stays NaN). One
-// instruction where the CPU has AVX512-BF16 (it flushes float32 denormals, < 1.2e-38, to zero:
-// no activation or weight of these models is one); else the integer rounding c10 does.
+// instruction where the CPU has AVX512-BF16; else the integer rounding c10 does.
 inline __m256i to_bf16_bits(__m512 v) {
 #if defined(__AVX512BF16__)
   return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
@@ -64,78 +122,144 @@ inline __m256i to_bf16_bits(__m512 v) {
 #endif
 }
 
-inline void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
-inline void store(c10::BFloat16* p, __m512 v, __mmask16 m) { _mm256_mask_storeu_epi16(p, m, to_bf16_bits(v)); }
-
-// v rounded to T's precision and widened back: the value torch's op would have stored and re-read.
-inline __m512 rounded(float*, __m512 v) { return v; }
-inline __m512 rounded(c10::BFloat16*, __m512 v) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16_bits(v)), 16));
+inline void store(c10::BFloat16* p, const Vec& v, int64_t n) {
+  const __m256i bits = to_bf16_bits(v);
+  if (n >= kLanes)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
+  else
+    _mm256_mask_storeu_epi16(p, tail_mask(n), bits);
 }
+inline Vec rounded(c10::BFloat16*, const Vec& v) { return widen(to_bf16_bits(v)); }
+
+// The 16 lanes' sum, as _mm512_reduce_add_ps adds them (halves, then halves again).
+inline float sum_lanes(const Vec& v) { return _mm512_reduce_add_ps(v); }
+
+#elif defined(CPU_CAPABILITY_AVX2)
+
+inline Vec load(const c10::BFloat16* p, int64_t n) {
+  __m128i bits;
+  if (n >= kLanes) {
+    bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  } else {  // no 16-bit masked load in AVX2: the tail through a zeroed buffer
+    alignas(16) uint16_t buffer[kLanes] = {};
+    std::memcpy(buffer, p, n * sizeof(uint16_t));
+    bits = _mm_load_si128(reinterpret_cast<const __m128i*>(buffer));
+  }
+  __m256 out;
+  at::vec::cvtbf16_fp32(bits, out);
+  return out;
+}
+inline void store(c10::BFloat16* p, const Vec& v, int64_t n) {
+  const __m128i bits = at::vec::cvtfp32_bf16(__m256(v));  // round to nearest even, NaN -> 0xFFFF
+  if (n >= kLanes) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bits);
+  } else {
+    alignas(16) uint16_t buffer[kLanes];
+    _mm_store_si128(reinterpret_cast<__m128i*>(buffer), bits);
+    std::memcpy(p, buffer, n * sizeof(uint16_t));
+  }
+}
+// The value cvtfp32_bf16 stores, widened back, without packing to 16 bits and back: round to
+// nearest even in the float32 bits, clear the low half; a NaN becomes 0xFFFF0000, as 0xFFFF reads.
+inline Vec rounded(c10::BFloat16*, const Vec& v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+  r = _mm256_or_si256(r, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+#endif
+
+#if !defined(CPU_CAPABILITY_AVX512) && !defined(CPU_CAPABILITY_AVX2)
+
+// The portable path: c10::BFloat16's own conversions, lane by lane through a buffer.
+inline Vec load(const c10::BFloat16* p, int64_t n) {
+  alignas(64) float buffer[kLanes] = {};
+  for (int64_t i = 0; i < std::min(n, kLanes); ++i) buffer[i] = static_cast<float>(p[i]);
+  return Vec::loadu(buffer);
+}
+inline void store(c10::BFloat16* p, const Vec& v, int64_t n) {
+  alignas(64) float buffer[kLanes];
+  v.store(buffer);
+  for (int64_t i = 0; i < std::min(n, kLanes); ++i) p[i] = c10::BFloat16(buffer[i]);
+}
+inline Vec rounded(c10::BFloat16*, const Vec& v) {
+  alignas(64) float buffer[kLanes];
+  v.store(buffer);
+  for (int64_t i = 0; i < kLanes; ++i) buffer[i] = static_cast<float>(c10::BFloat16(buffer[i]));
+  return Vec::loadu(buffer);
+}
+
+#endif
+
+#if !defined(CPU_CAPABILITY_AVX512)
+// The lanes' sum, in lane order.
+inline float sum_lanes(const Vec& v) {
+  alignas(64) float lanes[kLanes];
+  v.store(lanes);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < kLanes; ++i) sum += lanes[i];
+  return sum;
+}
+#endif
+
 template <typename T>
-inline __m512 rounded(__m512 v) {
+inline Vec rounded(const Vec& v) {
   return rounded(static_cast<T*>(nullptr), v);
 }
 
 // mean(x^2) + eps, then 1 / sqrt, as `xf.pow(2).mean(-1) + eps` and `torch.rsqrt` compute it. The
-// sum of squares adds in another order than torch's sum kernel (16 lanes, then across them), so
-// float32 norms may differ from torch's in the last bit or two; everything after it rounds alike.
+// sum of squares adds in another order than torch's sum kernel (one accumulator per lane, then
+// across the lanes), so float32 norms may differ from torch's in the last bit or two; everything
+// after it rounds alike.
 template <typename T>
 float inverse_rms(const T* x, int64_t D, float eps) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t d = 0; d < D; d += kLanes) {
-    const __m512 v = load(x + d, tail_mask(D - d));  // masked-off lanes load 0 and add nothing
-    acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
-  }
-  const float sum = _mm512_reduce_add_ps(acc);
-  return 1.0f / std::sqrt(sum / static_cast<float>(D) + eps);
+  Vec acc(0.0f);
+  for_each_chunk(D, [&](int64_t d, int64_t n) {
+    const Vec v = load(x + d, n);  // masked-off lanes load 0 and add nothing
+    acc = acc + v * v;
+  });
+  return 1.0f / std::sqrt(sum_lanes(acc) / static_cast<float>(D) + eps);
 }
 
 // out = weight * (x * inv_rms rounded to T), rounded to T.
 template <typename T>
 void scale_row(const T* x, const T* weight, T* out, int64_t D, float inv_rms) {
-  const __m512 r = _mm512_set1_ps(inv_rms);
-  for (int64_t d = 0; d < D; d += kLanes) {
-    const __mmask16 m = tail_mask(D - d);
-    const __m512 normed = rounded<T>(_mm512_mul_ps(load(x + d, m), r));
-    store(out + d, _mm512_mul_ps(load(weight + d, m), normed), m);
-  }
+  const Vec r(inv_rms);
+  for_each_chunk(D, [&](int64_t d, int64_t n) {
+    const Vec normed = rounded<T>(load(x + d, n) * r);
+    store(out + d, load(weight + d, n) * normed, n);
+  });
 }
 
 // residual = x + residual rounded to T (the sum that continues down the residual stream).
 template <typename T>
 void add_into(const T* x, T* residual, int64_t D) {
-  for (int64_t d = 0; d < D; d += kLanes) {
-    const __mmask16 m = tail_mask(D - d);
-    store(residual + d, _mm512_add_ps(load(x + d, m), load(residual + d, m)), m);
-  }
+  for_each_chunk(D, [&](int64_t d, int64_t n) { store(residual + d, load(x + d, n) + load(residual + d, n), n); });
 }
 
 template <typename T>
 void silu_mul_row(const T* gate, const T* up, T* out, int64_t I) {
-  const __m512 one = _mm512_set1_ps(1.0f);
-  const __m512 sign = _mm512_set1_ps(-0.0f);
-  for (int64_t d = 0; d < I; d += kLanes) {
-    const __mmask16 m = tail_mask(I - d);
-    const __m512 g = load(gate + d, m);
-    const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(g, sign));  // exp(-g)
-    const __m512 silu = rounded<T>(_mm512_div_ps(g, _mm512_add_ps(one, e)));
-    store(out + d, _mm512_mul_ps(silu, load(up + d, m)), m);
-  }
+  const Vec one(1.0f);
+  for_each_chunk(I, [&](int64_t d, int64_t n) {
+    const Vec g = load(gate + d, n);
+    const Vec silu = rounded<T>(g / (one + g.neg().exp()));  // exp(-g): Sleef on avx2/avx512
+    store(out + d, silu * load(up + d, n), n);
+  });
 }
 
 // One head's "rotate half": (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), every product and
 // sum rounded to T as apply_rotary_'s separate ops round them.
 template <typename T>
 void rotate_head(T* x, const T* cos, const T* sin, int64_t half) {
-  for (int64_t d = 0; d < half; d += kLanes) {
-    const __mmask16 m = tail_mask(half - d);
-    const __m512 x1 = load(x + d, m), x2 = load(x + half + d, m);
-    const __m512 c = load(cos + d, m), s = load(sin + d, m);
-    const __m512 x2_sin = rounded<T>(_mm512_mul_ps(x2, s)), x1_sin = rounded<T>(_mm512_mul_ps(x1, s));
-    store(x + d, _mm512_sub_ps(rounded<T>(_mm512_mul_ps(x1, c)), x2_sin), m);
-    store(x + half + d, _mm512_add_ps(rounded<T>(_mm512_mul_ps(x2, c)), x1_sin), m);
-  }
+  for_each_chunk(half, [&](int64_t d, int64_t n) {
+    const Vec x1 = load(x + d, n), x2 = load(x + half + d, n);
+    const Vec c = load(cos + d, n), s = load(sin + d, n);
+    const Vec x2_sin = rounded<T>(x2 * s), x1_sin = rounded<T>(x1 * s);
+    store(x + d, rounded<T>(x1 * c) - x2_sin, n);
+    store(x + half + d, rounded<T>(x2 * c) + x1_sin, n);
+  });
 }
 
 // Rows of x [..., D] (last dimension contiguous, any outer strides) in parallel where there are

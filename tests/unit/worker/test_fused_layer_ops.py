@@ -8,7 +8,8 @@ import random
 import pytest
 import torch
 from pagedserve.kernels import layer_ops
-from pagedserve.kernels.cpu.build import KernelBuildError
+from pagedserve.kernels.cpu import build, dispatch
+from pagedserve.kernels.cpu.isa import ISA_ENV, ISAS, missing_flags, runnable_isas
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.step import Execute, NewRequest
 from worker_driver import GREEDY
@@ -64,17 +65,54 @@ def default_logging():
     structlog.configure(**saved)
 
 
-def test_a_failed_build_falls_back_to_the_torch_ops_and_says_so_once(monkeypatch, default_logging):
-    from structlog.testing import capture_logs
-
-    def cannot_build() -> None:
-        raise KernelBuildError("no compiler here")
-
+def _fresh_loader(monkeypatch) -> None:
+    """Forget, for one test, every build this process loaded and every path it chose or saw fail."""
     monkeypatch.setattr(layer_ops, "_cpp", None)
     monkeypatch.setattr(layer_ops, "_cpp_failed", False)
-    monkeypatch.setattr(layer_ops, "CppLayerOps", cannot_build)
+    monkeypatch.setattr(dispatch, "_paths", {})
+    monkeypatch.setattr(build, "_loaded", set())
+
+
+def test_a_failed_build_falls_back_to_the_torch_ops_and_says_so_once(tmp_path, monkeypatch, default_logging):
+    """A real build that fails (a compiler that exits 1, in an empty cache): the model gets the torch
+    ops, and each path that failed is logged once, on the first call, not on later ones."""
+    from structlog.testing import capture_logs
+
+    calls = tmp_path / "compiler-calls"
+    compiler = tmp_path / "broken-c++"
+    compiler.write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho "error: no compiler today" >&2\nexit 1\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(ISA_ENV, raising=False)
+    _fresh_loader(monkeypatch)
+
     with capture_logs() as logs:
         first = layer_ops.layer_ops_for(torch.float32, torch.device("cpu"))
         second = layer_ops.layer_ops_for(torch.bfloat16, torch.device("cpu"))
     assert first is second is layer_ops.TORCH_LAYER_OPS
-    assert [entry["event"] for entry in logs] == ["cpp_layer_ops_unavailable"]
+    assert calls.read_text()  # the compiler was really asked, and failed
+    assert [(entry["event"], entry["op"], entry["isa"]) for entry in logs] == [
+        ("cpp_kernel_unavailable", "layer_ops", isa) for isa in runnable_isas()
+    ]
+    assert all("layer_ops [" in entry["reason"] and "did not build" in entry["reason"] for entry in logs)
+    assert dispatch.kernel_paths()["layer_ops"] == "torch"
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_the_forced_isa_path_is_the_one_the_model_gets(isa, monkeypatch):
+    if isa not in runnable_isas():
+        pytest.skip(f"{isa}: this CPU lacks {', '.join(missing_flags(isa))}")
+    monkeypatch.setenv(ISA_ENV, isa)
+    _fresh_loader(monkeypatch)
+    ops = layer_ops.layer_ops_for(torch.float32, torch.device("cpu"))
+    assert isinstance(ops, layer_ops.CppLayerOps) and ops.isa == isa
+    assert dispatch.kernel_paths()["layer_ops"] == isa
+    assert layer_ops.layer_ops_for(torch.bfloat16, torch.device("cpu")) is ops
+    x, weight = torch.randn(3, 40), torch.rand(40) + 0.5
+    torch.testing.assert_close(
+        ops.rms_norm(x, weight, 1e-6),
+        layer_ops.TORCH_LAYER_OPS.rms_norm(x, weight, 1e-6),
+        rtol=1e-6,
+        atol=1e-6,
+    )
