@@ -290,6 +290,17 @@ inline Vec sum_lanes(const Vec* v) {
 // from n on are 0 and are masked by the caller. `q` is the row in float32, pre-scaled.
 template <int NV>
 inline Vec row_scores(const float* q, const float*, const float* kb, int64_t stride, int64_t n, float) {
+#if !defined(CPU_CAPABILITY_AVX512) && !defined(CPU_CAPABILITY_AVX2)
+  alignas(64) float s[W] = {};
+  for (int64_t t = 0; t < n; ++t) {
+    const float* k = kb + t * stride;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int d = 0; d < NV * W; ++d) dot += q[d] * k[d];
+    s[t] = dot;
+  }
+  return Vec::loadu(s);
+#endif
   Vec part[W];
   for (int t = 0; t < W; ++t) {
     part[t] = Vec(0.0f);
@@ -324,6 +335,22 @@ inline Vec row_scores(const float* q, const c10::BFloat16* qraw, const c10::BFlo
 #endif
   (void)qraw;
   (void)scale;
+#if !defined(CPU_CAPABILITY_AVX512) && !defined(CPU_CAPABILITY_AVX2)
+  alignas(64) float s[W] = {};
+  for (int64_t t = 0; t < n; ++t) {
+    const uint16_t* k = reinterpret_cast<const uint16_t*>(kb + t * stride);
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int d = 0; d < NV * W; ++d) {
+      const uint32_t bits = static_cast<uint32_t>(k[d]) << 16;
+      float kf;
+      std::memcpy(&kf, &bits, sizeof(kf));
+      dot += q[d] * kf;
+    }
+    s[t] = dot;
+  }
+  return Vec::loadu(s);
+#endif
   for (int t = 0; t < W; ++t) {
     part[t] = Vec(0.0f);
     if (t >= n) continue;
@@ -378,6 +405,19 @@ void add_values_upto(int64_t rb, float* acc, const float* w, int64_t row_stride,
   add_values_rows<T, NV, R>(acc, w, row_stride, vb, stride, n);
 }
 
+// One block ahead: a block's K (or V) rows are one contiguous run, which the hardware prefetcher
+// follows, but the jump to the next block (anywhere in the pool) costs a miss per stream start.
+template <typename T>
+inline void prefetch_block(const T* cache, const int32_t* table, int64_t next_base, int64_t context,
+                           int64_t block_size, int64_t token_stride) {
+  if (next_base >= context) return;
+  const int64_t tokens = std::min(block_size, context - next_base);
+  const char* p = reinterpret_cast<const char*>(cache + static_cast<int64_t>(table[next_base / block_size]) *
+                                                            block_size * token_stride);
+  const int64_t bytes = tokens * token_stride * static_cast<int64_t>(sizeof(T));
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
 // One work item: a tile of queries of one request, every head. Three passes over the context, not
 // an online softmax: all scores, then each row's max, weights and sum in one sweep, then the
 // weighted values. An online softmax puts a dependent chain (block max, rescale, exp, sum) between
@@ -421,6 +461,7 @@ void attend_item_fast(const Item& item, const T* query, int64_t q_stride, const 
     return (static_cast<int64_t>(table[base / block_size]) * block_size + offset) * token_stride;
   };
   for (int64_t base = 0, n = 0; base < context; base += n) {
+    if (base % block_size == 0) prefetch_block(k_cache, table, base + block_size, context, block_size, token_stride);
     const T* kb = k_cache + sub_block(base, n);
     for (int64_t r = 0; r < rows; ++r) {
       if (base >= limit(r)) continue;
@@ -454,6 +495,7 @@ void attend_item_fast(const Item& item, const T* query, int64_t q_stride, const 
     sums[r] = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
   }
   for (int64_t base = 0, n = 0; base < context; base += n) {
+    if (base % block_size == 0) prefetch_block(v_cache, table, base + block_size, context, block_size, token_stride);
     const T* vb = v_cache + sub_block(base, n);
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       for (int64_t r0 = h * head_rows; r0 < (h + 1) * head_rows; r0 += RB) {
