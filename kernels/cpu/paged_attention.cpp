@@ -1,20 +1,49 @@
 // Paged attention on the CPU, reading K/V in place from the block-paged cache (no gathered copies).
 //
-// One op, pagedserve::paged_attention, for every packed query of a step (decode rows, prefill rows,
-// continued chunks): query i of request b sits at position seq_len - q_len + i and attends causally
-// to context positions <= that, read block by block through block_tables[b].
+// One op, paged_attention, for every packed query of a step (decode rows, prefill rows, continued
+// chunks): query i of request b sits at position seq_len - q_len + i and attends causally to context
+// positions <= that, read block by block through block_tables[b]. Plus write_kv, the step's K/V rows
+// into their slots.
 //
-// Two paths, one result (float32 accumulation whatever the cache dtype; GQA folded into rows: the
-// query heads sharing a KV head are rows served by the same K/V vector read, never repeated):
-// - AVX-512 (head_dim a multiple of 16 up to 128, on CPUs that have it): intrinsics, all KV heads of
-//   a query tile in one work item, three passes per item (scores, softmax, values). Below.
-// - generic (any head_dim, any CPU; also callable alone as paged_attention_portable, so the tests
-//   check it here): work item = (request, KV head, tile of up to kQueryTile queries), online softmax
-//   (running max and sum per row, rescaled per block), loops written so g++ -O3 vectorises them
-//   (omp simd reductions, an exp with no libm call, bf16 widened by a shift).
-// Measured on a 2-core Sapphire Rapids at batch 64 decode, contexts 16-512: the AVX-512 path is
-// about 2x the generic one per layer and there reads K/V at about the memory bandwidth one core
-// gets (~8 GB/s); in cache it is 3x (docs/benchmarks.md).
+// One source, built three times (kernels/cpu/isa.py, each build its own torch.ops namespace):
+// avx512, avx2 and portable (no ISA flag: SSE2 on x86-64, NEON on ARM64). The vector code is written
+// over ATen's at::vec::Vectorized<float>, whose width W follows the build: 16 lanes on avx512, 8 on
+// avx2, 8 on x86's portable build (vec_base: arrays the compiler vectorises), 4 on NEON.
+// Two algorithms, one result (float32 accumulation whatever the cache dtype; GQA folded into rows:
+// the query heads sharing a KV head are rows served by the same K/V vector read, never repeated):
+// - fast (head_dim a multiple of W up to 128): all KV heads of a query tile in one work item, three
+//   passes per item (scores, softmax, values; see attend_item_fast). It was written for AVX-512 in
+//   intrinsics and tuned there; over Vectorized it keeps that structure, and keeps path-specific
+//   code only where it paid: the transposing lane sum that finishes W dot products at once (AVX-512
+//   and AVX2 shuffles), bf16 widened by a shift, scalef in the AVX-512 exp, AVX512-BF16 dot products
+//   for bf16 scores (where the CPU has them), and on the portable build plain omp-simd loops for the
+//   dot products and the value sums (vec_base's Vectorized lost to them there).
+// - generic (any head_dim): work item = (request, KV head, tile of up to kQueryTile queries), online
+//   softmax (running max and sum per row, rescaled per block), loops written so g++ -O3 vectorises
+//   them (omp simd reductions, an exp with no libm call, bf16 widened by a shift). paged_attention
+//   runs it for the head dims the fast path does not take; paged_attention_generic runs it for any,
+//   so the tests hold it to torch on every path and the microbenchmark sets it beside the fast one.
+//
+// Measured (ops/microbench/attention_kernel_ab, one layer of SmolLM2-135M: 9 query / 3 KV heads,
+// head_dim 64, block 16, one thread, best of 30, decode contexts uniform 16-512):
+// AMD EPYC (Zen 3; AVX2, FMA, F16C, no AVX-512), 2 cores shared with other builds, in ms per layer:
+//                        avx2  portable  generic(avx2)  old generic: avx2  portable   torch
+//   decode  8  float32   0.78      0.91           0.83               0.90      1.12    2.87
+//   decode  8  bfloat16  0.43      0.62           0.64               0.62      0.88    2.06
+//   decode 32  float32   3.33      5.58           7.55               9.72     11.27   11.25
+//   decode 32  bfloat16  2.17      3.43           4.58               4.38      5.70    8.96
+//   decode 64  float32   5.51      9.90           9.76              16.06     19.22   18.57
+//   decode 64  bfloat16  4.72      8.38           9.44               8.62     12.05   15.48
+//   prefill 8x30-256 f32 8.73     27.63          20.85              26.02     34.16   12.78
+//   prefill 8x30-256 bf16 10.91   25.21          19.80              20.33     33.46   13.08
+// ("old generic": the file before this form, whose avx2 and portable builds ran only the generic
+// algorithm; "generic(avx2)": that same algorithm in this build. Timings on the shared cores move by
+// up to 1.5x between runs; the variants alternate, so a row's ratios hold better than its values.)
+// The avx2 fast path is 1.2-2.9x the old avx2 build in decode (more at the larger batches) and
+// 2-3x in prefill, 3-5x the torch backend in decode and 1.2-1.5x in prefill. On the portable build
+// the fast path (its plain-loop form) is 1.2-2.0x the old portable build. The avx512 build is only
+// compiled here, not run: the intrinsics it replaces measured ~2x the generic algorithm at batch 64
+// decode on a 2-core Sapphire Rapids, reading K/V at about one core's memory bandwidth (~8 GB/s).
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -90,7 +119,7 @@ inline const float* as_float(const c10::BFloat16* src, int64_t n, int64_t stride
 
 struct Item {
   int64_t request;
-  int64_t kv_head;  // the generic path's; an AVX-512 item serves every KV head
+  int64_t kv_head;  // the generic path's; a fast item serves every KV head
   int64_t first_query;  // index into the packed query of this tile's first token
   int64_t num_queries;
   int64_t first_pos;  // context position of that first query
@@ -291,6 +320,7 @@ inline Vec sum_lanes(const Vec* v) {
 template <int NV>
 inline Vec row_scores(const float* q, const float*, const float* kb, int64_t stride, int64_t n, float) {
 #if !defined(CPU_CAPABILITY_AVX512) && !defined(CPU_CAPABILITY_AVX2)
+  // Portable: one omp-simd dot product per key, which g++ vectorises better than vec_base's arrays.
   alignas(64) float s[W] = {};
   for (int64_t t = 0; t < n; ++t) {
     const float* k = kb + t * stride;
@@ -361,7 +391,7 @@ inline Vec row_scores(const float* q, const c10::BFloat16* qraw, const c10::BFlo
 }
 
 // Rows per value pass: R x NV accumulators in registers with room to work (AVX-512: 32 vector
-// registers, the tuned table; AVX2: 16; the portable build's 8-float vectors are two SSE registers).
+// registers, the tuned table; AVX2: 16). The portable build's plain loops keep them in memory.
 template <int NV>
 constexpr int rows_per_chunk() {
 #if defined(CPU_CAPABILITY_AVX512)
@@ -369,7 +399,7 @@ constexpr int rows_per_chunk() {
 #elif defined(CPU_CAPABILITY_AVX2)
   return NV <= 2 ? 4 : (NV <= 4 ? 2 : 1);
 #else
-  return NV <= 1 ? 4 : (NV <= 2 ? 2 : 1);
+  return 4;  // rows of the portable build's plain loops share each widened V row
 #endif
 }
 
@@ -380,6 +410,22 @@ constexpr int rows_per_chunk() {
 // (weights rounded to bf16) measured no faster and moved outputs by up to 1.6e-2.
 template <typename T, int NV, int R>
 void add_values_rows(float* acc, const float* w, int64_t row_stride, const T* vb, int64_t stride, int64_t n) {
+#if !defined(CPU_CAPABILITY_AVX512) && !defined(CPU_CAPABILITY_AVX2)
+  // Portable: each V row widened once, then an omp-simd multiply-add per row (measured faster here
+  // than vec_base Vectorized accumulators: 1.1-1.7x in prefill, 1.0-1.25x at batch 64 decode).
+  constexpr int D = NV * W;
+  for (int64_t t = 0; t < n; ++t) {
+    alignas(64) float x[D];
+    for (int d = 0; d < D; ++d) x[d] = load(vb[t * stride + d]);
+    for (int i = 0; i < R; ++i) {
+      const float p = w[i * row_stride + t];
+      float* a = acc + i * D;
+#pragma omp simd
+      for (int d = 0; d < D; ++d) a[d] += p * x[d];
+    }
+  }
+  return;
+#endif
   Vec a[R][NV];
   for (int i = 0; i < R; ++i)
     for (int v = 0; v < NV; ++v) a[i][v] = Vec::loadu(acc + (i * NV + v) * W);
