@@ -1,6 +1,6 @@
 """Paged attention with our C++ CPU kernel (kernels/cpu/paged_attention.cpp): the default on the CPU.
 
-Reads K/V in place from the paged cache, block by block, with an online softmax; the torch backend
+Reads K/V in place from the paged cache, block by block; the torch backend
 gathers each row's whole context into a padded copy per layer first, which was ~half of attention's
 time. K/V writes are one C++ copy per token row too (the torch backend's indexed assignment is two
 index_put_ dispatches per layer). The torch backend stays the oracle: tests compare the two on
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 from pagedserve.kernels.attention import AttentionMetadata
-from pagedserve.kernels.cpu.build import PAGED_ATTENTION
-from pagedserve.kernels.cpu.dispatch import load_ops
+from pagedserve.kernels.cpu.build import PAGED_ATTENTION, load_extension
+from pagedserve.kernels.cpu.dispatch import kernel_paths, load_ops
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
@@ -21,8 +21,12 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 class CppAttentionBackend(TorchAttentionBackend):
     name = "cpp"
 
-    def __init__(self) -> None:
-        ops = load_ops(PAGED_ATTENTION)  # builds on first use; KernelBuildError if this machine cannot
+    def __init__(self, isa: str | None = None) -> None:
+        """The best ISA path this CPU runs (or the one PAGEDSERVE_CPU_ISA forces), or exactly `isa`
+        (tests hold each path to the torch backend). Builds on first use; KernelBuildError if this
+        machine cannot."""
+        ops = load_ops(PAGED_ATTENTION) if isa is None else load_extension(PAGED_ATTENTION, isa)
+        self.isa = isa or kernel_paths()[PAGED_ATTENTION.name]
         self._op = ops.paged_attention
         self._write_kv = ops.write_kv
 

@@ -1,8 +1,12 @@
 """The C++ CPU kernel (CppAttentionBackend) against the torch backend, its oracle, on random paged steps.
 
-Shapes, block sizes 8-128, GQA ratios, mixed decode / prefill / continued-chunk rows, float32 and
-bfloat16 caches; head dims that take the AVX-512 path (multiples of 16 up to 128) and one that does
-not (40), and the generic path called on its own. Unused cache slots hold large garbage, so a read past a row's context shows.
+Every ISA path (kernels/cpu/isa.py: avx512, avx2, portable) this CPU can execute, each its own build;
+a path the CPU cannot run is skipped, naming the CPU flags it lacks, and a path that does not build
+fails. Shapes, block sizes 8-128, GQA ratios, mixed decode / prefill / continued-chunk rows, float32
+and bfloat16 caches; head dims that take the fast path on every path (multiples of 16 up to 128),
+ones that take it on the 8-lane paths only (40, 72) and ones no path's fast path takes (36, 160),
+and the generic algorithm called on its own. Unused cache slots hold large garbage, so a read past a
+row's context shows.
 """
 
 from __future__ import annotations
@@ -12,12 +16,24 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pagedserve.kernels.attention import AttentionMetadata, get_backend
+from pagedserve.kernels.cpu.build import PAGED_ATTENTION, load_extension
+from pagedserve.kernels.cpu.isa import ISA_ENV, ISAS, missing_flags, runnable_isas
 from pagedserve.kernels.cpu_backend import CppAttentionBackend
 from pagedserve.kernels.paged_reference import PagedBatch, make_paged_batch
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 
 # bf16 outputs are rounded once more by each side; the torch backend's SDPA also rounds P to bf16.
 TOLERANCE = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2)}
+
+
+@pytest.fixture(params=ISAS)
+def isa(request: pytest.FixtureRequest) -> str:
+    """Each ISA path; skipped only where this CPU cannot execute it (a build failure fails)."""
+    if request.param not in runnable_isas():
+        pytest.skip(
+            f"this CPU cannot run the {request.param} path: it lacks {', '.join(missing_flags(request.param))}"
+        )
+    return request.param
 
 
 def _meta(batch: PagedBatch) -> AttentionMetadata:
@@ -50,21 +66,27 @@ def steps(draw: st.DrawFn) -> dict:
         "query_lens": query_lens,
         "num_heads": num_kv_heads * group,
         "num_kv_heads": num_kv_heads,
-        "head_dim": draw(st.sampled_from([16, 32, 40, 64, 80, 128])),
+        "head_dim": draw(st.sampled_from([16, 32, 36, 40, 64, 72, 80, 128, 160])),
         "block_size": draw(st.sampled_from([8, 16, 32, 64, 128])),
         "dtype": draw(st.sampled_from([torch.float32, torch.bfloat16])),
         "seed": draw(st.integers(0, 2**16)),
     }
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(case=steps())
-def test_cpp_matches_the_torch_backend(case: dict) -> None:
+def test_cpp_matches_the_torch_backend(isa: str, case: dict) -> None:
     batch = make_paged_batch(**case, device=torch.device("cpu"))
     meta = _meta(batch)
     scale = case["head_dim"] ** -0.5
     expected = TorchAttentionBackend().forward(batch.query, batch.k_cache, batch.v_cache, meta, scale)
-    got = CppAttentionBackend().forward(batch.query, batch.k_cache, batch.v_cache, meta, scale)
+    backend = CppAttentionBackend(isa)
+    assert backend.isa == isa
+    got = backend.forward(batch.query, batch.k_cache, batch.v_cache, meta, scale)
     atol, rtol = TOLERANCE[case["dtype"]]
     assert got.dtype == expected.dtype
     torch.testing.assert_close(got.float(), expected.float(), atol=atol, rtol=rtol)
@@ -73,13 +95,11 @@ def test_cpp_matches_the_torch_backend(case: dict) -> None:
     fused = torch.full((batch.query.shape[0], case["num_heads"] + 2, case["head_dim"]), float("nan"))
     fused = fused.to(case["dtype"])
     fused[:, : case["num_heads"]] = batch.query
-    strided = CppAttentionBackend().forward(
-        fused[:, : case["num_heads"]], batch.k_cache, batch.v_cache, meta, scale
-    )
+    strided = backend.forward(fused[:, : case["num_heads"]], batch.k_cache, batch.v_cache, meta, scale)
     assert torch.equal(strided, got)
-    # The generic path (what a CPU without AVX-512 runs) on the same step, whichever path `got` took.
-    portable = torch.empty_like(batch.query)
-    torch.ops.pagedserve.paged_attention_portable(
+    # The generic algorithm of this path on the same step, whichever algorithm `got` took.
+    generic = torch.empty_like(batch.query)
+    load_extension(PAGED_ATTENTION, isa).paged_attention_generic(
         fused[:, : case["num_heads"]],
         batch.k_cache,
         batch.v_cache,
@@ -87,24 +107,51 @@ def test_cpp_matches_the_torch_backend(case: dict) -> None:
         meta.seq_lens,
         meta.block_tables,
         scale,
-        portable,
+        generic,
     )
-    torch.testing.assert_close(portable.float(), expected.float(), atol=atol, rtol=rtol)
+    torch.testing.assert_close(generic.float(), expected.float(), atol=atol, rtol=rtol)
 
 
 def test_auto_is_the_cpp_kernel_on_the_cpu() -> None:
     assert get_backend("auto", "cpu").name == "cpp"
 
 
-def test_a_context_longer_than_its_block_table_is_refused() -> None:
+def test_the_backend_runs_the_best_runnable_path_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ISA_ENV, raising=False)
+    assert CppAttentionBackend().isa == runnable_isas()[0]
+
+
+def test_the_isa_environment_variable_picks_the_path(isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ISA_ENV, isa)
+    backend = CppAttentionBackend()
+    assert backend.isa == isa
+    # and it runs that path's op: the same bits as the path loaded by name
+    batch = make_paged_batch([70, 5], [1, 5], 6, 2, 64, 16, torch.float32, torch.device("cpu"), seed=3)
+    meta = _meta(batch)
+    got = backend.forward(batch.query, batch.k_cache, batch.v_cache, meta, 0.125)
+    by_name = torch.empty_like(batch.query)
+    load_extension(PAGED_ATTENTION, isa).paged_attention(
+        batch.query,
+        batch.k_cache,
+        batch.v_cache,
+        meta.query_start_loc,
+        meta.seq_lens,
+        meta.block_tables,
+        0.125,
+        by_name,
+    )
+    assert torch.equal(got, by_name)
+
+
+def test_a_context_longer_than_its_block_table_is_refused(isa: str) -> None:
     batch = make_paged_batch([40], [1], 4, 2, 16, 16, torch.float32, torch.device("cpu"), seed=0)
     meta = _meta(batch)
     meta.seq_lens = torch.tensor([60], dtype=torch.int32)  # 4 blocks; the table has 3
     with pytest.raises(RuntimeError, match="more blocks than block_tables has columns"):
-        CppAttentionBackend().forward(batch.query, batch.k_cache, batch.v_cache, meta, 0.25)
+        CppAttentionBackend(isa).forward(batch.query, batch.k_cache, batch.v_cache, meta, 0.25)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     tokens=st.integers(1, 40),
     num_kv_heads=st.sampled_from([1, 3]),
@@ -113,7 +160,7 @@ def test_a_context_longer_than_its_block_table_is_refused() -> None:
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     seed=st.integers(0, 2**16),
 )
-def test_cpp_write_kv_matches_the_torch_backend(tokens, num_kv_heads, head_dim, block_size, dtype, seed):
+def test_cpp_write_kv_matches_the_torch_backend(isa, tokens, num_kv_heads, head_dim, block_size, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     # K and V as the model hands them over: views into one fused q/k/v row per token.
     kv = num_kv_heads * head_dim
@@ -127,14 +174,14 @@ def test_cpp_write_kv_matches_the_torch_backend(tokens, num_kv_heads, head_dim, 
         for name in ("torch", "cpp")
     }
     TorchAttentionBackend().write_kv(key, value, *caches["torch"], slots)
-    CppAttentionBackend().write_kv(key, value, *caches["cpp"], slots)
+    CppAttentionBackend(isa).write_kv(key, value, *caches["cpp"], slots)
     assert torch.equal(caches["cpp"][0], caches["torch"][0])
     assert torch.equal(caches["cpp"][1], caches["torch"][1])
 
 
-def test_cpp_write_kv_refuses_a_slot_outside_the_cache() -> None:
+def test_cpp_write_kv_refuses_a_slot_outside_the_cache(isa: str) -> None:
     key = torch.randn(2, 1, 16)
     k_cache, v_cache = torch.zeros(2, 8, 1, 16), torch.zeros(2, 8, 1, 16)
     with pytest.raises(RuntimeError, match="token 1 has slot 16, outside the cache's 16"):
-        CppAttentionBackend().write_kv(key, key, k_cache, v_cache, torch.tensor([3, 16]))
+        CppAttentionBackend(isa).write_kv(key, key, k_cache, v_cache, torch.tensor([3, 16]))
     assert not k_cache.any() and not v_cache.any()  # nothing written, not even the valid token 0
