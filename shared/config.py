@@ -32,7 +32,8 @@ class ServeConfig(BaseSettings):
         "auto", description="auto = triton on CUDA, the C++ kernel on the CPU (torch if it cannot build)"
     )
     prepack_weights: bool = Field(
-        True, description="pack linear weights once for the CPU GEMM library (bfloat16 on the CPU)"
+        True,
+        description="pack linear weights once for oneDNN on the CPU (float32; bfloat16 where oneDNN runs it)",
     )
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads of a CPU worker")
     worker_id: str | None = Field(None, max_length=64, description="this worker's name; default host-pid")

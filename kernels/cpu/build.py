@@ -52,8 +52,7 @@ PAGED_ATTENTION = Extension("paged_attention", (HERE / "paged_attention.cpp",))
 # -ffp-contract=off: no fused multiply-adds, so each product and sum rounds where torch's ops round.
 LAYER_OPS = Extension("layer_ops", (HERE / "layer_ops.cpp",), ("-ffp-contract=off",))
 SAMPLING = Extension("sampling", (HERE / "sampling.cpp",))
-LINEAR = Extension("linear", (HERE / "linear.cpp",))
-EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING, LINEAR)
+EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING)
 
 _lock = threading.Lock()
 _loaded: set[str] = set()

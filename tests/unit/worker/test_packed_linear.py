@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pagedserve.services.worker.models.packed_linear import (
     PackedLinear,
-    RowsLinear,
     pack_linear,
     packing_available,
     prepack_linears,
+    row_bucket,
 )
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.step import Execute, NewRequest
@@ -34,7 +36,7 @@ needs_packing = pytest.mark.skipif(
     in_features=st.sampled_from([16, 64, 96, 576]),
     out_features=st.sampled_from([8, 48, 320, 960]),
     bias=st.booleans(),
-    # float32 packs through oneDNN on every x86 CPU; bfloat16 only where oneDNN has a bf16 path.
+    # float32 packs on every CPU oneDNN runs on; bfloat16 only where oneDNN has a bf16 path.
     dtype=st.sampled_from([torch.bfloat16, torch.float32] if BF16_PACKING else [torch.float32]),
     seed=st.integers(0, 2**16),
 )
@@ -55,15 +57,19 @@ def test_packed_linear_equals_f_linear_for_any_batch(rows, in_features, out_feat
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-@needs_packing
-def test_packed_linear_reads_a_strided_input():
-    weight = torch.randn(32, 64).bfloat16()
-    x = torch.randn(64, 10).bfloat16().t()  # not contiguous
-    assert torch.equal(PackedLinear(weight, None)(x), F.linear(x, weight))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if BF16_PACKING else [torch.float32])
+@pytest.mark.parametrize("rows", [10, 17])  # 17 is padded to its bucket, 10 is not
+def test_packed_linear_reads_a_strided_input(dtype, rows):
+    weight = torch.randn(32, 64).to(dtype)
+    x = torch.randn(64, rows).to(dtype).t()  # not contiguous
+    got, expected = PackedLinear(weight, None)(x), F.linear(x, weight)
+    if dtype == torch.bfloat16:
+        assert torch.equal(got, expected)
+    else:
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_no_packing_where_the_op_is_not_available(monkeypatch):
-    assert not packing_available(torch.float32, CPU)  # float32 stays on F.linear (MKL sgemm)
     assert not packing_available(torch.bfloat16, torch.device("meta"))
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     assert pack_linear(torch.randn(4, 4).bfloat16()) is None
@@ -121,26 +127,64 @@ def test_bf16_logits_are_the_same_bits_with_and_without_prepacking(tiny_model, a
     assert torch.equal(packed, dense)
 
 
-def test_float32_runner_puts_every_linear_on_the_rows_kernel_without_a_second_weight(llama):
+def test_float32_runner_packs_every_projection_and_the_tied_head(llama):
     runner = _runner(llama)
     layers = runner.model_config.num_layers
     assert runner.num_prepacked == 4 * layers + 1  # qkv, o, gate/up, down per layer + the tied head
-    qkv = runner.model.layers[0].self_attn.qkv_proj
-    assert isinstance(qkv, RowsLinear) and qkv.weight.dtype == torch.float32
-    # The tied head reads the embedding itself: no copy of the largest weight.
-    assert runner.model.tied_head.weight.data_ptr() == runner.model.embed_tokens.weight.data_ptr()
-    assert runner.runtime["linears"] == f"rows-kernel<={qkv.max_rows}+F.linear"
+    assert isinstance(runner.model.layers[0].self_attn.qkv_proj, PackedLinear)
+    assert runner.runtime["linears"] == "onednn-packed"
 
 
-def test_float32_logits_with_the_rows_kernel_match_f_linear_but_for_rounding(llama):
+def test_float32_packed_model_matches_the_dense_one_but_for_rounding(llama):
+    """oneDNN sums in another order than MKL's sgemm: logits ~1e-6 apart, the same greedy tokens."""
     prompt = [3 + (i * 7) % 250 for i in range(40)]
     step = Execute(0, new_requests=[NewRequest("r", prompt, 40, 0, 40, list(range(5)), GREEDY)])
-    kernel_runner, dense_runner = _runner(llama), _runner(llama, prepack_weights=False)
-    outputs = StepDriver(kernel_runner, chunk_size=16).generate([[5, 6, 7], [9] * 20], 6)
-    assert outputs == StepDriver(dense_runner, chunk_size=16).generate([[5, 6, 7], [9] * 20], 6)
-    _, ours = _runner(llama).execute_with_logits(step)
-    _, dense = dense_runner.execute_with_logits(step)
-    torch.testing.assert_close(ours, dense, rtol=0, atol=1e-5)
+    _, packed = _runner(llama).execute_with_logits(step)
+    _, dense = _runner(llama, prepack_weights=False).execute_with_logits(step)
+    assert packed is not None and dense is not None
+    torch.testing.assert_close(packed, dense, rtol=0, atol=1e-5)
+    prompts = [[5, 6, 7], [9] * 20, list(range(3, 40))]
+    assert StepDriver(_runner(llama), chunk_size=16).generate(prompts, 8) == StepDriver(
+        _runner(llama, prepack_weights=False), chunk_size=16
+    ).generate(prompts, 8)
+
+
+def test_row_buckets_are_few_cover_every_count_and_pad_little():
+    buckets = {row_bucket(rows) for rows in range(1, 2049)}
+    assert len(buckets) <= 45  # one oneDNN primitive per bucket and weight shape, not per row count
+    for rows in range(1, 2049):
+        bucket = row_bucket(rows)
+        assert rows <= bucket < rows * 1.25 + 1
+        assert row_bucket(bucket) == bucket
+    assert [row_bucket(r) for r in (1, 16, 17, 33, 64, 65, 257)] == [1, 16, 20, 40, 64, 80, 320]
+
+
+def test_padded_rows_give_the_unpadded_outputs():
+    torch.manual_seed(0)
+    weight, bias = torch.randn(40, 24), torch.randn(40)
+    packed = PackedLinear(weight, bias)
+    for rows in (17, 33, 100):  # each padded up to its bucket
+        x = torch.randn(rows, 24)
+        got = packed(x)
+        assert got.shape == (rows, 40)
+        torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_packed_memory_stops_growing_once_every_bucket_was_seen():
+    """What the soak saw before rows were bucketed: RSS up with every new decode batch size."""
+    packed = PackedLinear(torch.randn(960, 576), None)
+
+    def rss_mib() -> float:
+        status = Path("/proc/self/status").read_text().splitlines()
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+
+    for rows in range(1, 300):  # every bucket up to 384 rows
+        packed(torch.randn(rows, 576))
+    before = rss_mib()
+    for _ in range(3):
+        for rows in range(1, 300):
+            packed(torch.randn(rows, 576))
+    assert rss_mib() - before < 8.0
 
 
 @needs_packing
