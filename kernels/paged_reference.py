@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from pagedserve.kernels.attention import AttentionMetadata
 
 # Per-dtype (atol, rtol) against the fp32 reference: the kernels round P to the input dtype before P @ V.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -34,6 +35,19 @@ class PagedBatch:
     query_start_loc: torch.Tensor  # [B + 1] int32
     query_lens: list[int]
     seq_lens_list: list[int]
+
+    def metadata(self) -> AttentionMetadata:
+        """The attention metadata a runner would build for this batch."""
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping,
+            query_start_loc=self.query_start_loc,
+            seq_lens=self.seq_lens,
+            block_tables=self.block_tables,
+            max_query_len=max(self.query_lens),
+            max_seq_len=max(self.seq_lens_list),
+            query_lens_cpu=self.query_lens,
+            seq_lens_cpu=self.seq_lens_list,
+        )
 
 
 def make_paged_batch(

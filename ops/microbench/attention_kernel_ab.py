@@ -45,19 +45,6 @@ def cases(rng: random.Random) -> dict[str, tuple[list[int], list[int]]]:
     return found
 
 
-def meta_of(batch: PagedBatch) -> AttentionMetadata:
-    return AttentionMetadata(
-        slot_mapping=batch.slot_mapping,
-        query_start_loc=batch.query_start_loc,
-        seq_lens=batch.seq_lens,
-        block_tables=batch.block_tables,
-        max_query_len=max(batch.query_lens),
-        max_seq_len=max(batch.seq_lens_list),
-        query_lens_cpu=batch.query_lens,
-        seq_lens_cpu=batch.seq_lens_list,
-    )
-
-
 def kernel_variant(op: Any) -> Variant:
     def run(batch: PagedBatch, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         out = torch.empty_like(batch.query)
@@ -100,7 +87,7 @@ def run(repeats: int, block_sizes: list[int], extra: dict[str, Any] | None = Non
                 batch = make_paged_batch(
                     seq_lens, query_lens, HEADS, KV_HEADS, HEAD_DIM, block_size, dtype, torch.device("cpu"), 1
                 )
-                meta, scale = meta_of(batch), HEAD_DIM**-0.5
+                meta, scale = batch.metadata(), HEAD_DIM**-0.5
                 outs: dict[str, torch.Tensor] = {}
                 times: dict[str, list[float]] = {k: [] for k in ops}
                 for _ in range(repeats):

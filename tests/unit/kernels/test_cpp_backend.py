@@ -15,11 +15,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pagedserve.kernels.attention import AttentionMetadata, get_backend
+from pagedserve.kernels.attention import get_backend
 from pagedserve.kernels.cpu.build import PAGED_ATTENTION, load_extension
 from pagedserve.kernels.cpu.isa import ISA_ENV, ISAS, missing_flags, runnable_isas
 from pagedserve.kernels.cpu_backend import CppAttentionBackend
-from pagedserve.kernels.paged_reference import PagedBatch, make_paged_batch
+from pagedserve.kernels.paged_reference import make_paged_batch
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 
 # bf16 outputs are rounded once more by each side; the torch backend's SDPA also rounds P to bf16.
@@ -34,19 +34,6 @@ def isa(request: pytest.FixtureRequest) -> str:
             f"this CPU cannot run the {request.param} path: it lacks {', '.join(missing_flags(request.param))}"
         )
     return request.param
-
-
-def _meta(batch: PagedBatch) -> AttentionMetadata:
-    return AttentionMetadata(
-        slot_mapping=batch.slot_mapping,
-        query_start_loc=batch.query_start_loc,
-        seq_lens=batch.seq_lens,
-        block_tables=batch.block_tables,
-        max_query_len=max(batch.query_lens),
-        max_seq_len=max(batch.seq_lens_list),
-        query_lens_cpu=batch.query_lens,
-        seq_lens_cpu=batch.seq_lens_list,
-    )
 
 
 @st.composite
@@ -81,7 +68,7 @@ def steps(draw: st.DrawFn) -> dict:
 @given(case=steps())
 def test_cpp_matches_the_torch_backend(isa: str, case: dict) -> None:
     batch = make_paged_batch(**case, device=torch.device("cpu"))
-    meta = _meta(batch)
+    meta = batch.metadata()
     scale = case["head_dim"] ** -0.5
     expected = TorchAttentionBackend().forward(batch.query, batch.k_cache, batch.v_cache, meta, scale)
     backend = CppAttentionBackend(isa)
@@ -127,7 +114,7 @@ def test_the_isa_environment_variable_picks_the_path(isa: str, monkeypatch: pyte
     assert backend.isa == isa
     # and it runs that path's op: the same bits as the path loaded by name
     batch = make_paged_batch([70, 5], [1, 5], 6, 2, 64, 16, torch.float32, torch.device("cpu"), seed=3)
-    meta = _meta(batch)
+    meta = batch.metadata()
     got = backend.forward(batch.query, batch.k_cache, batch.v_cache, meta, 0.125)
     by_name = torch.empty_like(batch.query)
     load_extension(PAGED_ATTENTION, isa).paged_attention(
@@ -145,7 +132,7 @@ def test_the_isa_environment_variable_picks_the_path(isa: str, monkeypatch: pyte
 
 def test_a_context_longer_than_its_block_table_is_refused(isa: str) -> None:
     batch = make_paged_batch([40], [1], 4, 2, 16, 16, torch.float32, torch.device("cpu"), seed=0)
-    meta = _meta(batch)
+    meta = batch.metadata()
     meta.seq_lens = torch.tensor([60], dtype=torch.int32)  # 4 blocks; the table has 3
     with pytest.raises(RuntimeError, match="more blocks than block_tables has columns"):
         CppAttentionBackend(isa).forward(batch.query, batch.k_cache, batch.v_cache, meta, 0.25)

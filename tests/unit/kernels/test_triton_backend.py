@@ -7,23 +7,10 @@ import torch
 import triton_env  # noqa: F401  (before any kernels import: selects the Triton interpreter)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pagedserve.kernels.attention import AttentionMetadata, get_backend
+from pagedserve.kernels.attention import get_backend
 from pagedserve.kernels.paged_reference import TOLERANCES, PagedBatch, make_paged_batch, reference_attention
 from pagedserve.kernels.triton_backend import TritonAttentionBackend
 from triton_env import DEVICE, max_examples
-
-
-def _meta(batch: PagedBatch) -> AttentionMetadata:
-    return AttentionMetadata(
-        slot_mapping=batch.slot_mapping,
-        query_start_loc=batch.query_start_loc,
-        seq_lens=batch.seq_lens,
-        block_tables=batch.block_tables,
-        max_query_len=max(batch.query_lens),
-        max_seq_len=max(batch.seq_lens_list),
-        query_lens_cpu=batch.query_lens,
-        seq_lens_cpu=batch.seq_lens_list,
-    )
 
 
 def _step(backend, batch: PagedBatch, scale: float) -> torch.Tensor:
@@ -32,7 +19,7 @@ def _step(backend, batch: PagedBatch, scale: float) -> torch.Tensor:
     batch.k_cache.view(-1, num_kv_heads, head_dim)[batch.slot_mapping] = 0
     batch.v_cache.view(-1, num_kv_heads, head_dim)[batch.slot_mapping] = 0
     backend.write_kv(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.slot_mapping)
-    return backend.forward(batch.query, batch.k_cache, batch.v_cache, _meta(batch), scale)
+    return backend.forward(batch.query, batch.k_cache, batch.v_cache, batch.metadata(), scale)
 
 
 @st.composite
