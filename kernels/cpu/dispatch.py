@@ -3,7 +3,7 @@
 Every user of a C++ op (the attention backend, the layer ops, the sampler) asks here. A path that
 does not build is logged once per process, on one line (op, path, reason, log file), and the next
 path down is tried; when none builds the caller runs its torch form. `kernel_paths()` says what
-each op ended on, for the worker's start log and `/process`.
+each op ended on, for the worker's start log and its announcements (the scheduler's `/workers`).
 """
 
 from __future__ import annotations
