@@ -14,7 +14,8 @@ from pagedserve.kernels.cpu.isa import preferred_isas
 
 TORCH_FALLBACK = "torch"
 
-_paths: dict[str, str] = {}
+_paths: dict[str, str] = {}  # op -> the ISA path it runs, or TORCH_FALLBACK
+_warned: set[tuple[str, str]] = set()  # (op, isa) build failures already logged in this process
 
 
 def load_ops(extension: Extension):
@@ -25,8 +26,8 @@ def load_ops(extension: Extension):
         try:
             ops = load_extension(extension, isa)
         except KernelBuildError as e:
-            if _paths.get(f"{extension.name}/{isa}") != "failed":
-                _paths[f"{extension.name}/{isa}"] = "failed"
+            if (extension.name, isa) not in _warned:
+                _warned.add((extension.name, isa))
                 structlog.get_logger("pagedserve.kernels").warning(
                     "cpp_kernel_unavailable", op=extension.name, isa=isa, reason=str(e)
                 )
