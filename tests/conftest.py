@@ -7,7 +7,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pagedserve.kernels.cpu.isa import ISAS, missing_flags, runnable_isas
 from tiny_models import make_tiny_model
+
+
+@pytest.fixture(scope="module", params=ISAS)
+def isa(request: pytest.FixtureRequest) -> str:
+    """Each C++ kernel ISA path in turn. Skipped only where this CPU cannot execute the path (naming
+    the flags it lacks); a runnable path that does not build fails, it is never skipped."""
+    if request.param not in runnable_isas():
+        pytest.skip(
+            f"this CPU cannot run the {request.param} path: it lacks {', '.join(missing_flags(request.param))}"
+        )
+    return request.param
 
 
 @pytest.fixture(scope="session")

@@ -17,23 +17,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pagedserve.kernels.attention import get_backend
 from pagedserve.kernels.cpu.build import PAGED_ATTENTION, load_extension
-from pagedserve.kernels.cpu.isa import ISA_ENV, ISAS, missing_flags, runnable_isas
+from pagedserve.kernels.cpu.isa import ISA_ENV, runnable_isas
 from pagedserve.kernels.cpu_backend import CppAttentionBackend
 from pagedserve.kernels.paged_reference import make_paged_batch
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 
 # bf16 outputs are rounded once more by each side; the torch backend's SDPA also rounds P to bf16.
 TOLERANCE = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2)}
-
-
-@pytest.fixture(params=ISAS)
-def isa(request: pytest.FixtureRequest) -> str:
-    """Each ISA path; skipped only where this CPU cannot execute it (a build failure fails)."""
-    if request.param not in runnable_isas():
-        pytest.skip(
-            f"this CPU cannot run the {request.param} path: it lacks {', '.join(missing_flags(request.param))}"
-        )
-    return request.param
 
 
 @st.composite
