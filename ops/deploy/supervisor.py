@@ -81,6 +81,7 @@ class Supervisor(ConfigEndpoints):
         launcher: Launcher = service_argv,
         restart_core: bool = True,
         api: bool = False,
+        failpoints: Mapping[str, str] | None = None,
     ) -> None:
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
@@ -92,6 +93,16 @@ class Supervisor(ConfigEndpoints):
         specs += [ChildSpec(worker_name(i), launcher("worker", worker_name(i)), env) for i in range(workers)]
         if api:  # the OpenAI-compatible API: one more client of the front socket, restarted like the rest
             specs.append(ChildSpec(API, launcher(API, None), env, restart=restart_core))
+        # Test deployments: named faults armed in one child each (shared/failpoints.py).
+        unknown = sorted(set(failpoints or {}) - {s.name for s in specs})
+        if unknown:
+            raise ValueError(f"failpoints for unknown children {unknown}")
+        specs = [
+            ChildSpec(s.name, [*s.argv, "--failpoints", failpoints[s.name]], s.env, s.restart)
+            if failpoints and s.name in failpoints
+            else s
+            for s in specs
+        ]
         self.group = ProcessGroup(specs, policy=policy, log_dir=log_dir)
 
     # ------------------------------------------------------------------ endpoints
