@@ -96,7 +96,16 @@ class ServeConfig(BaseSettings):
         2.0, gt=0.0, description="a block-manager reply later than this marks it down"
     )
     step_timeout_s: float = Field(
-        120.0, gt=0.0, description="a step unanswered this long declares its worker lost"
+        60.0,
+        gt=0.0,
+        description="the most a step may go unanswered before its worker is lost; the timeout in force "
+        "is max(step_timeout_floor_s, step_timeout_factor x p99 of that worker's recent steps), capped here",
+    )
+    step_timeout_floor_s: float = Field(
+        10.0, gt=0.0, description="the least a step timeout measured from step times may be"
+    )
+    step_timeout_factor: float = Field(
+        20.0, ge=1.0, description="a step unanswered for this many times the worker's p99 step time is lost"
     )
 
     # --- endpoints

@@ -53,6 +53,7 @@ class LiveRequest:
     submit: Submit
     deadline: float  # monotonic; past it the client answers "timeout" itself
     sink: EventSink
+    last_event: float = 0.0  # monotonic: the last Accepted or Delta (a stream's idle clock)
     num_prompt_tokens: int | None = None
     aborting: bool = False
     tokens_seen: dict[int, int] = field(default_factory=dict)  # completion index -> tokens delivered
