@@ -8,6 +8,7 @@
                      --block-manager-ops http://127.0.0.1:8081
     pagedserve chaos --docker                       kill worker containers of `docker compose up`
     pagedserve chaos soak --model PATH              10,000 short requests, memory at 1k and 10k (soak.py)
+    pagedserve chaos stress --minutes N             the services' tests in a loop on a loaded machine (stress.py)
 
 Faults (ops/chaos/faults.py): SIGKILL of a worker, SIGSTOP/SIGCONT of a worker for less and for
 more than the worker timeout, SIGKILL of the scheduler, of the block manager, and of the API server
@@ -251,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         from pagedserve.ops.chaos.soak import main as soak_main
 
         return soak_main(argv[1:])
+    if argv and argv[0] == "stress":  # `pagedserve chaos stress`: the hang-hunting loop, its own flags
+        from pagedserve.ops.chaos.stress import main as stress_main
+
+        return stress_main(argv[1:])
     args = parse_args(argv)
     from pagedserve.shared.log import configure_logging
 
