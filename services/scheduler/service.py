@@ -199,6 +199,8 @@ class SchedulerService:
             except zmq.Again:
                 break
             self.liveness.connection_closed(time.monotonic())
+            # Evidence for a hang hunt: a step socket that reconnects hands its route over.
+            self.log.info("worker_connection_closed")
             self.next_tick = 0.0  # check liveness now
 
     def _drain(self, sock: zmq.Socket, handler: Callable[[bytes, dict[str, Any]], None]) -> None:

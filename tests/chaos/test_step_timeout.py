@@ -28,6 +28,21 @@ def model_path(tiny_model):
     return tiny_model("llama")
 
 
+def thread_stacks(dump: str) -> list[str]:
+    """One faulthandler dump split per thread (each block starts 'Thread 0x' or 'Current thread 0x')."""
+    blocks: list[list[str]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            blocks.append([])
+        elif line.startswith("{"):  # the next log line: the dump is over
+            if blocks:
+                break
+            continue
+        if blocks:
+            blocks[-1].append(line)
+    return ["\n".join(b) for b in blocks]
+
+
 async def stream_with_sdk_defaults(endpoint: str) -> list[list[int]]:
     async with AsyncClient(endpoint) as client:  # the SDK's default timeouts, nothing shortened
 
@@ -74,5 +89,34 @@ def test_a_step_held_past_its_measured_timeout_moves_its_requests_and_dumps_stac
         assert "failpoint_fired" in worker_log and "dumping_stacks" in worker_log
         # The worker's dump names the place its step thread was stuck in.
         assert "failpoints.py" in worker_log.split("dumping_stacks", 1)[1]
+    finally:
+        sup.stop()
+
+
+def test_a_dropped_execute_is_noticed_by_the_step_timeout_and_the_dump_shows_the_worker_idle(
+    model_path, tmp_path
+):
+    """The 120 s hang's shape: an Execute that never runs, the worker idle and heartbeating. Depth 1,
+    so no later step names a request the worker never saw."""
+    expected = greedy_outputs(model_path, prompts(), MAX_TOKENS)
+    sup = start(
+        model_path,
+        workers=2,
+        log_dir=tmp_path,
+        pipeline_depth=1,
+        step_timeout_floor_s=3.0,
+        failpoints={"worker-0": "worker.drop_execute=20*off->1*return"},
+    )
+    try:
+        assert wait_for(lambda: len(workers_ready(sup)) == 2, 30)
+        t0 = time.monotonic()
+        got = asyncio.run(stream_with_sdk_defaults(sup.front_endpoint))
+        assert got == expected
+        assert time.monotonic() - t0 < 60.0  # the old fixed timeout alone was 120 s
+        assert '"event": "step_timeout"' in (tmp_path / "scheduler.log").read_text()
+        dump = (tmp_path / "worker-0.log").read_text().split("dumping_stacks", 1)[1]
+        # Its step thread waits in the receive loop's poll: the Execute never reached the runner.
+        (step_thread,) = [t for t in thread_stacks(dump) if " in serve" in t]
+        assert " in poll" in step_thread and " in execute" not in step_thread, step_thread
     finally:
         sup.stop()
