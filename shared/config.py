@@ -122,6 +122,13 @@ class ServeConfig(BaseSettings):
     # --- the OpenAI-compatible HTTP API (services/api)
     api_host: str = Field("127.0.0.1", description="address the OpenAI-compatible API binds")
     api_port: int = Field(8000, ge=1, le=65535, description="port of the OpenAI-compatible API")
+    api_processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="API processes sharing api_port (SO_REUSEPORT), each its own SDK client: one's death "
+        "ends only its own streams",
+    )
     api_key: str | None = Field(None, description="if set, /v1 requires `Authorization: Bearer <api_key>`")
     served_model_name: str | None = Field(
         None, max_length=256, description="model name the API answers to; default: the model folder's name"

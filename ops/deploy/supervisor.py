@@ -56,6 +56,11 @@ def worker_name(index: int) -> str:
     return f"worker-{index}"
 
 
+def api_name(index: int) -> str:
+    """The API processes: `api` (the one chaos and the start log know), then `api-1`, `api-2`..."""
+    return API if index == 0 else f"{API}-{index}"
+
+
 def resolve_model_first(config: ServeConfig) -> ServeConfig:
     """`config` with `model` resolved to a checkpoint folder, done once here.
 
@@ -92,7 +97,11 @@ class Supervisor(ConfigEndpoints):
         specs = [ChildSpec(s, launcher(s, None), env, restart=restart_core) for s in CORE_SERVICES]
         specs += [ChildSpec(worker_name(i), launcher("worker", worker_name(i)), env) for i in range(workers)]
         if api:  # the OpenAI-compatible API: one more client of the front socket, restarted like the rest
-            specs.append(ChildSpec(API, launcher(API, None), env, restart=restart_core))
+            # With api_processes > 1: api, api-1, ... on one port (SO_REUSEPORT), each supervised.
+            specs += [
+                ChildSpec(api_name(i), launcher(API, None), env, restart=restart_core)
+                for i in range(config.api_processes)
+            ]
         # Test deployments: named faults armed in one child each (shared/failpoints.py).
         unknown = sorted(set(failpoints or {}) - {s.name for s in specs})
         if unknown:
@@ -136,7 +145,7 @@ class Supervisor(ConfigEndpoints):
     def check(self) -> None:
         """Raise DeploymentFailed if the block manager, the scheduler or every worker is down for good."""
         given_up = self.group.given_up()
-        dead = [n for n in given_up if n in CORE_SERVICES or n == API]
+        dead = [n for n in given_up if n in CORE_SERVICES or n == API or n.startswith(f"{API}-")]
         if not dead and self.workers and sum(n.startswith("worker-") for n in given_up) == self.workers:
             dead = [worker_name(0)]
         if dead:
