@@ -38,6 +38,8 @@ def make_submit(
     here, before anything is sent."""
     if sampling_params is not None:
         sampling = {**sampling_params.model_dump(), **sampling}
+    sampling = dict(sampling)
+    user = sampling.pop("user", None)  # not a sampling field: whom the request is for (per-user limits)
     return Submit(
         request_id=request_id or uuid.uuid4().hex,
         prompt=prompt,
@@ -45,6 +47,7 @@ def make_submit(
         sampling=SamplingParams(**sampling),
         stream=stream,
         timeout_s=timeout_s,
+        user=user,
     )
 
 
