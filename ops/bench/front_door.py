@@ -312,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             sup.stop()
     report = summarize(records, samples, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({**report, "samples": samples}, indent=1))
+    failures = [r for r in records if r["end"] not in ("ok", "429", "503")]  # each one, to read
+    args.out.write_text(json.dumps({**report, "failures": failures, "samples": samples}, indent=1))
     write_png(args.out.with_suffix(".png"), records, samples)
     print(json.dumps(report, indent=1))
     return 0 if report["passed"] else 1
