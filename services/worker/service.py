@@ -213,7 +213,7 @@ class WorkerService:
             beat.join(timeout=5)
             if beat.is_alive():
                 # Its sockets are still open: ctx.term() would wait for them forever. Exiting
-                # releases them anyway; a hang here is how a stopped worker outlived its supervisor.
+                # releases them anyway; a worker hung here would outlive its supervisor.
                 self.log.warning("heartbeat_thread_still_running_at_exit")
             else:
                 self.ctx.term()
