@@ -62,6 +62,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=True,
         help="with --start: run the OpenAI-compatible API server too, as `pagedserve up` does (default: on)",
     )
+    where.add_argument(
+        "--api-processes",
+        type=int,
+        default=1,
+        help="with --start: API processes on one port (api_kill hits the first: streams on the others go on)",
+    )
     where.add_argument("--endpoint", default=None, help="scheduler front endpoint (default: config)")
     where.add_argument("--scheduler-ops", default=None, help="scheduler ops URL (default: config)")
     where.add_argument("--block-manager-ops", default=None, help="block manager ops URL (default: config)")
@@ -266,7 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.start is not None:
             console.print(f"starting block manager, scheduler and {args.start} workers ({args.model})")
             deployment = started(
-                args.start, args.model, args.threads, args.num_blocks, args.ready_timeout, args.api
+                args.start,
+                args.model,
+                args.threads,
+                args.num_blocks,
+                args.ready_timeout,
+                args.api,
+                args.api_processes,
             )
         else:
             project = args.compose_project if args.docker else None
