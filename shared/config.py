@@ -96,7 +96,16 @@ class ServeConfig(BaseSettings):
         2.0, gt=0.0, description="a block-manager reply later than this marks it down"
     )
     step_timeout_s: float = Field(
-        120.0, gt=0.0, description="a step unanswered this long declares its worker lost"
+        60.0,
+        gt=0.0,
+        description="the most a step may go unanswered before its worker is lost; the timeout in force "
+        "is max(step_timeout_floor_s, step_timeout_factor x p99 of that worker's recent steps), capped here",
+    )
+    step_timeout_floor_s: float = Field(
+        10.0, gt=0.0, description="the least a step timeout measured from step times may be"
+    )
+    step_timeout_factor: float = Field(
+        20.0, ge=1.0, description="a step unanswered for this many times the worker's p99 step time is lost"
     )
 
     # --- endpoints
@@ -113,6 +122,13 @@ class ServeConfig(BaseSettings):
     # --- the OpenAI-compatible HTTP API (services/api)
     api_host: str = Field("127.0.0.1", description="address the OpenAI-compatible API binds")
     api_port: int = Field(8000, ge=1, le=65535, description="port of the OpenAI-compatible API")
+    api_processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="API processes sharing api_port (SO_REUSEPORT), each its own SDK client: one's death "
+        "ends only its own streams",
+    )
     api_key: str | None = Field(None, description="if set, /v1 requires `Authorization: Bearer <api_key>`")
     served_model_name: str | None = Field(
         None, max_length=256, description="model name the API answers to; default: the model folder's name"

@@ -47,8 +47,22 @@ def deployment_config(model: Path | str, **overrides: Any) -> ServeConfig:
     return ServeConfig(**fields)
 
 
-def start(model: Path | str, workers: int, log_dir: Path, policy: Any = None, **overrides: Any) -> Supervisor:
-    sup = Supervisor(deployment_config(model, **overrides), workers=workers, log_dir=log_dir, policy=policy)
+def start(
+    model: Path | str,
+    workers: int,
+    log_dir: Path,
+    policy: Any = None,
+    failpoints: dict[str, str] | None = None,
+    **overrides: Any,
+) -> Supervisor:
+    """`failpoints`: child name -> spec (shared/failpoints.py), armed in that child only."""
+    sup = Supervisor(
+        deployment_config(model, **overrides),
+        workers=workers,
+        log_dir=log_dir,
+        policy=policy,
+        failpoints=failpoints,
+    )
     sup.start()
     try:
         sup.wait_ready(timeout_s=120)

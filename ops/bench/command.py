@@ -120,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         from pagedserve.ops.bench.serve import main as serve_main
 
         return serve_main(argv[1:])
+    if argv and argv[0] == "front-door":  # many HTTP clients through the API (ops/bench/front_door.py)
+        from pagedserve.ops.bench.front_door import main as front_door_main
+
+        return front_door_main(argv[1:])
     if argv and argv[0] == "fleet":  # `pagedserve bench fleet`: simulated workers, its own flags
         from pagedserve.ops.bench.fleet import main as fleet_main
 

@@ -8,6 +8,7 @@
                      --block-manager-ops http://127.0.0.1:8081
     pagedserve chaos --docker                       kill worker containers of `docker compose up`
     pagedserve chaos soak --model PATH              10,000 short requests, memory at 1k and 10k (soak.py)
+    pagedserve chaos stress --minutes N             the services' tests in a loop on a loaded machine (stress.py)
 
 Faults (ops/chaos/faults.py): SIGKILL of a worker, SIGSTOP/SIGCONT of a worker for less and for
 more than the worker timeout, SIGKILL of the scheduler, of the block manager, and of the API server
@@ -60,6 +61,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="with --start: run the OpenAI-compatible API server too, as `pagedserve up` does (default: on)",
+    )
+    where.add_argument(
+        "--api-processes",
+        type=int,
+        default=1,
+        help="with --start: API processes on one port (api_kill hits the first: streams on the others go on)",
     )
     where.add_argument("--endpoint", default=None, help="scheduler front endpoint (default: config)")
     where.add_argument("--scheduler-ops", default=None, help="scheduler ops URL (default: config)")
@@ -251,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         from pagedserve.ops.chaos.soak import main as soak_main
 
         return soak_main(argv[1:])
+    if argv and argv[0] == "stress":  # `pagedserve chaos stress`: the hang-hunting loop, its own flags
+        from pagedserve.ops.chaos.stress import main as stress_main
+
+        return stress_main(argv[1:])
     args = parse_args(argv)
     from pagedserve.shared.log import configure_logging
 
@@ -261,7 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.start is not None:
             console.print(f"starting block manager, scheduler and {args.start} workers ({args.model})")
             deployment = started(
-                args.start, args.model, args.threads, args.num_blocks, args.ready_timeout, args.api
+                args.start,
+                args.model,
+                args.threads,
+                args.num_blocks,
+                args.ready_timeout,
+                args.api,
+                args.api_processes,
             )
         else:
             project = args.compose_project if args.docker else None

@@ -92,9 +92,15 @@ def wait_for_workers(scheduler_ops: str, count: int, timeout_s: float) -> list[s
 
 @contextlib.contextmanager
 def started(
-    workers: int, model: str, threads: int, num_blocks: int | None, ready_timeout_s: float, api: bool = True
+    workers: int,
+    model: str,
+    threads: int,
+    num_blocks: int | None,
+    ready_timeout_s: float,
+    api: bool = True,
+    api_processes: int = 1,
 ) -> Iterator[Deployment]:
-    front, worker_port, bm, sched_ops, bm_ops, api = free_ports(6)
+    front, worker_port, bm, sched_ops, bm_ops, api_port = free_ports(6)
     config = ServeConfig(
         model=model,
         num_threads=threads,
@@ -105,7 +111,8 @@ def started(
         ops_host="127.0.0.1",
         scheduler_ops_port=sched_ops,
         block_manager_ops_port=bm_ops,
-        api_port=api,
+        api_port=api_port,
+        api_processes=api_processes,
         log_format="json",
     )
     try:

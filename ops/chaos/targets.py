@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pagedserve.ops.deploy.process_group import deliver
 from pagedserve.ops.deploy.supervisor import Supervisor, worker_name
 from pagedserve.shared.config import ServeConfig
 
@@ -176,13 +177,13 @@ class ProcessWorkers:
 
     def signal(self, victim: Victim, sig: int) -> None:
         assert victim.pid is not None
-        os.kill(victim.pid, sig)
+        deliver(victim.pid, sig)
 
     def signal_service(self, name: str, sig: int) -> int:
         pid = self.services().get(name)
         if pid is None:
             raise ProcessLookupError(f"no {name} process of this deployment")
-        os.kill(pid, sig)
+        deliver(pid, sig)
         return pid
 
 
@@ -217,7 +218,7 @@ class ContainerWorkers:
 
     def signal(self, victim: Victim, sig: int) -> None:
         assert victim.pid is not None, f"{victim.name} has no process"
-        os.kill(victim.pid, sig)
+        deliver(victim.pid, sig)
 
     def services(self) -> dict[str, int]:
         return {}  # the core containers are not looked for: workers only

@@ -53,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name in SERVICES:
         p = sub.add_parser(name, help=f"run the {name.replace('-', ' ')} service until SIGTERM")
         add_config_args(p)
+        p.add_argument(
+            "--failpoints",
+            metavar="SPEC",
+            default=None,
+            help="test deployments only: arm named faults in this process, e.g. "
+            "'worker.drop_execute=3*off->1*return' (docs/failure-model.md lists them)",
+        )
         p.set_defaults(handler=_cmd_service)
 
     for name in ("up", "serve"):
@@ -143,6 +150,15 @@ def _cmd_service(args: argparse.Namespace) -> int:
     # never answers (its heartbeat thread still beating) is stuck on.
     config = config_from_args(args)
     faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+    if args.failpoints:
+        from pagedserve.shared import failpoints
+
+        try:
+            failpoints.configure(args.failpoints)
+        except ValueError as e:
+            print(f"pagedserve {args.command}: --failpoints: {e}", file=sys.stderr)
+            return 2
+        print(f"pagedserve {args.command}: failpoints armed: {args.failpoints}", file=sys.stderr, flush=True)
     if args.command == "worker":
         config = _with_worker_id(config)
         refusal = dtype_refusal(config)

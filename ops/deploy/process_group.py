@@ -264,17 +264,27 @@ def exit_cause(code: int) -> str:
     return f"exit {code}"
 
 
+def deliver(pid: int, sig: int) -> None:
+    """`kill(pid, sig)`, with a SIGCONT first for anything but a pause, a resume or a SIGKILL: a
+    stopped process keeps a SIGTERM pending, unhandled, for as long as it stays stopped (a worker
+    paused by chaos, or by its own `stop` failpoint, outlived its supervisor that way)."""
+    if sig not in (signal.SIGSTOP, signal.SIGCONT, signal.SIGKILL):
+        os.kill(pid, signal.SIGCONT)
+    os.kill(pid, sig)
+
+
 def _signal(proc: subprocess.Popen[bytes] | None, sig: int) -> None:
-    if proc is not None:
+    if proc is not None and proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
+            deliver(proc.pid, sig)
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Linux: the kernel SIGTERMs the child when the spawning thread dies without stop() (we were
-    SIGKILLed, or crashed), so no orphan keeps the ports."""
+    """Linux: the kernel SIGKILLs the child when the spawning thread dies without stop() (we were
+    SIGKILLed, or crashed), so no orphan keeps the ports. SIGKILL, not SIGTERM: nobody is left to
+    SIGCONT a stopped child, and a stopped child never runs a SIGTERM handler."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     # The parent may have died between fork and prctl: then nobody would ever stop us.
     if os.getppid() != parent_pid:
         os._exit(1)

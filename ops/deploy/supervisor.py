@@ -56,6 +56,11 @@ def worker_name(index: int) -> str:
     return f"worker-{index}"
 
 
+def api_name(index: int) -> str:
+    """The API processes: `api` (the one chaos and the start log know), then `api-1`, `api-2`..."""
+    return API if index == 0 else f"{API}-{index}"
+
+
 def resolve_model_first(config: ServeConfig) -> ServeConfig:
     """`config` with `model` resolved to a checkpoint folder, done once here.
 
@@ -81,6 +86,7 @@ class Supervisor(ConfigEndpoints):
         launcher: Launcher = service_argv,
         restart_core: bool = True,
         api: bool = False,
+        failpoints: Mapping[str, str] | None = None,
     ) -> None:
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
@@ -91,7 +97,21 @@ class Supervisor(ConfigEndpoints):
         specs = [ChildSpec(s, launcher(s, None), env, restart=restart_core) for s in CORE_SERVICES]
         specs += [ChildSpec(worker_name(i), launcher("worker", worker_name(i)), env) for i in range(workers)]
         if api:  # the OpenAI-compatible API: one more client of the front socket, restarted like the rest
-            specs.append(ChildSpec(API, launcher(API, None), env, restart=restart_core))
+            # With api_processes > 1: api, api-1, ... on one port (SO_REUSEPORT), each supervised.
+            specs += [
+                ChildSpec(api_name(i), launcher(API, None), env, restart=restart_core)
+                for i in range(config.api_processes)
+            ]
+        # Test deployments: named faults armed in one child each (shared/failpoints.py).
+        unknown = sorted(set(failpoints or {}) - {s.name for s in specs})
+        if unknown:
+            raise ValueError(f"failpoints for unknown children {unknown}")
+        specs = [
+            ChildSpec(s.name, [*s.argv, "--failpoints", failpoints[s.name]], s.env, s.restart)
+            if failpoints and s.name in failpoints
+            else s
+            for s in specs
+        ]
         self.group = ProcessGroup(specs, policy=policy, log_dir=log_dir)
 
     # ------------------------------------------------------------------ endpoints
@@ -125,7 +145,7 @@ class Supervisor(ConfigEndpoints):
     def check(self) -> None:
         """Raise DeploymentFailed if the block manager, the scheduler or every worker is down for good."""
         given_up = self.group.given_up()
-        dead = [n for n in given_up if n in CORE_SERVICES or n == API]
+        dead = [n for n in given_up if n in CORE_SERVICES or n == API or n.startswith(f"{API}-")]
         if not dead and self.workers and sum(n.startswith("worker-") for n in given_up) == self.workers:
             dead = [worker_name(0)]
         if dead:

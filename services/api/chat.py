@@ -41,11 +41,11 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         shape = StreamShape(card, rid, created, sampling.n, 1, include_usage, body.logprobs)
         with as_api_errors("messages"):
-            fanout = await Fanout.open(state.client, prompts, sampling, rid)
+            fanout = await Fanout.open(state.client, prompts, sampling, rid, body.user or None)
         return await stream_response(request, fanout, lambda events: chat_chunks(shape, events), "messages")
     try:
         (result,) = await run_unless_disconnected(
-            request, generate_all(state.client, prompts, sampling, rid), "messages"
+            request, generate_all(state.client, prompts, sampling, rid, body.user or None), "messages"
         )
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)

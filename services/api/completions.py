@@ -46,13 +46,13 @@ async def create_completion(body: CompletionRequest, request: Request) -> dict[s
             card, rid, created, sampling.n, len(prompts), include_usage, body.logprobs is not None, echo
         )
         with as_api_errors("prompt"):
-            fanout = await Fanout.open(state.client, prompts, sampling, rid)
+            fanout = await Fanout.open(state.client, prompts, sampling, rid, body.user or None)
         return await stream_response(
             request, fanout, lambda events: completion_chunks(shape, events), "prompt"
         )
     try:
         results = await run_unless_disconnected(
-            request, generate_all(state.client, prompts, sampling, rid), "prompt"
+            request, generate_all(state.client, prompts, sampling, rid, body.user or None), "prompt"
         )
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)

@@ -34,7 +34,11 @@ def _first_error(group: BaseExceptionGroup) -> BaseException:
 
 
 async def generate_all(
-    client: AsyncClient, prompts: list[Prompt], sampling: SamplingParams, response_id: str
+    client: AsyncClient,
+    prompts: list[Prompt],
+    sampling: SamplingParams,
+    response_id: str,
+    user: str | None = None,
 ) -> list[Result]:
     """Every prompt to the end, in prompt order; the first failure cancels (aborts) the rest."""
     ids = scheduler_ids(response_id, len(prompts))
@@ -43,7 +47,11 @@ async def generate_all(
             tasks = [
                 group.create_task(
                     client.generate(
-                        prompt=p.text, prompt_token_ids=p.token_ids, request_id=rid, sampling_params=sampling
+                        prompt=p.text,
+                        prompt_token_ids=p.token_ids,
+                        request_id=rid,
+                        sampling_params=sampling,
+                        user=user,
                     )
                 )
                 for p, rid in zip(prompts, ids, strict=True)
@@ -64,7 +72,12 @@ class Fanout:
 
     @classmethod
     async def open(
-        cls, client: AsyncClient, prompts: list[Prompt], sampling: SamplingParams, response_id: str
+        cls,
+        client: AsyncClient,
+        prompts: list[Prompt],
+        sampling: SamplingParams,
+        response_id: str,
+        user: str | None = None,
     ) -> Fanout:
         """Submit every prompt now; a refusal at submit time aborts those already sent."""
         fanout = cls()
@@ -72,7 +85,11 @@ class Fanout:
             for p, rid in zip(prompts, scheduler_ids(response_id, len(prompts)), strict=True):
                 fanout._streams.append(
                     client.stream(
-                        prompt=p.text, prompt_token_ids=p.token_ids, request_id=rid, sampling_params=sampling
+                        prompt=p.text,
+                        prompt_token_ids=p.token_ids,
+                        request_id=rid,
+                        sampling_params=sampling,
+                        user=user,
                     )
                 )
         except BaseException:

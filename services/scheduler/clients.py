@@ -19,18 +19,27 @@ class ClientBook:
     streaming: dict[str, bool] = field(default_factory=dict)
     live: dict[bytes, set[str]] = field(default_factory=dict)  # client -> its live request ids
     last_seen: dict[bytes, float] = field(default_factory=dict)
+    # Requests that name a user count against that user's limit instead of their connection's:
+    # several API processes (each one connection) serve one user, and one serves many users.
+    by_user: dict[str, set[str]] = field(default_factory=dict)
+    user_of: dict[str, str] = field(default_factory=dict)  # request id -> its user
 
     def seen(self, client: bytes, now: float) -> None:
         self.last_seen[client] = now
 
-    def admit(self, client: bytes, request_id: str, stream: bool) -> None:
+    def admit(self, client: bytes, request_id: str, stream: bool, user: str | None = None) -> None:
         ids = self.live.setdefault(client, set())
-        if len(ids) >= self.max_inflight:
+        counted = ids if user is None else self.by_user.setdefault(user, set())
+        if len(counted) >= self.max_inflight:
+            who = "this client" if user is None else f"user {user!r}"
             raise RequestRejected(
                 "too_many_requests",
-                f"this client already has {len(ids)} requests in flight; "
+                f"{who} already has {len(counted)} requests in flight; "
                 f"the limit is max_inflight_per_client={self.max_inflight}",
             )
+        if user is not None:
+            counted.add(request_id)
+            self.user_of[request_id] = user
         ids.add(request_id)
         self.route[request_id] = client
         self.streaming[request_id] = stream
@@ -46,6 +55,11 @@ class ClientBook:
     def done(self, request_id: str) -> bytes | None:
         client = self.route.pop(request_id, None)
         self.streaming.pop(request_id, None)
+        user = self.user_of.pop(request_id, None)
+        if user is not None:
+            self.by_user[user].discard(request_id)
+            if not self.by_user[user]:
+                del self.by_user[user]
         if client is not None and client in self.live:
             self.live[client].discard(request_id)
             if not self.live[client]:

@@ -145,7 +145,7 @@ class FrontDoor:
         tokens = tokenize_submit(
             submit, self.model.tokenizer, self.model.max_model_len, self.model.vocab_size
         )
-        self.clients.admit(client, rid, submit.stream)
+        self.clients.admit(client, rid, submit.stream, submit.user)
         timeout = submit.timeout_s or self.request_timeout_s
         self.core.add_request(rid, tokens, submit.sampling, now, deadline=now + timeout)
         self.metrics.tokens.labels("prompt").inc(len(tokens))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pagedserve.services.scheduler.step_clock import StepClock
 from pagedserve.shared.protocol.control import WorkerAnnouncement
 
 
@@ -26,13 +27,14 @@ class WorkerLink:
     generation: int = 0  # sent with the reset that activated it: only results stamped so are believed
     model: str = ""
     runtime: dict[str, str] = field(default_factory=dict)  # as it last announced (dtype, ISA paths)
+    dumped_for: float | None = None  # sent_at of the step whose suspected hang was already dumped
 
 
 class WorkerLiveness:
-    def __init__(self, heartbeat_interval_s: float, worker_timeout_s: float, step_timeout_s: float) -> None:
+    def __init__(self, heartbeat_interval_s: float, worker_timeout_s: float, steps: StepClock) -> None:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.worker_timeout_s = worker_timeout_s
-        self.step_timeout_s = step_timeout_s
+        self.steps = steps  # measured step times: the step timeout of each worker
         self.links: dict[str, WorkerLink] = {}
         self.disconnect_seen_at = float("-inf")
 
@@ -76,6 +78,7 @@ class WorkerLiveness:
             link.last_heartbeat = now
 
     def drop(self, worker_id: str) -> WorkerLink | None:
+        self.steps.forget(worker_id)  # it may come back on other hardware, or loaded differently
         return self.links.pop(worker_id, None)
 
     def connection_closed(self, now: float) -> None:
@@ -95,9 +98,21 @@ class WorkerLiveness:
             oldest = oldest_step_sent_at(wid)
             if silent > timeout:
                 lost.append((wid, f"no heartbeat for {silent:.1f}s"))
-            elif oldest is not None and now - oldest > self.step_timeout_s:
+            elif oldest is not None and now - oldest > self.steps.timeout_s(wid):
                 lost.append((wid, f"step unanswered for {now - oldest:.1f}s"))
         return lost
+
+    def suspected_hangs(self, now: float, oldest_step_sent_at: Callable[[str], float | None]) -> list[str]:
+        """Workers whose oldest step just passed its hang threshold (each such step once)."""
+        suspects = []
+        for wid, link in self.links.items():
+            oldest = oldest_step_sent_at(wid)
+            if oldest is None or oldest == link.dumped_for:
+                continue
+            if now - oldest > self.steps.dump_after_s(wid):
+                link.dumped_for = oldest
+                suspects.append(wid)
+        return suspects
 
     def active_ids(self) -> list[str]:
         return [w for w, link in self.links.items() if link.active]

@@ -7,15 +7,19 @@
 The parts: frontdoor.py (the clients), liveness.py (which workers are alive), block_client.py (the
 block-manager RPC, its seq / instance / lease-owner epoch). This loop wires them to the core.
 
-Failure handling (DESIGN §7): a worker silent for worker_timeout_s, or with a step unanswered for
-step_timeout_s, is dropped and its requests recompute elsewhere; a block manager that stops
+Failure handling (docs/failure-model.md): a worker silent for worker_timeout_s, or with a step
+unanswered past its measured step timeout (step_clock.py), is dropped and its requests recompute
+elsewhere; a step overdue past its hang threshold first gets the scheduler's and the worker's stacks
+dumped into their logs; a block manager that stops
 answering (or comes back as a new instance) costs every table: all requests recompute once it is
 back, under a new lease owner so that whatever the old one held simply expires.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import random
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,12 +34,13 @@ from pagedserve.services.scheduler.liveness import WorkerLink, WorkerLiveness
 from pagedserve.services.scheduler.metrics import SchedulerMetrics
 from pagedserve.services.scheduler.model_info import ModelInfo, load_model_info
 from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.step_clock import StepClock
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
 from pagedserve.shared.ops_http import OpsServer, json_response
 from pagedserve.shared.protocol.blocks import free_op
 from pagedserve.shared.protocol.codec import ProtocolError
-from pagedserve.shared.protocol.control import Heartbeat, Hello, Reset
+from pagedserve.shared.protocol.control import DumpStacks, Heartbeat, Hello, Reset
 from pagedserve.shared.protocol.frontend import Error
 from pagedserve.shared.protocol.messages import encode_message, message_table, read_message
 from pagedserve.shared.protocol.step import ExecuteMessage, StepResult, StepResultMessage
@@ -75,7 +80,9 @@ class SchedulerService:
         # Generations start at random: a worker's stale result must not match a restarted scheduler's.
         self.generation = random.getrandbits(40)
         self.liveness = WorkerLiveness(
-            config.heartbeat_interval_s, config.worker_timeout_s, config.step_timeout_s
+            config.heartbeat_interval_s,
+            config.worker_timeout_s,
+            StepClock(config.step_timeout_floor_s, config.step_timeout_factor, config.step_timeout_s),
         )
         front = make_socket(self.ctx, zmq.ROUTER, max_message_bytes=mk, curve_server=keys)
         front.bind(config.front_endpoint)
@@ -192,6 +199,8 @@ class SchedulerService:
             except zmq.Again:
                 break
             self.liveness.connection_closed(time.monotonic())
+            # Evidence for a hang hunt: a step socket that reconnects hands its route over.
+            self.log.info("worker_connection_closed")
             self.next_tick = 0.0  # check liveness now
 
     def _drain(self, sock: zmq.Socket, handler: Callable[[bytes, dict[str, Any]], None]) -> None:
@@ -297,6 +306,9 @@ class SchedulerService:
         if not self.core.expects_result(wid, result.step):
             self.log.warning("stale_step_result", worker_id=wid, step=result.step)
             return
+        sent_at = self.core.oldest_step_sent_at(wid)  # of this step: results come in order
+        if sent_at is not None:
+            self.liveness.steps.observe(wid, now - sent_at)
         self.metrics.step_time.observe(result.timings.get("step_s", result.timings.get("forward_s", 0.0)))
         self.metrics.worker_idle.labels(wid).inc(result.timings.get("idle_s", 0.0))
         self.metrics.worker_busy.labels(wid).inc(result.timings.get("step_s", 0.0))
@@ -328,7 +340,13 @@ class SchedulerService:
     # ------------------------------------------------------------------ timers and steps
 
     def tick(self, now: float) -> None:
+        for wid in self.liveness.suspected_hangs(now, self.core.oldest_step_sent_at):
+            self.dump_stacks(wid, now)
         for wid, reason in self.liveness.overdue(now, self.core.oldest_step_sent_at):
+            if reason.startswith("step unanswered"):
+                self.log.error(
+                    "step_timeout", worker_id=wid, reason=reason, **self.liveness.steps.describe(wid)
+                )
             self.lose_worker(wid, reason)
         self.front.abort_lapsed_clients(now, self.config.client_timeout_s)
         self.front.dispatch(self.core.expire(now), now)
@@ -336,6 +354,24 @@ class SchedulerService:
             self.probe_block_manager()
         self.metrics.waiting.set(self.core.num_waiting)
         self.metrics.running.set(self.core.num_running)
+
+    def dump_stacks(self, wid: str, now: float) -> None:
+        """A suspected hang: our stacks and the worker's into the logs, while it is still stuck."""
+        oldest = self.core.oldest_step_sent_at(wid)
+        age = 0.0 if oldest is None else now - oldest
+        self.log.error(
+            "step_overdue_dumping_stacks",
+            worker_id=wid,
+            step_age_s=round(age, 3),
+            **self.liveness.steps.describe(wid),
+        )
+        faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
+        try:  # to its heartbeat thread, which answers even while its step thread is stuck
+            self.workers_sock.send_multipart(
+                [f"{wid}/hb".encode(), encode_message(DumpStacks(round(age, 3)))], zmq.NOBLOCK
+            )
+        except zmq.ZMQError as exc:  # unroutable: the heartbeat socket is gone too
+            self.log.warning("dump_stacks_unroutable", worker_id=wid, error=str(exc))
 
     def schedule_all(self) -> bool:
         """Fill every worker's pipeline window; True if any step was sent."""

@@ -12,8 +12,8 @@ A step that raises leaves the runner's state unknown: the worker exits and is re
 
 from __future__ import annotations
 
+import faulthandler
 import os
-import signal
 import socket
 import sys
 import threading
@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING
 
 import zmq
 from pagedserve.services.worker.simulated import SimulatedRunner
+from pagedserve.shared import failpoints
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
 from pagedserve.shared.protocol.codec import ProtocolError, decode
-from pagedserve.shared.protocol.control import Heartbeat, Hello, Register, Registered, Reset
+from pagedserve.shared.protocol.control import DumpStacks, Heartbeat, Hello, Register, Registered, Reset
 from pagedserve.shared.protocol.messages import message_table, read_message
 from pagedserve.shared.protocol.step import ExecuteMessage, StepResultMessage
 from pagedserve.shared.transport import CurveKeys, make_socket, send
@@ -35,22 +36,9 @@ from pagedserve.shared.transport import CurveKeys, make_socket, send
 if TYPE_CHECKING:
     from pagedserve.services.worker.runner import ModelRunner
 
-# Fault injection for tests: "<worker_id>:<n>" makes that worker SIGSTOP itself just before sending
-# the result of its n-th step that sampled tokens (a hang in the middle of replying).
-STOP_BEFORE_RESULT = "PAGEDSERVE_FAULT_STOP_BEFORE_RESULT"
-
-
-def stop_before_result_step(value: str | None, worker_id: str) -> int | None:
-    if not value:
-        return None
-    target, _, n = value.rpartition(":")
-    if not n.isdigit() or int(n) < 1:
-        raise ValueError(f"{STOP_BEFORE_RESULT} must be '<worker_id>:<step count >= 1>'; got {value!r}")
-    return int(n) if target == worker_id else None
-
-
-# What the scheduler sends a worker's step socket.
+# What the scheduler sends a worker's step socket, and its heartbeat socket.
 _FROM_SCHEDULER = message_table(ExecuteMessage, Reset)
+_TO_HEARTBEAT = message_table(DumpStacks)
 
 
 class WorkerService:
@@ -93,17 +81,7 @@ class WorkerService:
         self.keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
         self.ctx = zmq.Context()
         self.stopping = threading.Event()
-        self.stop_before_result = stop_before_result_step(os.environ.get(STOP_BEFORE_RESULT), self.worker_id)
-        self.steps_with_tokens = 0
         self.generation = 0  # of the last reset obeyed: stamped on every step result
-
-    def _maybe_stop_before_sending(self) -> None:
-        """Fault injection for tests: hang (SIGSTOP ourselves) with a computed step result not yet
-        sent, as a worker stuck mid-reply would; whoever SIGCONTs us sees a stale result go out."""
-        self.steps_with_tokens += 1
-        if self.steps_with_tokens == self.stop_before_result:
-            self.log.warning("fault_injected_stop_before_result", step_with_tokens=self.steps_with_tokens)
-            os.kill(os.getpid(), signal.SIGSTOP)
 
     def announcement(
         self, kind: type[Hello] | type[Heartbeat] | type[Register]
@@ -156,14 +134,29 @@ class WorkerService:
         bm = self._dealer(self.config.block_manager_endpoint)
         sched = self._dealer(self.config.worker_endpoint, identity=f"{self.worker_id}/hb")
         beat = self.announcement(Heartbeat)
+        interval_ms = max(1, int(self.config.heartbeat_interval_s * 1000))
         try:
             while not self.stopping.is_set():
                 send(bm, beat)
                 send(sched, beat)
-                self.stopping.wait(self.config.heartbeat_interval_s)
+                next_beat = time.monotonic() + self.config.heartbeat_interval_s
+                while not self.stopping.is_set() and (left := next_beat - time.monotonic()) > 0:
+                    # Short polls: a stop is seen within 100 ms, and so is a request for our stacks.
+                    if sched.poll(min(100, interval_ms, max(1, int(left * 1000)))):
+                        self._on_heartbeat_socket(sched.recv())
         finally:
             bm.close(0)
             sched.close(0)
+
+    def _on_heartbeat_socket(self, frame: bytes) -> None:
+        try:
+            msg = read_message(decode(frame, self.config.max_message_bytes), _TO_HEARTBEAT)
+        except ProtocolError as exc:
+            self.log.warning("unexpected_message", socket="heartbeat", code=exc.code, error=exc.message)
+            return
+        # The scheduler sees one of our steps overdue: where is every thread of ours right now?
+        self.log.error("dumping_stacks", reason="step overdue at the scheduler", step_age_s=msg.step_age_s)
+        faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
 
     def serve(self) -> None:
         self.register_pool()
@@ -198,6 +191,8 @@ class WorkerService:
                     self.generation = msg.generation
                     self.log.info("worker_state_reset", generation=msg.generation)
                     continue
+                if failpoints.fire("worker.drop_execute"):
+                    continue  # a lost Execute: the scheduler's step timeout must notice
                 idle_s = time.monotonic() - last_sent
                 execute = msg.execute
                 try:
@@ -206,15 +201,22 @@ class WorkerService:
                     self.log.exception("step_failed", step=execute.step)
                     raise
                 result.timings["idle_s"] = idle_s
-                if self.stop_before_result is not None and result.request_ids:
-                    self._maybe_stop_before_sending()
+                if result.request_ids:
+                    # A hang mid-reply: whoever SIGCONTs us sees a stale result go out.
+                    failpoints.fire("worker.stop_before_result")
+                failpoints.fire("worker.delay_reply")
                 send(sched, StepResultMessage(self.worker_id, result, self.generation))
                 last_sent = time.monotonic()
         finally:
             self.stopping.set()
-            beat.join(timeout=2)
-            sched.close(0)
-            self.ctx.term()
+            sched.close(0)  # linger 0 (make_socket): nothing queued holds the exit
+            beat.join(timeout=5)
+            if beat.is_alive():
+                # Its sockets are still open: ctx.term() would wait for them forever. Exiting
+                # releases them anyway; a worker hung here would outlive its supervisor.
+                self.log.warning("heartbeat_thread_still_running_at_exit")
+            else:
+                self.ctx.term()
 
 
 def run(config: ServeConfig) -> None:

@@ -5,7 +5,8 @@
     heartbeat     worker -> scheduler and block manager         WorkerAnnouncement
     register      worker -> block manager                       WorkerAnnouncement
     registered    block manager -> worker                       pool_id, instance
-    reset         scheduler -> worker                           (nothing)
+    reset         scheduler -> worker                           generation
+    dump_stacks   scheduler -> worker (heartbeat socket)        step_age_s (a suspected hang: log every stack)
     renew_owner   scheduler -> block manager                    owner
     pools         scheduler -> block manager                    seq
     pools_reply   block manager -> scheduler                    seq, pools {id: [num_blocks, block_size, incarnation]},
@@ -163,6 +164,23 @@ class Reset:
 
 
 @dataclass(slots=True)
+class DumpStacks:
+    """A step of this worker is overdue: print every thread's stack into its log. Goes to the
+    heartbeat thread's socket, which answers even while the step thread is stuck."""
+
+    TYPE: ClassVar[str] = "dump_stacks"
+
+    step_age_s: float = 0.0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"step_age_s": self.step_age_s}
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> DumpStacks:
+        return cls(float(body.get("step_age_s", 0.0)))
+
+
+@dataclass(slots=True)
 class RenewOwner:
     """Every live lease of `owner` is pushed out by the lease TTL."""
 
@@ -235,6 +253,7 @@ CONTROL_MESSAGES: tuple[type, ...] = (
     Register,
     Registered,
     Reset,
+    DumpStacks,
     RenewOwner,
     Pools,
     PoolsReply,

@@ -68,6 +68,9 @@ class Submit(_Strict):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     stream: bool = True
     timeout_s: float | None = Field(None, gt=0.0, le=86400.0)
+    # Whom the request is for (an API's end user): per-client limits count per user when given, so
+    # the users behind one API process do not share one budget. None: the connection is the client.
+    user: str | None = Field(None, min_length=1, max_length=256)
     # A reconnecting client re-submits with attach=True: a live request streams to the new connection
     # (from token 0 again: the client drops what it has by `offset`); a finished one returns its result.
     attach: bool = False

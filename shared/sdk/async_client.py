@@ -19,6 +19,8 @@ import zmq.asyncio
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.sdk.client import (
     DEFAULT_ENDPOINT,
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_TIMEOUT_S,
     SERVER_GRACE_S,
     check_positive,
     poll_timeout_ms,
@@ -46,7 +48,8 @@ class AsyncClient:
         self,
         endpoint: str = DEFAULT_ENDPOINT,
         *,
-        timeout_s: float = 600.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
         heartbeat_s: float = 0.5,
         reconnect_after_s: float = 3.0,
         max_message_bytes: int = 64 << 20,
@@ -55,6 +58,7 @@ class AsyncClient:
     ) -> None:
         check_positive(
             timeout_s=timeout_s,
+            idle_timeout_s=idle_timeout_s if idle_timeout_s is not None else 1.0,
             heartbeat_s=heartbeat_s,
             reconnect_after_s=reconnect_after_s,
             max_message_bytes=max_message_bytes,
@@ -64,7 +68,7 @@ class AsyncClient:
         options = SocketOptions(endpoint, max_message_bytes, curve_server_public_key, curve_client_keys)
         # Plain (blocking) sockets, read with NOBLOCK; only the waiting is asyncio's (zmq.asyncio.Poller).
         self._ctx = zmq.Context()
-        self._session = Session(heartbeat_s, reconnect_after_s, max_message_bytes)
+        self._session = Session(heartbeat_s, reconnect_after_s, max_message_bytes, idle_timeout_s)
         self._conn = Connection(self._ctx, options, min_reopen_s=heartbeat_s)
         self._waker = Waker(self._ctx)
         self._loop: asyncio.AbstractEventLoop | None = None

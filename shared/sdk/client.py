@@ -30,6 +30,13 @@ DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 # The server enforces the same timeout and says why it gave up (e.g. "no_workers"): the client's
 # own "timeout" comes a little later so that the server's answer wins.
 SERVER_GRACE_S = 0.5
+# Room for one full recovery before a request gives up: a stuck step is noticed within the
+# scheduler's step timeout (step_timeout_s, at most 60 s by default), its requests requeue at once,
+# and a worker that had to be restarted reloads its model (seconds to a minute) before they
+# recompute. A stream is judged by inactivity (no new token for DEFAULT_IDLE_TIMEOUT_S), so a long
+# one that keeps producing runs on until the total timeout.
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_IDLE_TIMEOUT_S = 180.0
 
 Command = tuple[Literal["submit"], LiveRequest] | tuple[Literal["abort"], str] | tuple[Literal["close"], None]
 
@@ -43,7 +50,8 @@ class Client:
             for delta in client.stream("Once upon a time", max_tokens=64):
                 print(delta.text, end="", flush=True)
 
-    `timeout_s` is the default per-request timeout; pings go out every `heartbeat_s` while requests
+    `timeout_s` is the default per-request timeout, and a stream also fails after `idle_timeout_s`
+    without a new token (None: never); pings go out every `heartbeat_s` while requests
     are live; after `reconnect_after_s` of silence (or when the connection drops) the client opens
     a new socket and re-attaches its live requests, without a gap or a repeat in their streams.
     For CURVE encryption pass the server's public key, and optionally this client's key pair
@@ -54,7 +62,8 @@ class Client:
         self,
         endpoint: str = DEFAULT_ENDPOINT,
         *,
-        timeout_s: float = 600.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
         heartbeat_s: float = 0.5,
         reconnect_after_s: float = 3.0,
         max_message_bytes: int = 64 << 20,
@@ -63,6 +72,7 @@ class Client:
     ) -> None:
         check_positive(
             timeout_s=timeout_s,
+            idle_timeout_s=idle_timeout_s if idle_timeout_s is not None else 1.0,
             heartbeat_s=heartbeat_s,
             reconnect_after_s=reconnect_after_s,
             max_message_bytes=max_message_bytes,
@@ -71,7 +81,7 @@ class Client:
         self.timeout_s = timeout_s
         options = SocketOptions(endpoint, max_message_bytes, curve_server_public_key, curve_client_keys)
         self._ctx = zmq.Context()
-        self._session = Session(heartbeat_s, reconnect_after_s, max_message_bytes)
+        self._session = Session(heartbeat_s, reconnect_after_s, max_message_bytes, idle_timeout_s)
         self._conn = Connection(self._ctx, options, min_reopen_s=heartbeat_s)
         self._waker = Waker(self._ctx)
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()

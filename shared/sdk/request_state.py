@@ -38,6 +38,8 @@ def make_submit(
     here, before anything is sent."""
     if sampling_params is not None:
         sampling = {**sampling_params.model_dump(), **sampling}
+    sampling = dict(sampling)
+    user = sampling.pop("user", None)  # not a sampling field: whom the request is for (per-user limits)
     return Submit(
         request_id=request_id or uuid.uuid4().hex,
         prompt=prompt,
@@ -45,6 +47,7 @@ def make_submit(
         sampling=SamplingParams(**sampling),
         stream=stream,
         timeout_s=timeout_s,
+        user=user,
     )
 
 
@@ -53,6 +56,7 @@ class LiveRequest:
     submit: Submit
     deadline: float  # monotonic; past it the client answers "timeout" itself
     sink: EventSink
+    last_event: float = 0.0  # monotonic: the last Accepted or Delta (a stream's idle clock)
     num_prompt_tokens: int | None = None
     aborting: bool = False
     tokens_seen: dict[int, int] = field(default_factory=dict)  # completion index -> tokens delivered

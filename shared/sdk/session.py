@@ -21,10 +21,19 @@ PING_FRAME = encode("ping", {})
 
 
 class Session:
-    def __init__(self, heartbeat_s: float, reconnect_after_s: float, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        heartbeat_s: float,
+        reconnect_after_s: float,
+        max_message_bytes: int,
+        idle_timeout_s: float | None = None,
+    ) -> None:
         self.heartbeat_s = heartbeat_s
         self.reconnect_after_s = reconnect_after_s
         self.max_message_bytes = max_message_bytes
+        # A stream with no new token for this long fails "timeout" (None: only the total timeout).
+        # Only streams: a plain request sees nothing between Accepted and Finished.
+        self.idle_timeout_s = idle_timeout_s
         self.live: dict[str, LiveRequest] = {}
         # Heap of (deadline, seq, request); entries of requests that already ended are skipped when popped.
         self._deadlines: list[tuple[float, int, LiveRequest]] = []
@@ -45,8 +54,9 @@ class Session:
             self._last_rx = now
             self._next_ping = now + self.heartbeat_s
         self.live[req.request_id] = req
+        req.last_event = now
         self._seq += 1
-        heapq.heappush(self._deadlines, (req.deadline, self._seq, req))
+        heapq.heappush(self._deadlines, (self._due(req), self._seq, req))
         if len(self._deadlines) > 2 * len(self.live) + 64:
             # Ended requests stay in the heap until their deadline (up to timeout_s): a busy client
             # would hold every request of the last ten minutes. Keep only the live ones, amortised O(1).
@@ -78,17 +88,34 @@ class Session:
 
     # ------------------------------------------------------------------ clocks
 
+    def _due(self, req: LiveRequest) -> float:
+        """When `req` fails: its total deadline, or sooner when a stream goes idle."""
+        if self.idle_timeout_s is None or not req.submit.stream:
+            return req.deadline
+        return min(req.deadline, req.last_event + self.idle_timeout_s)
+
     def expire(self, now: float) -> list[bytes]:
-        """Fail requests past their deadline; returns Abort frames so the server stops them too."""
+        """Fail requests past their deadline; returns Abort frames so the server stops them too.
+
+        A heap entry may be early (a stream's idle clock moved on since it was pushed): it is
+        pushed again at the request's current due time, so each Delta costs no heap work."""
         frames = []
         while self._deadlines and self._deadlines[0][0] <= now:
-            _, _, req = heapq.heappop(self._deadlines)
+            _, seq, req = heapq.heappop(self._deadlines)
             rid = req.request_id
-            if self.live.get(rid) is req:  # not a request that ended, nor an older one under a reused id
-                del self.live[rid]
-                timeout = req.submit.timeout_s
-                req.sink.put_nowait(RequestError("timeout", f"no result within timeout_s={timeout}", rid))
-                frames.append(self.abort(rid))
+            if self.live.get(rid) is not req:  # a request that ended, or an older one under a reused id
+                continue
+            due = self._due(req)
+            if due > now:
+                heapq.heappush(self._deadlines, (due, seq, req))
+                continue
+            del self.live[rid]
+            if due < req.deadline:
+                why = f"no new token for idle_timeout_s={self.idle_timeout_s}"
+            else:
+                why = f"no result within timeout_s={req.submit.timeout_s}"
+            req.sink.put_nowait(RequestError("timeout", why, rid))
+            frames.append(self.abort(rid))
         return frames
 
     def ping_due(self, now: float) -> bool:
@@ -138,8 +165,11 @@ class Session:
             req = self.live.get(message.request_id)
             if req is not None:
                 req.num_prompt_tokens = message.num_prompt_tokens
+                req.last_event = now
         elif isinstance(message, Delta):
             req = self.live.get(message.request_id)
+            if req is not None:
+                req.last_event = now
             if req is not None and req.submit.stream:
                 delta = req.take_delta(message)
                 if delta is not None:

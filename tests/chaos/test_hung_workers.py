@@ -14,7 +14,6 @@ import time
 import pytest
 from deployment import blocks, get_text, start, stream_greedy, wait_for, workers_ready
 from greedy_reference import greedy_outputs, random_prompts
-from pagedserve.services.worker.service import STOP_BEFORE_RESULT
 
 MAX_TOKENS = 100
 
@@ -111,11 +110,14 @@ def test_a_long_pause_moves_its_requests_and_the_worker_rejoins_without_a_restar
         sup.stop()
 
 
-def test_a_worker_hung_with_a_result_unsent_is_not_believed_when_it_wakes(
-    model_path, expected, tmp_path, monkeypatch
-):
-    monkeypatch.setenv(STOP_BEFORE_RESULT, "worker-0:6")
-    sup = start(model_path, workers=2, log_dir=tmp_path)
+def test_a_worker_hung_with_a_result_unsent_is_not_believed_when_it_wakes(model_path, expected, tmp_path):
+    # worker-0 SIGSTOPs itself before sending the result of its 6th step that sampled tokens.
+    sup = start(
+        model_path,
+        workers=2,
+        log_dir=tmp_path,
+        failpoints={"worker-0": "worker.stop_before_result=5*off->1*stop"},
+    )
     try:
         assert wait_for(lambda: len(workers_ready(sup)) == 2, 30)
         state: dict = {}

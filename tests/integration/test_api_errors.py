@@ -223,3 +223,27 @@ def test_an_unreachable_scheduler_is_a_503_after_the_timeout(tiny_model, tmp_pat
         assert 1.5 < time.monotonic() - started < 10
     finally:
         api.stop()
+
+
+def test_the_inflight_limit_counts_per_user_behind_one_api_process(limited):
+    """The API is one SDK client; the `user` field makes each user its own client for the limit."""
+
+    async def run() -> tuple[list[int], int, int]:
+        async with httpx.AsyncClient(base_url=limited.base_url, timeout=60) as http:
+            model = (await http.get("/models")).json()["data"][0]["id"]
+            body = {"model": model, "prompt": [5, 6, 7], "max_tokens": 400, "ignore_eos": True}
+            async with contextlib.AsyncExitStack() as running:
+                replies = [
+                    await running.enter_async_context(
+                        http.stream("POST", "/completions", json={**body, "stream": True, "user": "alice"})
+                    )
+                    for _ in range(2)
+                ]
+                alice = await http.post("/completions", json={**body, "max_tokens": 2, "user": "alice"})
+                bob = await http.post("/completions", json={**body, "max_tokens": 2, "user": "bob"})
+            return [r.status_code for r in replies], alice.status_code, bob.status_code
+
+    running, alice, bob = asyncio.run(run())
+    assert running == [200, 200]
+    assert alice == 429  # alice is at max_inflight_per_client=2
+    assert bob == 200  # bob is not, though his request came through the same API process

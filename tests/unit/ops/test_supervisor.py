@@ -140,6 +140,51 @@ def test_children_die_with_a_supervisor_that_is_killed(tmp_path: Path) -> None:
         proc.wait()
 
 
+def test_stop_wakes_a_stopped_child_so_it_shuts_down_cleanly(
+    groups: list[ProcessGroup], tmp_path: Path
+) -> None:
+    # Without the SIGCONT its SIGTERM stays pending while it is stopped: it would be SIGKILLed at
+    # the end of the grace period, its sockets never closed.
+    graceful = textwrap.dedent("""
+        import signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    group = start(groups, ChildSpec("worker-0", [sys.executable, "-c", graceful]), log_dir=tmp_path)
+    log = tmp_path / "worker-0.log"
+    wait_for(lambda: log.exists() and "ready" in log.read_text())
+    group.send_signal("worker-0", signal.SIGSTOP)
+    t0 = time.monotonic()
+    assert group.stop(grace_s=5.0) == {"worker-0": 3}  # its own handler ran: not SIGKILLed
+    assert time.monotonic() - t0 < 4.0
+
+
+def test_a_stopped_child_dies_with_a_supervisor_that_is_killed(tmp_path: Path) -> None:
+    parent = textwrap.dedent(f"""
+        import os, signal, time
+        from pagedserve.ops.deploy.process_group import ChildSpec, ProcessGroup
+        group = ProcessGroup([ChildSpec("worker-0", {SLEEPER!r})])
+        group.start()
+        os.kill(group.pid("worker-0"), signal.SIGSTOP)
+        print("CHILD", group.pid("worker-0"), flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = ""
+        while not line.startswith("CHILD"):
+            line = proc.stdout.readline()
+        child_pid = int(line.split()[1])
+        proc.kill()
+        proc.wait()
+        wait_for(lambda: process_gone(child_pid), timeout_s=5.0)  # SIGKILL reaches a stopped process
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 # ---------------------------------------------------------------- Supervisor: a deployment of fakes
 
 

@@ -6,6 +6,7 @@ import pytest
 from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply, alloc_op, free_op, grow_op
 from pagedserve.shared.protocol.codec import ProtocolError, decode
 from pagedserve.shared.protocol.control import (
+    DumpStacks,
     Heartbeat,
     Hello,
     PoolInfo,
@@ -70,6 +71,7 @@ EXAMPLES = [
     Register(*ANNOUNCEMENT),
     Registered("w0", "bm-instance"),
     Reset(generation=1 << 39),
+    DumpStacks(step_age_s=12.5),
     RenewOwner("scheduler-1:0"),
     Pools(7),
     PoolsReply(7, {"w0": PoolInfo(64, 16, "inc-1")}, "bm-instance"),

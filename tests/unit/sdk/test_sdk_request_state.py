@@ -76,3 +76,37 @@ def test_a_busy_session_keeps_state_only_for_live_requests() -> None:
         session.on_frame(encode_message(finished), now=float(i))
     assert not session.live
     assert session.num_tracked <= 64 + 1  # not 1000: ended requests do not pile up until their deadline
+
+
+def _stream(session, rid: str, now: float, deadline: float = 1e9) -> queue.SimpleQueue:
+    sink: queue.SimpleQueue = queue.SimpleQueue()
+    session.submit(
+        LiveRequest(Submit(request_id=rid, prompt="p", stream=True), deadline=deadline, sink=sink), now
+    )
+    return sink
+
+
+def test_a_stream_that_keeps_producing_outlives_its_idle_timeout() -> None:
+    from pagedserve.shared.protocol.messages import encode_message
+    from pagedserve.shared.sdk.session import Session
+
+    session = Session(heartbeat_s=0.5, reconnect_after_s=3.0, max_message_bytes=1 << 20, idle_timeout_s=10.0)
+    sink = _stream(session, "r", now=0.0)
+    for t in range(1, 60):  # a token every second for a minute: never idle for 10 s
+        session.on_frame(encode_message(delta(t - 1, [t], t - 1, "x")), now=float(t))
+        assert session.expire(float(t) + 0.5) == []
+    assert "r" in session.live
+    frames = session.expire(59.0 + 10.0)  # then silence: failed 10 s after its last token
+    assert [decode(f)["request_id"] for f in frames] == ["r"]
+    while not isinstance(err := sink.get_nowait(), Exception):
+        pass
+    assert err.code == "timeout" and "idle_timeout_s=10.0" in str(err)
+
+
+def test_an_idle_stream_fails_at_its_idle_timeout_not_its_total_one() -> None:
+    from pagedserve.shared.sdk.session import Session
+
+    session = Session(heartbeat_s=0.5, reconnect_after_s=3.0, max_message_bytes=1 << 20, idle_timeout_s=10.0)
+    _stream(session, "idle", now=0.0, deadline=600.0)
+    assert session.expire(9.9) == [] and "idle" in session.live
+    assert len(session.expire(10.1)) == 1 and "idle" not in session.live
