@@ -39,4 +39,7 @@ class SchedulerMetrics:
             "step results fenced off: from before the worker's reset",
             registry=r,
         )
+        self.step_timeouts = Counter(
+            "pagedserve_step_timeouts", "workers lost because a step went unanswered", registry=r
+        )
         self.bm_outages = Counter("pagedserve_block_manager_outages", "block manager unreachable", registry=r)
