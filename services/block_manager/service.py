@@ -72,6 +72,9 @@ class BlockManagerMetrics:
             "pagedserve_bm_bad_frames", "frames that did not decode", ["code"], registry=r
         )
         self.batches = Counter("pagedserve_bm_batches", "block-op batches applied", registry=r)
+        self.violations = Gauge(
+            "pagedserve_bm_invariant_violations", "invariants broken at the last scrape", registry=r
+        )
 
     def observe(self, snap: dict[str, Any]) -> None:
         totals = snap["totals"]
@@ -80,6 +83,7 @@ class BlockManagerMetrics:
         self.kv_usage.set(totals["used"] / totals["total"] if totals["total"] else 0.0)
         self.leases.set(len(snap["leases"]))
         self.pools.set(len(snap["pools"]))
+        self.violations.set(len(snap["invariants"]["violations"]))
 
 
 class BlockManagerService:

@@ -45,12 +45,15 @@ class SchedulerWatch:
 
     # ------------------------------------------------------------ fed by the loop
 
-    def heard(self, worker_id: str, incarnation: str) -> None:
+    def heard(self, worker_id: str, incarnation: str) -> bool:
+        """Note a sign of life; True when it comes from a new incarnation (a restart)."""
         record = self.workers.setdefault(worker_id, WorkerRecord(incarnation))
-        if record.incarnation != incarnation:
-            record.incarnation = incarnation
-            record.restarts += 1
         record.lost_at = None
+        if record.incarnation == incarnation:
+            return False
+        record.incarnation = incarnation
+        record.restarts += 1
+        return True
 
     def lost(self, worker_id: str, reason: str, now: float) -> bool:
         """Remember the loss; True when it was a step timeout."""

@@ -62,6 +62,7 @@ class SchedulerService:
         self.model: ModelInfo = load_model_info(config.model, config.max_model_len)
         self.metrics = SchedulerMetrics()
         self.watch = SchedulerWatch()  # what the live view and `pagedserve top` show
+        self.metrics.max_waiting.set(config.max_waiting_requests)
         self.ctx = zmq.Context()
         keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
         self.auth = start_authenticator(self.ctx, keys) if keys else None
@@ -267,7 +268,8 @@ class SchedulerService:
             )
 
     def on_heartbeat(self, msg: Heartbeat | Hello, now: float, step_socket: bool = False) -> None:
-        self.watch.heard(msg.worker_id, msg.incarnation)
+        if self.watch.heard(msg.worker_id, msg.incarnation):
+            self.metrics.worker_restarts.inc()
         if self.liveness.restarted(msg):
             self.lose_worker(msg.worker_id, "restarted")
         link, joined = self.liveness.heard(msg, now, step_socket)
