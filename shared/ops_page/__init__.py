@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 
 from prometheus_client import Counter
 
-VIEW_MAX_AGE_S = 0.5
+VIEW_MAX_AGE_S = 0.9  # the page polls once a second: one encoding per poll, however many pages
 POOL_ROUTES = ("/view/pool", "/view/block", "/view/request")
 _ROLES = {"block-manager": ["pool"], "scheduler": ["pool", "sched"]}
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via an http_proxy
