@@ -125,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default: 1)")
     p.add_argument(
-        "--once", action="store_true", help="print one frame and exit (1 if invariants are broken)"
+        "--once",
+        action="store_true",
+        help="print one frame and exit (1 if invariants are broken, 2 if nothing could be read)",
     )
     p.set_defaults(handler=_cmd_top)
 

@@ -214,26 +214,29 @@ def run_top(
     once: bool = False,
     console: Console | None = None,
 ) -> int:
-    """Refresh until Ctrl-C (or one frame with `once`); exit 1 if the invariants are broken then."""
+    """Refresh until Ctrl-C (or one frame with `once`). Exit status of the last frame: 0, 1 when the
+    invariants are broken, 2 when neither server could be read."""
     console = console or Console()
 
-    def frame() -> tuple[RenderableType, bool]:
+    def frame() -> tuple[RenderableType, int]:
         pool = fetch(f"{block_manager_url}/view/pool", token) if block_manager_url else None
         sched = fetch(f"{scheduler_url}/view/sched", token) if scheduler_url else None
-        healthy = not isinstance(pool, dict) or pool["invariants"]["ok"]
-        return render_top(pool, sched, max(40, console.width - 2)), healthy
+        status = 0 if not isinstance(pool, dict) or pool["invariants"]["ok"] else 1
+        if not isinstance(pool, dict) and not isinstance(sched, dict):
+            status = 2  # nothing could be read
+        return render_top(pool, sched, max(40, console.width - 2)), status
 
     if once:
-        view, healthy = frame()
+        view, status = frame()
         console.print(view)
-        return 0 if healthy else 1
-    healthy = True
+        return status
+    status = 0
     try:
         with Live(console=console, auto_refresh=False, screen=True) as live:
             while True:
-                view, healthy = frame()
+                view, status = frame()
                 live.update(view, refresh=True)
                 time.sleep(interval_s)
     except KeyboardInterrupt:
         pass
-    return 0 if healthy else 1
+    return status

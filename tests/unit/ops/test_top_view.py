@@ -43,3 +43,22 @@ def test_broken_invariants_are_shown_with_their_words():
 def test_sparkline_scales_to_the_largest_value():
     assert sparkline([0, 1, 2, 4], 10) == "▁▃▅█"
     assert sparkline([], 10) == ""
+
+
+def test_top_once_exits_2_when_neither_server_answers(capsys):
+    from pagedserve.ops.cli.command import main
+
+    assert (
+        main(
+            [
+                "top",
+                "--once",
+                "--scheduler-url",
+                "http://127.0.0.1:1",
+                "--block-manager-url",
+                "http://127.0.0.1:1",
+            ]
+        )
+        == 2
+    )
+    assert "Connection refused" in capsys.readouterr().out

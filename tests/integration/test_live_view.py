@@ -1,25 +1,35 @@
-"""The live web view in a real headless Chromium, against a real deployment under load.
+"""The live view as a person uses it, against one real deployment under load: the web page in a
+real headless Chromium, and `pagedserve top` in a real terminal (tmux).
 
-What a person does: opens the scheduler's `/view` with the admin token, watches the pool's cells,
-the totals and the workers while requests run and finish, then sees a leak made on purpose (a
-ghost owner that allocates and goes silent) turn red, and the cells come back free once the lease
-is reaped. `PAGEDSERVE_VIEW_SCREENSHOTS=docs/images` keeps the screenshots for the docs.
+In the browser: open the scheduler's `/view` with the admin token, watch the pool's cells, the
+totals and the workers while requests run and finish, then see a leak made on purpose (a ghost
+owner that allocates and goes silent) turn red, and the cells come back free once the lease is
+reaped. `PAGEDSERVE_VIEW_SCREENSHOTS=docs/images` keeps the screenshots for the docs. In tmux: the
+same story read off the screen with `tmux capture-pane`, then Ctrl-C.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
+import shutil
+import subprocess
+import sys
 import threading
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
 from browser import CELL_COLOUR, CELL_OFFSET, COUNT_CELL_COLOURS, headless_chromium, missing
-from deployment import start
+from deployment import start, wait_for
 from ghost_owner import ghost_allocate
 
-pytestmark = pytest.mark.skipif(missing() is not None, reason=f"no headless browser: {missing()}")
+needs_browser = pytest.mark.skipif(missing() is not None, reason=f"no headless browser: {missing()}")
+needs_tmux = pytest.mark.skipif(
+    shutil.which("tmux") is None, reason="tmux is not installed (apt-get install -y tmux)"
+)
 
 TOKEN = "view-test-token"
 NUM_BLOCKS = 512
@@ -142,6 +152,7 @@ def test_view_needs_the_admin_token_and_trades_it_for_a_cookie(deployment):
     assert b"pagedserve: live view" in opener.open(with_cookie, timeout=10).read()
 
 
+@needs_browser
 def test_cells_totals_and_workers_change_as_requests_run_and_finish(deployment, browser, tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -153,7 +164,7 @@ def test_cells_totals_and_workers_change_as_requests_run_and_finish(deployment, 
     steps_before = sum(int(cells[4]) for cells in worker_cells(browser).values())
     assert non_free_cells(browser) == 0
 
-    thread = load(deployment.front_endpoint, n=8, max_tokens=320)
+    thread = load(deployment.front_endpoint, n=8, max_tokens=160)
     wait.until(lambda d: int(text(d, "t-running")) > 0 and int(text(d, "t-used")) > 0)
     wait.until(lambda d: non_free_cells(d) > 0)
     used = int(text(browser, "t-used"))
@@ -175,6 +186,7 @@ def test_cells_totals_and_workers_change_as_requests_run_and_finish(deployment, 
     assert text(browser, "verdict") == "✓ ok"
 
 
+@needs_browser
 def test_a_ghost_owners_blocks_show_red_until_reaped_then_free(deployment, browser, tmp_path):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.support.ui import WebDriverWait
@@ -209,3 +221,62 @@ def test_a_ghost_owners_blocks_show_red_until_reaped_then_free(deployment, brows
         colours["free_cached"],
     }
     assert text(browser, "t-leaked") == "0" and text(browser, "verdict") == "✓ ok"
+
+
+def screen(session: str) -> str:
+    out = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True)
+    return out.stdout
+
+
+def number_after(label: str, text: str) -> int | None:
+    found = re.search(rf"{label} (\d+)", text)
+    return None if found is None else int(found.group(1))
+
+
+@needs_tmux
+def test_top_follows_requests_and_shows_a_leak_until_reaped(deployment):
+    sup = deployment
+    session = f"top-{uuid.uuid4().hex[:8]}"
+    command = (
+        f"{sys.executable} -m pagedserve.ops.cli top --scheduler-url {sup.scheduler_ops_url} "
+        f"--block-manager-url {sup.block_manager_ops_url} --token {TOKEN} --interval 0.5"
+    )
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "60", command], check=True)
+    try:
+        shown = wait_for(lambda: "worker-0" in (s := screen(session)) and "active" in s and s, 60)
+        assert shown, screen(session)
+        assert "invariants ✓ ok" in shown and f"pool 0/{2 * NUM_BLOCKS} used" in shown
+
+        from pagedserve import Client
+
+        with Client(sup.front_endpoint, timeout_s=120) as client:
+            stream = client.stream(prompt_token_ids=list(range(3, 80)), max_tokens=200, ignore_eos=True)
+            running = wait_for(lambda: (number_after("running", screen(session)) or 0) > 0, 60)
+            assert running, screen(session)
+            for _ in stream:
+                pass
+        idle = f"pool 0/{2 * NUM_BLOCKS} used"
+        assert wait_for(lambda: idle in (s := screen(session)) and "running 0" in s, 60), screen(session)
+
+        tables = ghost_allocate(sup.config.block_manager_endpoint, "worker-0", [[250] * 40], "ghost-top")
+        assert wait_for(lambda: number_after("leaked", screen(session)) == len(tables[0]), 30), screen(
+            session
+        )
+        reap = urllib.request.Request(
+            f"{sup.block_manager_ops_url}/admin/reap",
+            method="POST",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+        urllib.request.build_opener(urllib.request.ProxyHandler({})).open(reap, timeout=10)
+        assert wait_for(lambda: number_after("leaked", screen(session)) == 0, 30), screen(session)
+
+        subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
+        gone = wait_for(
+            lambda: (
+                subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode != 0
+            ),
+            10,
+        )
+        assert gone, "top did not exit on Ctrl-C"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
