@@ -61,4 +61,4 @@ def test_top_once_exits_2_when_neither_server_answers(capsys):
         )
         == 2
     )
-    assert "Connection refused" in capsys.readouterr().out
+    assert "scheduler: http://127.0.0.1:1/view/sched" in capsys.readouterr().out
