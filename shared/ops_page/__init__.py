@@ -10,13 +10,14 @@ VIEW_MAX_AGE_S).
 
 from __future__ import annotations
 
+import base64
 import json
 import urllib.error
 import urllib.request
 from importlib import resources
-from typing import Any
 from urllib.parse import urlencode
 
+from pagedserve.shared.ops_http import QueryHandler
 from prometheus_client import Counter
 
 VIEW_MAX_AGE_S = 0.9  # the page polls once a second: one encoding per poll, however many pages
@@ -32,7 +33,7 @@ def render(role: str) -> tuple[int, str, bytes]:
     return 200, "text/html; charset=utf-8", page.replace("/*CONFIG*/{}", config).encode()
 
 
-def forwarder(base_url: str, route: str, token: str | None):  # noqa: ANN201 - a QueryHandler
+def forwarder(base_url: str, route: str, token: str | None) -> QueryHandler:
     """A route that answers with the same route of another ops server (the block manager's)."""
 
     def forward(query: dict[str, str]) -> tuple[int, str, bytes]:
@@ -62,12 +63,10 @@ def counter_total(counter: Counter) -> float:
 
 def decode_states(encoded: str) -> bytes:
     """The byte per block of a `/view/pool` pool (for tests and `pagedserve top`)."""
-    import base64
-
     return base64.b64decode(encoded)
 
 
-__all__: list[Any] = [
+__all__ = [
     "POOL_ROUTES",
     "VIEW_MAX_AGE_S",
     "counter_total",
