@@ -156,12 +156,11 @@ def ghost_fill(endpoint: str, prompts: list[list[int]]) -> None:
 
 
 def page_cost(url: str, seconds: float) -> dict[str, Any]:
-    import sys
+    from pagedserve.ops.microbench.chromium import headless_chromium, missing
 
+    if missing():
+        raise SystemExit(f"live_view: {missing()} (or run with --no-browser)")
     from selenium.webdriver.support.ui import WebDriverWait
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "integration"))
-    from browser import headless_chromium  # the tests' driver setup: one way to start Chromium
 
     driver = headless_chromium()
     try:

@@ -1,17 +1,11 @@
-"""A headless Chromium driven by selenium, for the live view's tests: what a person's browser does.
-
-Debian's `chromium` and `chromium-driver` (ops/setup.sh tries to install both); `missing()` says
-what is absent, for a skip that names it.
-"""
+"""Scripts the live view's browser test runs in the page: the canvas read back as a person sees it.
+(The browser itself: pagedserve.ops.microbench.chromium.)"""
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
-from typing import Any
+from pagedserve.ops.microbench.chromium import headless_chromium, missing
 
-CHROMIUM = ("chromium", "chromium-browser")
-DRIVER = "chromedriver"
+__all__ = ["CELL_COLOUR", "CELL_OFFSET", "COUNT_CELL_COLOURS", "headless_chromium", "missing"]
 
 # Every canvas of the page, read back as a person sees it: pixels counted by colour (a hex string),
 # sampled at each cell's centre so that the grid lines between big cells do not count.
@@ -45,31 +39,3 @@ const canvas = document.querySelector(`canvas.pool[data-pool="${pool}"]`), L = c
 return [(id % L.cols) * L.cell + (L.cell >> 1) - canvas.width / 2,
         Math.floor(id / L.cols) * L.cell + (L.cell >> 1) - canvas.height / 2];
 """
-
-
-def missing() -> str | None:
-    if importlib.util.find_spec("selenium") is None:
-        return "selenium is not installed (pip install selenium; it is in the dev extra)"
-    if not any(shutil.which(c) for c in CHROMIUM):
-        return "chromium is not installed (apt-get install -y chromium chromium-driver; ops/setup.sh tries it as root)"
-    if not shutil.which(DRIVER):
-        return "chromedriver is not installed (apt-get install -y chromium-driver)"
-    return None
-
-
-def headless_chromium(width: int = 1400, height: int = 1100) -> Any:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = next(shutil.which(c) for c in CHROMIUM if shutil.which(c))
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        f"--window-size={width},{height}",
-        "--no-proxy-server",
-    ):
-        options.add_argument(arg)
-    return webdriver.Chrome(service=Service(shutil.which(DRIVER)), options=options)
