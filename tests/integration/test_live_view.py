@@ -223,6 +223,21 @@ def test_a_ghost_owners_blocks_show_red_until_reaped_then_free(deployment, brows
     assert text(browser, "t-leaked") == "0" and text(browser, "verdict") == "✓ ok"
 
 
+@needs_browser
+def test_the_block_managers_own_view_shows_the_pool_alone(deployment, browser):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(f"{deployment.block_manager_ops_url}/view?token={TOKEN}")
+    WebDriverWait(browser, WAIT_S).until(
+        lambda d: d.execute_script("return window.pagedserveView.updates") >= 1
+    )
+    assert text(browser, "role") == "served by the block-manager"
+    assert text(browser, "t-total") == str(2 * NUM_BLOCKS) and text(browser, "verdict") == "✓ ok"
+    assert text(browser, "status").startswith("live")
+    assert text(browser, "t-running") == "–"  # the scheduler's part is not served here
+    assert not browser.find_element("id", "workers").is_displayed()
+
+
 def screen(session: str) -> str:
     out = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True)
     return out.stdout
