@@ -326,7 +326,11 @@ class BlockManager:
 
     def pool_view(self, now: float) -> dict[str, Any]:
         """The live view's compact form of every pool (pool_view.py): a byte per block."""
-        return pool_view.encode_pools(self._pools, self._tables, self._leases, now)
+        return pool_view.encode(self.pool_view_lists(now))
+
+    def pool_view_lists(self, now: float) -> pool_view.Gathered:
+        """What pool_view encodes, copied as lists: the part that needs the lock."""
+        return pool_view.gather(self._pools, self._tables, self._leases, now)
 
     def block_detail(self, pool_id: str, block_id: int, now: float) -> dict[str, Any] | None:
         return pool_view.block_detail(self._pools, self._tables, pool_id, block_id, now)

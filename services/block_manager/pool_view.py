@@ -1,8 +1,9 @@
 """The pool as the live web view draws it: one state byte per block, plus one block's details.
 
 `/blocks` (snapshot.py) builds a dict per block and checks every invariant in Python: 2 s and
-0.2 s for a 100,000-block pool, far too slow to hold the lock for once a second. Here the
-per-block work is a few numpy passes over arrays gathered from the pool in one sweep, and the
+0.2 s for a 100,000-block pool, far too slow to hold the lock for once a second. Here the lock
+is held only for one sweep that copies the pool and the tables into plain lists (`gather`); the
+per-block work is then a few numpy passes over them (`encode`), outside the lock, and the
 invariants the view shows are the same ones checked on those arrays (refs == table entries,
 the free list == the blocks with no ref, free + used == total, leases <-> tables; the cache map's
 keys are checked by /blocks only).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -34,10 +36,36 @@ BROKEN = 8  # an invariant fails on this block (its refs, the free list, the cac
 STATES = ("free", "free_cached", "held", "cached", "shared", "pending", "expiring", "leaked", "broken")
 
 
-def encode_pools(
+@dataclass(slots=True)
+class PoolLists:
+    """One pool's raw facts as plain lists, copied under the lock; the encoding works on these."""
+
+    pool_id: str
+    num_blocks: int
+    block_size: int
+    refs: list[int]  # ref count by block id
+    held: list[int]  # every table entry's block id, table after table
+    lengths: list[int]  # entries per table
+    expiry: list[float]  # lease expiry per table
+    free: list[int]  # the free list's ids
+    cached: list[int]  # ids of blocks with a cache key
+    pending: list[int]  # ids of cached blocks whose key is unconfirmed
+
+
+@dataclass(slots=True)
+class Gathered:
+    now: float
+    ttl_s: float
+    num_requests: int
+    pools: list[PoolLists]
+    problems: list[str]  # found while gathering: tables and leases that do not match
+
+
+def gather(
     pools: Mapping[str, BlockPool], tables: Mapping[str, BlockTable], leases: LeaseTable, now: float
-) -> dict[str, Any]:
-    """Every pool's states as base64 bytes, per-pool counts by state, and the invariants verdict."""
+) -> Gathered:
+    """Everything the encoding needs, as lists: the only part that must hold the lock (about a
+    third of the work; numpy does the rest outside it)."""
     by_pool: dict[str, list[BlockTable]] = {pid: [] for pid in pools}
     problems: list[str] = []
     for rid, table in tables.items():
@@ -52,10 +80,34 @@ def encode_pools(
         for lease in leases
         if lease.request_id not in tables
     ]
+    gathered = []
+    for pool_id, pool in pools.items():
+        held_by = by_pool[pool_id]
+        cached = list(pool.cached.values())
+        gathered.append(
+            PoolLists(
+                pool_id,
+                pool.num_blocks,
+                pool.block_size,
+                [b.ref_count for b in pool.blocks],
+                list(chain.from_iterable([t.block_ids for t in held_by])),
+                [len(t.block_ids) for t in held_by],
+                [t.lease.expires_at for t in held_by],
+                list(pool.free),
+                [b.id for b in cached],
+                [b.id for b in cached if b.pending is not None],
+            )
+        )
+    return Gathered(now, leases.ttl_s, len(tables), gathered, problems)
+
+
+def encode(gathered: Gathered) -> dict[str, Any]:
+    """Every pool's states as base64 bytes, per-pool counts by state, and the invariants verdict."""
+    problems = list(gathered.problems)
     out = []
     grand = dict.fromkeys(STATES, 0)
-    for pool_id, pool in pools.items():
-        codes, pool_problems = _pool_states(pool, by_pool[pool_id], now, leases.ttl_s)
+    for pool in gathered.pools:
+        codes, pool_problems = _pool_states(pool, gathered.now, gathered.ttl_s)
         problems += pool_problems
         counts = np.bincount(codes, minlength=len(STATES))
         by_state = {name: int(counts[i]) for i, name in enumerate(STATES)}
@@ -63,7 +115,7 @@ def encode_pools(
             grand[name] += count
         out.append(
             {
-                "worker_id": pool_id,
+                "worker_id": pool.pool_id,
                 "num_blocks": pool.num_blocks,
                 "block_size": pool.block_size,
                 "free": len(pool.free),
@@ -76,22 +128,23 @@ def encode_pools(
         "states": list(STATES),
         "pools": out,
         "by_state": grand,
-        "requests": len(tables),
+        "requests": gathered.num_requests,
         "invariants": {"ok": not problems, "count": len(problems), "violations": problems[:20]},
     }
 
 
-def _pool_states(
-    pool: BlockPool, tables: list[BlockTable], now: float, ttl_s: float
-) -> tuple[np.ndarray, list[str]]:
+def _ints(values: list[int]) -> np.ndarray:
+    # np.fromiter over a list with a known count: 3x faster than over a generator or a map here,
+    # and np.array over a list or per-element stores cost more still.
+    return np.fromiter(values, np.int64, len(values))
+
+
+def _pool_states(pool: PoolLists, now: float, ttl_s: float) -> tuple[np.ndarray, list[str]]:
     n = pool.num_blocks
     problems: list[str] = []
-    # Python lists first, then np.fromiter with a known count: 3x faster than fromiter over a
-    # generator or map, and per-element numpy stores or np.array over a list cost more still.
-    refs = np.fromiter([b.ref_count for b in pool.blocks], np.int64, n)
-    lengths = [len(t.block_ids) for t in tables]
-    held = np.fromiter(list(chain.from_iterable([t.block_ids for t in tables])), np.int64, sum(lengths))
-    expiry = np.repeat(np.fromiter((t.lease.expires_at for t in tables), np.float64, len(tables)), lengths)
+    refs = _ints(pool.refs)
+    held = _ints(pool.held)
+    expiry = np.repeat(np.fromiter(pool.expiry, np.float64, len(pool.expiry)), pool.lengths)
     outside = (held < 0) | (held >= n)
     if outside.any():
         problems.append(f"pool {pool.pool_id!r}: tables hold {int(outside.sum())} block ids outside the pool")
@@ -100,13 +153,11 @@ def _pool_states(
     latest = np.full(n, -np.inf)  # the longest-lived lease among a block's holders
     np.maximum.at(latest, held, expiry)
     in_free = np.zeros(n, bool)
-    in_free[np.fromiter(list(pool.free), np.int64, len(pool.free))] = True
-    cached = list(pool.cached.values())
+    in_free[_ints(pool.free)] = True
     keyed = np.zeros(n, bool)
-    keyed[np.fromiter([b.id for b in cached], np.int64, len(cached))] = True
+    keyed[_ints(pool.cached)] = True
     pending = np.zeros(n, bool)
-    pending_ids = [b.id for b in cached if b.pending is not None]
-    pending[np.fromiter(pending_ids, np.int64, len(pending_ids))] = True
+    pending[_ints(pool.pending)] = True
 
     codes = np.where(keyed, FREE_CACHED, FREE).astype(np.uint8)
     codes[refs == 1] = HELD

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from pagedserve.services.block_manager import pool_view
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.shared import ops_page
 from pagedserve.shared.config import ServeConfig
@@ -145,9 +146,12 @@ class BlockManagerService:
             if now - made_at < ops_page.VIEW_MAX_AGE_S:
                 return body
             started = time.perf_counter()
-            with self.lock:
-                view = self.core.pool_view(now)
+            with self.lock:  # only the copy into lists holds up the block ops
+                gathered = self.core.pool_view_lists(now)
+            locked_s = time.perf_counter() - started
+            view = pool_view.encode(gathered)
             view["encode_ms"] = round((time.perf_counter() - started) * 1e3, 2)
+            view["locked_ms"] = round(locked_s * 1e3, 2)
             view["instance"] = self.instance
             view["lease_ttl_s"] = self.config.lease_ttl_s
             view["history"] = self.history.view(now)
