@@ -13,6 +13,23 @@ fi
 [ -n "$py" ] || { echo "setup: no python3 found (need Python >= 3.11)" >&2; exit 1; }
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "setup: $py is older than 3.11" >&2; exit 1; }
 
+# Tools the tests of the live view and the alert rules drive: Debian's chromium + chromium-driver
+# (the browser test) and prometheus (promtool checks the rules), tmux (`pagedserve top` in a real
+# terminal). Tried only as root with apt, never fatal: without them those tests skip, naming what is missing.
+want_debs=""
+command -v chromium >/dev/null 2>&1 || want_debs="$want_debs chromium"
+command -v chromedriver >/dev/null 2>&1 || want_debs="$want_debs chromium-driver"
+command -v promtool >/dev/null 2>&1 || want_debs="$want_debs prometheus"
+command -v tmux >/dev/null 2>&1 || want_debs="$want_debs tmux"
+if [ -n "$want_debs" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "setup: installing$want_debs (apt; the browser, promtool and tmux tests need them)" >&2
+  # A failure here only means those tests skip.
+  { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $want_debs >/dev/null 2>&1 \
+      || { apt-get update >/dev/null 2>&1 \
+           && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $want_debs >/dev/null 2>&1; }; } \
+    || echo "setup: could not install$want_debs; the tests that need them will skip" >&2
+fi
+
 [ -x .venv/bin/python ] || "$py" -m venv .venv
 stamp=.venv/.pagedserve-installed
 want=$(sha256sum pyproject.toml setup.py ops/setup.sh | sha256sum | cut -c1-16)

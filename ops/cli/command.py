@@ -6,7 +6,8 @@
     pagedserve up --ray ADDRESS|auto [--ray-worker-resources JSON]  the same, as actors on a Ray cluster
     pagedserve demo ["question"]                                   up + one answer from the bundled model + down
     pagedserve generate "prompt"                                   ask a running deployment
-    pagedserve health [--url URL] [--json]                         the block manager's /blocks, readable
+    pagedserve health [--url URL] [--json] [--watch]               the block manager's /blocks, readable
+    pagedserve top                                                 pool, requests, workers, live in the terminal
     pagedserve keys --dir DIR                                      CURVE key pairs for encrypted ZeroMQ
     pagedserve bench | chaos ...                                   benchmarks and fault injection
 
@@ -116,7 +117,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.add_argument("--all", action="store_true", help="one row per block, even in big pools")
     p.add_argument("--max-rows", type=int, default=200, help="rows per table before eliding")
+    p.add_argument("--watch", action="store_true", help="refresh in place: the same as `pagedserve top`")
     p.set_defaults(handler=_cmd_health)
+
+    p = sub.add_parser(
+        "top", help="the live view in the terminal: pool occupancy, requests, workers, tok/s, faults"
+    )
+    p.add_argument("--scheduler-url", default=None, help="scheduler ops URL (default: from config, :8080)")
+    p.add_argument(
+        "--block-manager-url", default=None, help="block manager ops URL (default: from config, :8081)"
+    )
+    p.add_argument(
+        "--token", default=None, help="the admin token, if one is set (default: config admin_token)"
+    )
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default: 1)")
+    p.add_argument(
+        "--once",
+        action="store_true",
+        help="print one frame and exit (1 if invariants are broken, 2 if nothing could be read)",
+    )
+    p.set_defaults(handler=_cmd_top)
 
     p = sub.add_parser("keys", help="create CURVE key pairs (server, client, authorized/) in a folder")
     p.add_argument("--dir", type=Path, required=True, help="folder to write; point curve_keys_dir at it")
@@ -301,6 +321,20 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_top(args: argparse.Namespace) -> int:
+    from pagedserve.ops.cli.top import run_top
+    from pagedserve.ops.deploy.endpoints import ops_url
+
+    config = ServeConfig()
+    return run_top(
+        (args.scheduler_url or ops_url(config, config.scheduler_ops_port)).rstrip("/"),
+        (args.block_manager_url or ops_url(config, config.block_manager_ops_port)).rstrip("/"),
+        args.token or config.admin_token,
+        args.interval,
+        once=args.once,
+    )
+
+
 def _cmd_health(args: argparse.Namespace) -> int:
     """Exit 0 when the invariants hold, 1 when any is broken, 2 when /blocks cannot be read."""
     from pagedserve.ops.deploy import ops_http
@@ -310,6 +344,14 @@ def _cmd_health(args: argparse.Namespace) -> int:
 
         config = ServeConfig()
         args.url = ops_url(config, config.block_manager_ops_port)
+    if args.watch:
+        from pagedserve.ops.cli.top import run_top
+        from pagedserve.ops.deploy.endpoints import ops_url
+
+        config = ServeConfig()
+        return run_top(
+            ops_url(config, config.scheduler_ops_port), args.url.rstrip("/"), config.admin_token, 1.0
+        )
     url = args.url.rstrip("/") + "/blocks"
     try:
         dump = ops_http.get_json(url)

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pagedserve.services.block_manager import pool_view
 from pagedserve.services.block_manager import snapshot as health
 from pagedserve.services.block_manager.block_ops import apply_ops
 from pagedserve.services.block_manager.leases import LeaseTable
@@ -91,6 +92,9 @@ class BlockManager:
     def num_free_blocks(self, pool_id: str) -> int:
         return len(self._pool(pool_id).free)
 
+    def num_cached_blocks(self) -> int:
+        return sum(len(p.cached) for p in self._pools.values())
+
     def free_blocks(self) -> dict[str, int]:
         """Free block count of every pool (the batch reply carries it)."""
         return {pid: len(p.free) for pid, p in self._pools.items()}
@@ -157,6 +161,7 @@ class BlockManager:
             len(hits),
             prefix,
             (len(hits) + 1) * bs if self.enable_prefix_caching else NEVER,
+            now,
         )
         self._tables[request_id] = table
         if table.next_cache_at <= num_cached + num_new and table.next_cache_at <= num_tokens:
@@ -275,6 +280,7 @@ class BlockManager:
             parent.num_hashed_blocks,
             parent.prefix_id,
             parent.next_cache_at,
+            now,
         )
         return True
 
@@ -317,6 +323,20 @@ class BlockManager:
 
     def snapshot(self, now: float) -> dict[str, Any]:
         return health.snapshot(self._pools, self._tables, self._leases, now)
+
+    def pool_view(self, now: float) -> dict[str, Any]:
+        """The live view's compact form of every pool (pool_view.py): a byte per block."""
+        return pool_view.encode(self.pool_view_lists(now))
+
+    def pool_view_lists(self, now: float) -> pool_view.Gathered:
+        """What pool_view encodes, copied as lists: the part that needs the lock."""
+        return pool_view.gather(self._pools, self._tables, self._leases, now)
+
+    def block_detail(self, pool_id: str, block_id: int, now: float) -> dict[str, Any] | None:
+        return pool_view.block_detail(self._pools, self._tables, pool_id, block_id, now)
+
+    def request_blocks(self, request_id: str) -> dict[str, Any] | None:
+        return pool_view.request_blocks(self._tables, request_id)
 
     def check_invariants(self) -> list[str]:
         return health.violations(self._pools, self._tables, self._leases)

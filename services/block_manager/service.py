@@ -12,6 +12,7 @@ start: a scheduler that sees it change knows every table it held is gone.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -19,9 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from pagedserve.services.block_manager import pool_view
 from pagedserve.services.block_manager.manager import BlockManager
+from pagedserve.shared import ops_page
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
+from pagedserve.shared.ops_history import History
 from pagedserve.shared.ops_http import OpsServer, json_response
 from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply
 from pagedserve.shared.protocol.codec import ProtocolError
@@ -69,6 +73,9 @@ class BlockManagerMetrics:
             "pagedserve_bm_bad_frames", "frames that did not decode", ["code"], registry=r
         )
         self.batches = Counter("pagedserve_bm_batches", "block-op batches applied", registry=r)
+        self.violations = Gauge(
+            "pagedserve_bm_invariant_violations", "invariants broken at the last scrape", registry=r
+        )
 
     def observe(self, snap: dict[str, Any]) -> None:
         totals = snap["totals"]
@@ -77,6 +84,7 @@ class BlockManagerMetrics:
         self.kv_usage.set(totals["used"] / totals["total"] if totals["total"] else 0.0)
         self.leases.set(len(snap["leases"]))
         self.pools.set(len(snap["pools"]))
+        self.violations.set(len(snap["invariants"]["violations"]))
 
 
 class BlockManagerService:
@@ -89,6 +97,10 @@ class BlockManagerService:
         self.incarnations: dict[str, str] = {}
         self.last_heartbeat: dict[str, float] = {}
         self.metrics = BlockManagerMetrics()
+        # The live view: occupancy once a second, and the pool encoding shared by every viewer.
+        self.history = History(("used", "total", "cached", "leases"))
+        self.view_cache: tuple[float, bytes] = (float("-inf"), b"")
+        self.view_lock = threading.Lock()  # one encoding at a time, however many pages poll
         self.ctx = zmq.Context()
         keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
         self.auth = start_authenticator(self.ctx, keys) if keys else None
@@ -108,6 +120,12 @@ class BlockManagerService:
                 },
                 {"/admin/reap": lambda: json_response({"reclaimed": self.reap(time.monotonic())})},
                 admin_token=config.admin_token,
+                view={
+                    "/view": lambda q: ops_page.render("block-manager"),
+                    "/view/pool": lambda q: (200, "application/json", self.pool_view()),
+                    "/view/block": self._block_detail,
+                    "/view/request": self._request_blocks,
+                },
             ).start()
         self.stopping = False
 
@@ -118,6 +136,46 @@ class BlockManagerService:
             snap = self.core.snapshot(time.monotonic())
         snap["instance"] = self.instance
         return snap
+
+    def pool_view(self) -> bytes:
+        """The pool's compact encoding and the occupancy history, at most once per VIEW_MAX_AGE_S (0.9 s):
+        the cost of the view is bounded by the clock, not by how many pages are open."""
+        with self.view_lock:
+            made_at, body = self.view_cache
+            now = time.monotonic()
+            if now - made_at < ops_page.VIEW_MAX_AGE_S:
+                return body
+            started = time.perf_counter()
+            with self.lock:  # only the copy into lists holds up the block ops
+                gathered = self.core.pool_view_lists(now)
+            locked_s = time.perf_counter() - started
+            view = pool_view.encode(gathered)
+            view["encode_ms"] = round((time.perf_counter() - started) * 1e3, 2)
+            view["locked_ms"] = round(locked_s * 1e3, 2)
+            view["instance"] = self.instance
+            view["lease_ttl_s"] = self.config.lease_ttl_s
+            view["history"] = self.history.view(now)
+            body = json.dumps(view).encode()
+            self.view_cache = (now, body)
+            return body
+
+    def _block_detail(self, query: dict[str, str]) -> tuple[int, str, bytes]:
+        try:
+            pool_id, block_id = query["pool"], int(query["id"])
+        except (KeyError, ValueError):
+            return json_response({"error": "query needs pool=<worker id>&id=<block id (int)>"}, 400)
+        with self.lock:
+            detail = self.core.block_detail(pool_id, block_id, time.monotonic())
+        if detail is None:
+            return json_response({"error": f"no block {block_id} in pool {pool_id!r}"}, 404)
+        return json_response(detail)
+
+    def _request_blocks(self, query: dict[str, str]) -> tuple[int, str, bytes]:
+        with self.lock:
+            found = self.core.request_blocks(query.get("id", ""))
+        if found is None:
+            return json_response({"error": f"no block table for request {query.get('id')!r}"}, 404)
+        return json_response(found)
 
     def _metrics_text(self) -> tuple[int, str, bytes]:
         self.metrics.observe(self.snapshot())
@@ -150,11 +208,22 @@ class BlockManagerService:
                         continue
                     self.handle(identity, msg)
             now = time.monotonic()
+            if self.history.due(now):
+                self.sample_history(now)
             if now >= next_reap:
                 next_reap = now + self.config.reap_interval_s
                 self.reap(now)
                 self.drop_silent_workers(now)
         self.close()
+
+    def sample_history(self, now: float) -> None:
+        with self.lock:  # O(pools): counts the pools keep anyway
+            pools = self.core.pools()
+            total = sum(nb for nb, _ in pools.values())
+            free = sum(self.core.free_blocks().values())
+            cached = self.core.num_cached_blocks()
+            leases = self.core.num_requests()
+        self.history.add(now, total - free, total, cached, leases)
 
     def handle(self, identity: bytes, frame: dict[str, Any]) -> None:
         now = time.monotonic()

@@ -31,3 +31,4 @@ class BlockTable:
     num_hashed_blocks: int  # leading blocks already offered to the prefix cache
     prefix_id: int  # content id of those leading blocks; NO_PREFIX once the chain broke
     next_cache_at: int  # slots and tokens both reaching this mean one more block to cache
+    allocated_at: float = 0.0  # when the table was made: the age the live view shows

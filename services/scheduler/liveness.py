@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pagedserve.services.scheduler.step_clock import StepClock
 from pagedserve.shared.protocol.control import WorkerAnnouncement
 
+# How a step timeout's reason begins (the live view and the metrics count them).
+STEP_UNANSWERED = "step unanswered"
+
 
 @dataclass(slots=True)
 class WorkerLink:
@@ -99,7 +102,7 @@ class WorkerLiveness:
             if silent > timeout:
                 lost.append((wid, f"no heartbeat for {silent:.1f}s"))
             elif oldest is not None and now - oldest > self.steps.timeout_s(wid):
-                lost.append((wid, f"step unanswered for {now - oldest:.1f}s"))
+                lost.append((wid, f"{STEP_UNANSWERED} for {now - oldest:.1f}s"))
         return lost
 
     def suspected_hangs(self, now: float, oldest_step_sent_at: Callable[[str], float | None]) -> list[str]:

@@ -39,4 +39,13 @@ class SchedulerMetrics:
             "step results fenced off: from before the worker's reset",
             registry=r,
         )
+        self.step_timeouts = Counter(
+            "pagedserve_step_timeouts", "workers lost because a step went unanswered", registry=r
+        )
+        self.worker_restarts = Counter(
+            "pagedserve_worker_restarts", "workers back under a new incarnation (same name)", registry=r
+        )
+        self.max_waiting = Gauge(
+            "pagedserve_max_waiting_requests", "admission bound: past it requests get 429", registry=r
+        )
         self.bm_outages = Counter("pagedserve_block_manager_outages", "block manager unreachable", registry=r)

@@ -30,11 +30,13 @@ from pagedserve.services.scheduler.block_client import BlockManagerClient
 from pagedserve.services.scheduler.clients import ClientBook, FinishedStore
 from pagedserve.services.scheduler.frontdoor import FrontDoor
 from pagedserve.services.scheduler.limits import SchedulerLimits
-from pagedserve.services.scheduler.liveness import WorkerLink, WorkerLiveness
+from pagedserve.services.scheduler.liveness import STEP_UNANSWERED, WorkerLink, WorkerLiveness
 from pagedserve.services.scheduler.metrics import SchedulerMetrics
 from pagedserve.services.scheduler.model_info import ModelInfo, load_model_info
+from pagedserve.services.scheduler.ops_view import SchedulerWatch
 from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.services.scheduler.step_clock import StepClock
+from pagedserve.shared import ops_page
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
 from pagedserve.shared.ops_http import OpsServer, json_response
@@ -64,6 +66,8 @@ class SchedulerService:
         self.log = configure_logging("scheduler", config.log_format, config.log_level)
         self.model: ModelInfo = load_model_info(config.model, config.max_model_len)
         self.metrics = SchedulerMetrics()
+        self.watch = SchedulerWatch()  # what the live view and `pagedserve top` show
+        self.metrics.max_waiting.set(config.max_waiting_requests)
         self.ctx = zmq.Context()
         keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
         self.auth = start_authenticator(self.ctx, keys) if keys else None
@@ -122,6 +126,15 @@ class SchedulerService:
                     ),
                 },
                 admin_token=config.admin_token,
+                view={
+                    "/view": lambda q: ops_page.render("scheduler"),
+                    "/view/sched": lambda q: json_response(self._watch_view()),
+                    # One page shows both: the pool's routes are the block manager's, passed through.
+                    **{
+                        route: ops_page.forwarder(self._block_manager_ops_url(), route, config.admin_token)
+                        for route in ops_page.POOL_ROUTES
+                    },
+                },
             ).start()
 
     # ------------------------------------------------------------------ ops views
@@ -132,6 +145,25 @@ class SchedulerService:
         return json_response(
             {"ready": ready, "workers": live, "block_manager": not self.bm.down}, 200 if ready else 503
         )
+
+    def _block_manager_ops_url(self) -> str:
+        host = self.config.ops_host
+        host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host  # bound everywhere: loopback works
+        return f"http://{host}:{self.config.block_manager_ops_port}"
+
+    def _watch_view(self) -> dict[str, Any]:
+        m = self.metrics
+        faults = {
+            "workers_lost": ops_page.counter_total(m.workers_lost),
+            "stale_results": ops_page.counter_total(m.stale_results),
+            "block_manager_outages": ops_page.counter_total(m.bm_outages),
+            "preemptions": ops_page.counter_total(m.preemptions),
+            "rejected": ops_page.counter_total(m.rejected),
+        }
+        view = self.watch.view(time.monotonic(), self.core, self.liveness, faults)
+        view["max_waiting_requests"] = self.config.max_waiting_requests
+        view["block_manager_up"] = not self.bm.down
+        return view
 
     def _requests_view(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -245,6 +277,8 @@ class SchedulerService:
             )
 
     def on_heartbeat(self, msg: Heartbeat | Hello, now: float, step_socket: bool = False) -> None:
+        if self.watch.heard(msg.worker_id, msg.incarnation):
+            self.metrics.worker_restarts.inc()
         if self.liveness.restarted(msg):
             self.lose_worker(msg.worker_id, "restarted")
         link, joined = self.liveness.heard(msg, now, step_socket)
@@ -290,6 +324,8 @@ class SchedulerService:
         if held and not self.bm.down:
             self.bm.rpc([free_op(rid, 0) for rid in held])
         self.metrics.workers_lost.inc()
+        if self.watch.lost(wid, reason, time.monotonic()):
+            self.metrics.step_timeouts.inc()
         self.metrics.workers.set(len(self.liveness.active_ids()))
         self.log.warning(
             "worker_lost",
@@ -312,6 +348,7 @@ class SchedulerService:
         self.metrics.step_time.observe(result.timings.get("step_s", result.timings.get("forward_s", 0.0)))
         self.metrics.worker_idle.labels(wid).inc(result.timings.get("idle_s", 0.0))
         self.metrics.worker_busy.labels(wid).inc(result.timings.get("step_s", 0.0))
+        self.watch.step(wid, result.timings.get("step_s", 0.0), len(result.token_ids))
         before = self.core.stats.preemptions
         self.front.dispatch(self.core.on_step_result(wid, result, now), now)
         self.metrics.preemptions.inc(self.core.stats.preemptions - before)
@@ -343,7 +380,7 @@ class SchedulerService:
         for wid in self.liveness.suspected_hangs(now, self.core.oldest_step_sent_at):
             self.dump_stacks(wid, now)
         for wid, reason in self.liveness.overdue(now, self.core.oldest_step_sent_at):
-            if reason.startswith("step unanswered"):
+            if reason.startswith(STEP_UNANSWERED):
                 self.log.error(
                     "step_timeout", worker_id=wid, reason=reason, **self.liveness.steps.describe(wid)
                 )
@@ -354,6 +391,8 @@ class SchedulerService:
             self.probe_block_manager()
         self.metrics.waiting.set(self.core.num_waiting)
         self.metrics.running.set(self.core.num_running)
+        if self.watch.history.due(now):
+            self.watch.sample(now, self.core.num_waiting, self.core.num_running)
 
     def dump_stacks(self, wid: str, now: float) -> None:
         """A suspected hang: our stacks and the worker's into the logs, while it is still stuck."""

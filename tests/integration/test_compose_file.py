@@ -22,7 +22,7 @@ from pagedserve.shared.config import ServeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
-PROFILES: list[list[str]] = [[], ["cpu"], ["gpu"], ["cpu", "gpu"]]
+PROFILES: list[list[str]] = [[], ["cpu"], ["gpu"], ["cpu", "gpu"], ["cpu", "monitoring"]]
 
 
 def compose_binary() -> Path:
