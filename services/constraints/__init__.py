@@ -1,0 +1,1 @@
+"""Output constraints (JSON schema, regex, choice, grammar, structural tag) compiled with xgrammar."""
