@@ -43,7 +43,9 @@ class ConstraintCompiler:
         self.misses = 0
 
     @classmethod
-    def for_model(cls, model_path: str | Path, vocab_size: int, stop_token_ids: Sequence[int]) -> ConstraintCompiler:
+    def for_model(
+        cls, model_path: str | Path, vocab_size: int, stop_token_ids: Sequence[int]
+    ) -> ConstraintCompiler:
         from transformers import AutoTokenizer  # lazily: only a worker that meets a constraint pays
 
         tokenizer = AutoTokenizer.from_pretrained(str(model_path))

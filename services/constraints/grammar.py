@@ -18,6 +18,11 @@ from pagedserve.shared.protocol.constraints import StructuredOutputs
 # xgrammar prefixes its messages with "[hh:mm:ss] /path/file.cc:123: ".
 _LOG_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
 _CHECKED_LIMIT = 512
+# xgrammar 0.2.8 writes the characters of a length-bounded JSON string (maxLength / minLength) as
+# [^"\\\r\n], which lets raw control characters through (invalid JSON; strict parsers such as
+# pydantic's refuse it). Its unbounded strings exclude \0-\x1f; we make the bounded ones do so too.
+_LAX_STRING_CHARS = r"[^\"\\\r\n]"
+_STRICT_STRING_CHARS = r"[^\0-\x1f\"\\\r\n]"
 
 
 class ConstraintError(ValueError):
@@ -43,20 +48,23 @@ def choice_ebnf(choices: list[str]) -> str:
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
+def json_grammar(schema: str, any_whitespace: bool) -> xgr.Grammar:
+    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=any_whitespace)
+    ebnf = str(grammar)
+    if _LAX_STRING_CHARS not in ebnf:
+        return grammar
+    return xgr.Grammar.from_ebnf(ebnf.replace(_LAX_STRING_CHARS, _STRICT_STRING_CHARS))
+
+
 def grammar_of(spec: StructuredOutputs) -> xgr.Grammar:
     """The constraint as an xgrammar Grammar; ConstraintError naming the field if it does not parse."""
     kind = spec.kind
     field = f"structured_outputs.{kind}"
     value = spec.value_of(kind)
     try:
-        if kind == "json":
-            return xgr.Grammar.from_json_schema(
-                schema_text(value), any_whitespace=not spec.disable_any_whitespace
-            )
-        if kind == "json_object":
-            return xgr.Grammar.from_json_schema(
-                '{"type": "object"}', any_whitespace=not spec.disable_any_whitespace
-            )
+        if kind in ("json", "json_object"):
+            schema = schema_text(value) if kind == "json" else '{"type": "object"}'
+            return json_grammar(schema, any_whitespace=not spec.disable_any_whitespace)
         if kind == "regex":
             return xgr.Grammar.from_regex(value)
         if kind == "choice":

@@ -40,7 +40,9 @@ class SequenceMatcher:
         if self.finished:
             return
         if not self._matcher.accept_token(token):
-            raise ConstraintViolation(f"token {token} is not allowed after {self.num_accepted} accepted tokens")
+            raise ConstraintViolation(
+                f"token {token} is not allowed after {self.num_accepted} accepted tokens"
+            )
         self.num_accepted += 1
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:

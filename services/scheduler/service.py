@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from pagedserve.services.constraints import preload as preload_constraints
 from pagedserve.services.scheduler.block_client import BlockManagerClient
 from pagedserve.services.scheduler.clients import ClientBook, FinishedStore
 from pagedserve.services.scheduler.frontdoor import FrontDoor
@@ -58,6 +59,7 @@ class SchedulerService:
         self.config = config
         self.log = configure_logging("scheduler", config.log_format, config.log_level)
         self.model: ModelInfo = load_model_info(config.model, config.max_model_len)
+        preload_constraints()  # the grammar engine checks constraints at submit: load it off the loop
         self.metrics = SchedulerMetrics()
         self.ctx = zmq.Context()
         keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
-
 from pagedserve.shared.protocol.constraints import StructuredOutputs
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
