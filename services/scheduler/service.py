@@ -347,7 +347,9 @@ class SchedulerService:
         for wid in self.core.worker_ids():
             while self.core.can_schedule(wid):
                 now = time.monotonic()
+                before = self.core.stats.preemptions  # planning preempts too, not only results
                 outcome = self.core.step_once(wid, now, self.bm.rpc)
+                self.metrics.preemptions.inc(self.core.stats.preemptions - before)
                 self.front.dispatch(outcome.events, now)
                 if outcome.no_reply:
                     return sent
