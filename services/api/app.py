@@ -13,6 +13,7 @@ from pagedserve.services.api.metrics import APIMetrics, MetricsMiddleware
 from pagedserve.services.api.model_card import ModelCard, load_model_card
 from pagedserve.services.api.request_ids import RequestIdMiddleware
 from pagedserve.services.api.state import APIState
+from pagedserve.services.api.tool_parsers import check_parser
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.sdk import AsyncClient, load_client_keys
 
@@ -21,6 +22,7 @@ HEALTH_TIMEOUT_S = 2.0
 
 def create_app(config: ServeConfig, card: ModelCard | None = None) -> FastAPI:
     """An app serving `config.model` through the scheduler at `config.front_endpoint`."""
+    check_parser(config.tool_call_parser)  # a misspelt --tool-call-parser fails at start, not per request
     card = card or load_model_card(config)
     metrics = APIMetrics()
 

@@ -15,6 +15,7 @@ from pagedserve.services.api.sampling import Prompt, chat_sampling
 from pagedserve.services.api.schemas import ChatCompletionRequest
 from pagedserve.services.api.state import (
     CLIENT_CLOSED_REQUEST,
+    APIState,
     api_state,
     check_model,
     now_s,
@@ -23,6 +24,9 @@ from pagedserve.services.api.state import (
     stream_response,
 )
 from pagedserve.services.api.streaming import StreamShape, chat_chunks
+from pagedserve.services.api.structured import constraint_errors
+from pagedserve.services.api.tools import ToolMode, chat_constraint, template_tools, tool_mode
+from pagedserve.shared.protocol.frontend import SamplingParams
 
 router = APIRouter()
 
@@ -32,14 +36,32 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state = api_state(request)
     check_model(state, body.model)
     card = state.card
-    token_ids = render_chat(card, body.messages, body.add_generation_prompt)
-    sampling = chat_sampling(body, len(token_ids), card.max_model_len)
+    mode = tool_mode(body)
+    constraint = chat_constraint(body, mode)
+    token_ids = render_chat(card, body.messages, body.add_generation_prompt, template_tools(body))
+    sampling = chat_sampling(body, len(token_ids), card.max_model_len, constraint)
+    with constraint_errors(constraint):  # the scheduler refused the constraint: name the request's field
+        return await _run(request, body, state, token_ids, sampling, mode)
+
+
+async def _run(
+    request: Request,
+    body: ChatCompletionRequest,
+    state: APIState,
+    token_ids: list[int],
+    sampling: SamplingParams,
+    mode: ToolMode,
+) -> dict[str, Any] | Response:
+    card = state.card
+    parser = state.config.tool_call_parser
     prompts = [Prompt(token_ids=token_ids)]
     rid = response_id(request, "chatcmpl")
     created = now_s()
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        shape = StreamShape(card, rid, created, sampling.n, 1, include_usage, body.logprobs)
+        shape = StreamShape(
+            card, rid, created, sampling.n, 1, include_usage, body.logprobs, tools=mode, tool_parser=parser
+        )
         with as_api_errors("messages"):
             fanout = await Fanout.open(state.client, prompts, sampling, rid, body.user or None)
         return await stream_response(request, fanout, lambda events: chat_chunks(shape, events), "messages")
@@ -54,7 +76,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         "object": "chat.completion",
         "created": created,
         "model": card.name,
-        "choices": [chat_choice(card, out.index, out, body.logprobs) for out in result.outputs],
+        "choices": [chat_choice(card, out.index, out, body.logprobs, mode, parser) for out in result.outputs],
         "usage": usage_body([result]),
         "system_fingerprint": None,
     }

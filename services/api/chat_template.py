@@ -6,12 +6,47 @@ template writes BOS and the turn markers itself, and adding them again would cha
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from pagedserve.services.api.errors import APIError
 from pagedserve.services.api.model_card import ModelCard
 from pagedserve.services.api.schemas import ChatMessage
 
 
-def render_chat(card: ModelCard, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
+def _turn(message: ChatMessage) -> dict[str, Any]:
+    """One message as templates take it: tool calls with their arguments as a mapping (the form
+    Hugging Face templates expect), a tool result with the id of the call it answers."""
+    turn: dict[str, Any] = {"role": message.role, "content": message.text()}
+    if message.tool_calls:
+        turn["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        turn["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        turn["name"] = message.name
+    return turn
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def render_chat(
+    card: ModelCard,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
     tokenizer = card.tokenizer
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise APIError(
@@ -20,10 +55,10 @@ def render_chat(card: ModelCard, messages: list[ChatMessage], add_generation_pro
             "messages",
             "no_chat_template",
         )
-    turns = [{"role": m.role, "content": m.text()} for m in messages]
+    turns = [_turn(m) for m in messages]
     try:
         text = tokenizer.apply_chat_template(
-            turns, tokenize=False, add_generation_prompt=add_generation_prompt
+            turns, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
         )
     except (
         Exception

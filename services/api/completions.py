@@ -10,10 +10,11 @@ from pagedserve.services.api.disconnect import ClientGone
 from pagedserve.services.api.errors import as_api_errors
 from pagedserve.services.api.generation import Fanout, generate_all
 from pagedserve.services.api.responses import completion_choice, usage_body
-from pagedserve.services.api.sampling import completion_prompts, completion_sampling
+from pagedserve.services.api.sampling import Prompt, completion_prompts, completion_sampling
 from pagedserve.services.api.schemas import CompletionRequest
 from pagedserve.services.api.state import (
     CLIENT_CLOSED_REQUEST,
+    APIState,
     api_state,
     check_model,
     now_s,
@@ -22,6 +23,8 @@ from pagedserve.services.api.state import (
     stream_response,
 )
 from pagedserve.services.api.streaming import StreamShape, completion_chunks
+from pagedserve.services.api.structured import constraint_errors, request_constraint
+from pagedserve.shared.protocol.frontend import SamplingParams
 
 router = APIRouter()
 
@@ -30,8 +33,20 @@ router = APIRouter()
 async def create_completion(body: CompletionRequest, request: Request) -> dict[str, Any] | Response:
     state = api_state(request)
     check_model(state, body.model)
-    sampling = completion_sampling(body)
+    constraint = request_constraint(body)
+    sampling = completion_sampling(body, constraint)
     prompts = completion_prompts(body)
+    with constraint_errors(constraint):  # the scheduler refused the constraint: name the request's field
+        return await _run(request, body, state, sampling, prompts)
+
+
+async def _run(
+    request: Request,
+    body: CompletionRequest,
+    state: APIState,
+    sampling: SamplingParams,
+    prompts: list[Prompt],
+) -> dict[str, Any] | Response:
     rid = response_id(request, "cmpl")
     card = state.card
     echo = (

@@ -35,6 +35,8 @@ SCHEDULER_CODES: dict[str, tuple[int, str | None]] = {
     "prompt_too_long": (400, "prompt"),
     "max_tokens_too_large": (400, "max_tokens"),
     "token_out_of_vocab": (400, "prompt"),
+    "invalid_constraint": (400, "response_format"),  # structured.py names the request's own field
+    "invalid_logit_bias": (400, "logit_bias"),
     "too_large_for_pool": (400, "prompt"),
     "duplicate_request_id": (400, "X-Request-Id"),
     "too_many_requests": (429, None),

@@ -5,10 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from pagedserve.services.api.model_card import ModelCard
+from pagedserve.services.api.tool_parsers import ParsedCall, new_parser
+from pagedserve.services.api.tools import ToolMode, call_body, required_calls
 from pagedserve.shared.sdk import Completion, Result
 
 # The scheduler's finish reasons are OpenAI's ("stop": EOS, a stop id or string; "length":
 # max_tokens or the context); "abort" only reaches a client that is already gone.
+NO_TOOLS = ToolMode("none")
+
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
 
 
@@ -55,12 +59,35 @@ def chat_logprobs(card: ModelCard, token_ids: list[int], logprobs: list[Any] | N
     return {"content": content, "refusal": None}
 
 
-def chat_choice(card: ModelCard, index: int, out: Completion, want_logprobs: bool) -> dict[str, Any]:
+def chat_message(text: str, mode: ToolMode, parser: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """A completion's text -> the message's content and tool calls, as `mode` reads it."""
+    if mode.kind == "named":
+        return None, [call_body(ParsedCall(mode.name or "", text))]
+    if mode.kind == "required":
+        return None, [call_body(c) for c in required_calls(text)]
+    if mode.kind == "auto":
+        reader = new_parser(parser)
+        content, calls = reader.feed(text)
+        content += reader.finish()
+        return (content or None) if calls else content, [call_body(c) for c in calls]
+    return text, []
+
+
+def chat_choice(
+    card: ModelCard,
+    index: int,
+    out: Completion,
+    want_logprobs: bool,
+    mode: ToolMode = NO_TOOLS,
+    parser: str = "hermes",
+) -> dict[str, Any]:
+    content, calls = chat_message(out.text, mode, parser)
+    reason = finish_reason(out.finish_reason)
     return {
         "index": index,
-        "message": {"role": "assistant", "content": out.text, "refusal": None, "tool_calls": []},
+        "message": {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls},
         "logprobs": chat_logprobs(card, out.token_ids, out.logprobs) if want_logprobs else None,
-        "finish_reason": finish_reason(out.finish_reason),
+        "finish_reason": "tool_calls" if calls and reason == "stop" else reason,
     }
 
 

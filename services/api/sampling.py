@@ -11,6 +11,7 @@ from typing import Any
 
 from pagedserve.services.api.errors import APIError, from_validation_error
 from pagedserve.services.api.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+from pagedserve.services.api.structured import Constraint, request_constraint
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pydantic import ValidationError
 
@@ -39,10 +40,23 @@ class Prompt:
     token_ids: list[int] | None = None
 
 
-def _common(req: _Sampling) -> dict[str, Any]:
-    if req.logit_bias:
-        raise APIError(400, "logit_bias is not supported yet", "logit_bias", "unsupported")
+def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
+    try:
+        return {int(token): value for token, value in bias.items()}
+    except ValueError:
+        bad = next(t for t in bias if not t.lstrip("-").isdigit())
+        raise APIError(
+            400, f"logit_bias: keys must be token ids; got {bad!r}", "logit_bias", "invalid_value"
+        ) from None
+
+
+def _common(req: _Sampling, constraint: Constraint | None) -> dict[str, Any]:
     fields = {name: getattr(req, name) for name in _PASSED_IF_SET if getattr(req, name) is not None}
+    if req.logit_bias:
+        fields["logit_bias"] = _logit_bias(req.logit_bias)
+    constraint = constraint or request_constraint(req)
+    if constraint is not None:
+        fields["structured_outputs"] = constraint.spec
     if req.stop is not None:
         fields["stop"] = [req.stop] if isinstance(req.stop, str) else req.stop
     fields["ignore_eos"] = req.ignore_eos
@@ -57,7 +71,7 @@ def _build(fields: dict[str, Any], rename: dict[str, str] | None = None) -> Samp
         raise from_validation_error(exc, rename) from None
 
 
-def completion_sampling(req: CompletionRequest) -> SamplingParams:
+def completion_sampling(req: CompletionRequest, constraint: Constraint | None = None) -> SamplingParams:
     if req.suffix is not None:
         raise APIError(400, "suffix is not supported yet", "suffix", "unsupported")
     if req.best_of is not None and req.best_of != req.n:
@@ -66,7 +80,7 @@ def completion_sampling(req: CompletionRequest) -> SamplingParams:
         raise APIError(
             400, "echo with logprobs (prompt logprobs) is not supported yet", "echo", "unsupported"
         )
-    fields = _common(req)
+    fields = _common(req, constraint)
     if req.max_tokens is not None:
         fields["max_tokens"] = req.max_tokens
     if req.logprobs is not None:
@@ -91,9 +105,11 @@ def completion_prompts(req: CompletionRequest) -> list[Prompt]:
     return prompts
 
 
-def chat_sampling(req: ChatCompletionRequest, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
-    _refuse_unsupported_chat(req)
-    fields = _common(req)
+def chat_sampling(
+    req: ChatCompletionRequest, num_prompt_tokens: int, max_model_len: int, constraint: Constraint | None = None
+) -> SamplingParams:
+    """`constraint`: the request's (tools.chat_constraint); None: read from its format fields."""
+    fields = _common(req, constraint)
     rename = {}
     if req.max_completion_tokens is not None:
         fields["max_tokens"] = req.max_completion_tokens
@@ -109,18 +125,3 @@ def chat_sampling(req: ChatCompletionRequest, num_prompt_tokens: int, max_model_
         fields["logprobs"] = req.top_logprobs or 0
         rename["logprobs"] = "top_logprobs"
     return _build(fields, rename)
-
-
-def _refuse_unsupported_chat(req: ChatCompletionRequest) -> None:
-    fmt = req.response_format
-    if fmt is not None and fmt.get("type", "text") != "text":
-        raise APIError(
-            400,
-            f"response_format {fmt.get('type')!r} is not supported yet (only 'text')",
-            "response_format",
-            "unsupported",
-        )
-    if req.tools:
-        raise APIError(400, "tools are not supported yet", "tools", "unsupported")
-    if req.tool_choice not in (None, "none"):
-        raise APIError(400, "tool_choice is not supported yet", "tool_choice", "unsupported")

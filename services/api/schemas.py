@@ -47,8 +47,14 @@ class _Sampling(_Body):
     stop_token_ids: TokenIds | None = None
     include_stop_str_in_output: bool = False
     priority: int | None = None
-    # OpenAI fields we refuse with a clear message rather than ignore
     logit_bias: dict[str, float] | None = None
+    # Structured output: OpenAI's response_format, vLLM's structured_outputs and guided_* (structured.py)
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -65,11 +71,24 @@ class TextPart(_Body):
     text: str
 
 
+class FunctionCall(_Body):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     # A string, or a list of parts; only text parts exist here (images would need a vision model).
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -79,6 +98,27 @@ class ChatMessage(_Body):
         return "".join(part.text for part in self.content)
 
 
+class FunctionDefinition(_Body):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
@@ -86,8 +126,6 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
-    # Refused unless text: structured outputs and tools are not implemented yet.
-    response_format: dict[str, Any] | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None

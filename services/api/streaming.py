@@ -20,6 +20,8 @@ from pagedserve.services.api.responses import (
     finish_reason,
     usage_body,
 )
+from pagedserve.services.api.tool_stream import ChoiceToolStream
+from pagedserve.services.api.tools import ToolMode
 from pagedserve.shared.sdk import RequestError, Result, StreamDelta
 
 DONE = "data: [DONE]\n\n"
@@ -42,6 +44,16 @@ class StreamShape:
     want_logprobs: bool
     echo: list[str] | None = None  # completions: the prompt text to send first, per prompt
     text_offsets: dict[int, int] = field(default_factory=dict)  # completions logprobs, per choice
+    tools: ToolMode | None = None  # chat: how the output relates to tools (None: it does not)
+    tool_parser: str = "hermes"
+    tool_streams: dict[int, ChoiceToolStream] = field(default_factory=dict)
+
+    def tool_stream(self, index: int) -> ChoiceToolStream | None:
+        if self.tools is None or not self.tools.calls_tools:
+            return None
+        if index not in self.tool_streams:
+            self.tool_streams[index] = ChoiceToolStream(self.tools, self.tool_parser)
+        return self.tool_streams[index]
 
     def chunk(self, kind: str, choices: list[dict[str, Any]]) -> str:
         body: dict[str, Any] = {
@@ -94,6 +106,17 @@ async def chat_chunks(shape: StreamShape, events: AsyncIterator[Event]) -> Async
     try:
         async for prompt_index, event in events:
             if isinstance(event, StreamDelta):
+                tools = shape.tool_stream(prompt_index * shape.n + event.index)
+                if tools is not None:
+                    for delta in tools.delta(event.text):
+                        choice = {
+                            "index": prompt_index * shape.n + event.index,
+                            "delta": delta,
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                        yield shape.chunk(kind, [choice])
+                    continue
                 logprobs = (
                     chat_logprobs(shape.card, event.token_ids, event.logprobs)
                     if shape.want_logprobs
@@ -110,12 +133,17 @@ async def chat_chunks(shape: StreamShape, events: AsyncIterator[Event]) -> Async
             else:
                 results.append(event)
                 for out in event.outputs:
-                    choice = {
-                        "index": prompt_index * shape.n + out.index,
-                        "delta": {},
-                        "logprobs": None,
-                        "finish_reason": finish_reason(out.finish_reason),
-                    }
+                    index = prompt_index * shape.n + out.index
+                    reason = finish_reason(out.finish_reason)
+                    tools = shape.tool_stream(index)
+                    if tools is not None:
+                        for delta in tools.finish():
+                            yield shape.chunk(
+                                kind, [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]
+                            )
+                        if tools.num_calls and reason == "stop":
+                            reason = "tool_calls"
+                    choice = {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}
                     yield shape.chunk(kind, [choice])
     except Exception as exc:
         yield _error_event(exc)

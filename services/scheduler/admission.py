@@ -48,3 +48,25 @@ def check_request(
         )
     if sampling.stop and not can_stop_on_strings:
         raise RequestRejected("invalid_request", "sampling.stop needs a tokenizer; this model has none")
+    bad = next((t for t in sampling.logit_bias or () if t >= vocab_size), None)
+    if bad is not None:
+        raise RequestRejected(
+            "invalid_logit_bias", f"sampling.logit_bias names token {bad}, outside the vocabulary [0, {vocab_size})"
+        )
+    if sampling.structured_outputs is not None:
+        check_structured_outputs(sampling, can_stop_on_strings)
+
+
+def check_structured_outputs(sampling: SamplingParams, has_tokenizer: bool) -> None:
+    """Before anything is queued: the constraint parses (schema, regex, grammar), else one error
+    naming its field. Compiling it against the vocabulary is left to the worker that runs it."""
+    if not has_tokenizer:
+        raise RequestRejected(
+            "invalid_constraint", "sampling.structured_outputs needs a tokenizer; this model has none"
+        )
+    from pagedserve.services.constraints.grammar import ConstraintError, check_constraint  # lazily: xgrammar
+
+    try:
+        check_constraint(sampling.structured_outputs)
+    except ConstraintError as exc:
+        raise RequestRejected("invalid_constraint", f"sampling.{exc.field}: {exc.message}") from None

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from pagedserve.services.constraints import preload as preload_constraints
 from pagedserve.services.scheduler.block_client import BlockManagerClient
 from pagedserve.services.scheduler.clients import ClientBook, FinishedStore
 from pagedserve.services.scheduler.frontdoor import FrontDoor
@@ -65,6 +66,7 @@ class SchedulerService:
         self.config = config
         self.log = configure_logging("scheduler", config.log_format, config.log_level)
         self.model: ModelInfo = load_model_info(config.model, config.max_model_len)
+        preload_constraints()  # the grammar engine checks constraints at submit: load it off the loop
         self.metrics = SchedulerMetrics()
         self.watch = SchedulerWatch()  # what the live view and `pagedserve top` show
         self.metrics.max_waiting.set(config.max_waiting_requests)
@@ -420,7 +422,9 @@ class SchedulerService:
         for wid in self.core.worker_ids():
             while self.core.can_schedule(wid):
                 now = time.monotonic()
+                before = self.core.stats.preemptions  # planning preempts too, not only results
                 outcome = self.core.step_once(wid, now, self.bm.rpc)
+                self.metrics.preemptions.inc(self.core.stats.preemptions - before)
                 self.front.dispatch(outcome.events, now)
                 if outcome.no_reply:
                     return sent

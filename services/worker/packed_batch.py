@@ -23,6 +23,9 @@ class RequestState:
     num_computed_tokens: int  # leading tokens whose K/V is in the cache
     block_ids: list[int]  # the block table
     sampling: dict[str, Any]
+    # The grammar matcher of a constrained request (services/constraints), built at its first sampled
+    # token by replaying output_token_ids; None for an unconstrained one (or before that token).
+    matcher: Any = None
 
     @property
     def num_tokens(self) -> int:

@@ -18,6 +18,7 @@ from pagedserve.services.worker.loader import load_model, resolve_dtype, torch_d
 from pagedserve.services.worker.models.packed_linear import linears_kind
 from pagedserve.services.worker.models.registry import ModelConfig
 from pagedserve.services.worker.packed_batch import PackedBatch, RequestState, pack_batch
+from pagedserve.services.worker.request_constraints import RequestConstraints
 from pagedserve.services.worker.sampler import Sampler, SamplingRequest
 from pagedserve.shared.config import config_default
 from pagedserve.shared.protocol.step import Execute, Fork, StepResult
@@ -67,6 +68,7 @@ class ModelRunner:
             num_blocks = num_blocks_for_budget(shape, budget)
         self.kv_cache = KVCache(shape, num_blocks, self.device)
         self.sampler = Sampler(cfg.vocab_size, self._eos_token_ids)
+        self.constraints = RequestConstraints(Path(model_path), cfg.vocab_size, self._eos_token_ids)
         self.requests: dict[str, RequestState] = {}
 
     # ------------------------------------------------------------------ what the worker reports
@@ -208,9 +210,12 @@ class ModelRunner:
             requests += [
                 SamplingRequest(c.sampling, c.prompt_token_ids, c.output_token_ids) for c, _ in children
             ]
-        tokens, logprobs = self.sampler.sample(rows, requests)
+        mask = self.constraints.mask(states)  # None unless some row is constrained
+        tokens, logprobs = self.sampler.sample(rows, requests, mask)
         for state, token in zip(states, tokens, strict=True):
             state.output_token_ids.append(token)
+            if state.matcher is not None:
+                state.matcher.accept(token)
         for child, _row in children:
             self.requests[child.request_id] = child
         return StepResult(step.step, [s.request_id for s in states], list(tokens), logprobs)
@@ -233,6 +238,8 @@ class ModelRunner:
             block_ids=list(parent.block_ids),  # shared with the parent; copy-on-write comes later
             sampling=sampling,
         )
+        # The child's grammar state is the parent's before this step's token (it samples its own).
+        child.matcher = self.constraints.fork(parent)
         return child, row
 
     def _check_blocks(self, owner: str, block_ids: list[int]) -> None:

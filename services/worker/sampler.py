@@ -1,7 +1,10 @@
 """Token sampling for one packed step: one token per row of logits, batched over rows.
 
-Processing order: penalties -> min_tokens mask -> logprobs are read here -> temperature -> top-k ->
-top-p -> min-p -> draw. Greedy rows (temperature 0) take the argmax after the mask.
+Processing order: penalties -> logit_bias -> min_tokens mask -> constraint mask -> logprobs are read
+here -> temperature -> top-k -> top-p -> min-p -> draw. Greedy rows (temperature 0) take the argmax
+after the masks. The constraint mask (a packed bitmask for the constrained rows only, from their
+grammar matchers) sets forbidden tokens to -inf before either backend runs, so the C++ op and the
+torch path both see it; a step without constrained rows does no work for it.
 
 Logprobs describe the model's distribution as the request sees it before any sampling choice: the
 log-softmax of the logits after penalties and the min_tokens mask, before temperature and truncation
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pagedserve.kernels.cpu.build import SAMPLING, KernelBuildError, load_extension
@@ -32,6 +35,9 @@ from pagedserve.kernels.cpu.isa import check_isa
 from pagedserve.services.worker.penalties import apply_penalties, mask_tokens
 from pagedserve.services.worker.sampling_batch import SamplingBatch, build_sampling_batch, column
 from pagedserve.services.worker.truncation import min_p_floor, top_k_top_p_floor
+
+if TYPE_CHECKING:
+    from pagedserve.services.constraints.matcher import TokenMask
 
 _SEED_MASK = (1 << 63) - 1
 
@@ -86,10 +92,11 @@ class Sampler:
         self._shared_generator.seed()
 
     def sample(
-        self, logits: torch.Tensor, requests: Sequence[SamplingRequest]
+        self, logits: torch.Tensor, requests: Sequence[SamplingRequest], mask: TokenMask | None = None
     ) -> tuple[list[int], list[Any] | None]:
         """logits [len(requests), vocab] (any float dtype) -> one token per row, and per-row logprobs
-        (None for rows that did not ask; the whole list None when no row asked)."""
+        (None for rows that did not ask; the whole list None when no row asked). `mask`: the tokens
+        each constrained row may take (every other token of that row gets -inf)."""
         if logits.shape[0] != len(requests):
             raise ValueError(f"logits has {logits.shape[0]} rows for {len(requests)} requests")
         if logits.shape[1] < self.vocab_size:
@@ -97,14 +104,20 @@ class Sampler:
         logits = logits[:, : self.vocab_size]  # padded vocab columns are never tokens
         batch = build_sampling_batch(requests, self.eos_token_ids, self.vocab_size)
         on_kernel = self.backend == "cpp" and logits.device.type == "cpu"
-        if batch.is_plain_greedy and not on_kernel:
+        if batch.is_plain_greedy and mask is None and not on_kernel:
             return logits.argmax(dim=1).tolist(), None
 
-        if batch.penalised_rows or batch.banned:
-            # Penalties and the mask write in place: on a copy, so the caller's logits stay as they were.
+        if batch.penalised_rows or batch.banned or batch.biased or mask is not None:
+            # Penalties and the masks write in place: on a copy, so the caller's logits stay as they were.
             logits = logits.to(torch.float32, copy=True)
             self._penalise(logits, batch, requests)
+            for row, ids, values in batch.biased:
+                logits[row, ids] += torch.tensor(values, dtype=logits.dtype, device=logits.device)
             mask_tokens(logits, batch.banned)
+            if mask is not None:
+                from pagedserve.services.constraints.matcher import apply_mask
+
+                apply_mask(logits, mask)
         if on_kernel:
             tokens = self._kernel_tokens(logits, batch)
         else:

@@ -35,6 +35,7 @@ class SamplingBatch:
     positions: list[int] = field(default_factory=list)  # tokens generated so far, one per random row
     penalised_rows: list[int] = field(default_factory=list)
     banned: list[tuple[int, list[int]]] = field(default_factory=list)  # (row, token ids masked by min_tokens)
+    biased: list[tuple[int, list[int], list[float]]] = field(default_factory=list)  # (row, ids, logit_bias)
     logprob_rows: list[int] = field(default_factory=list)
     num_logprobs: list[int] = field(default_factory=list)  # one per logprob row
 
@@ -49,7 +50,7 @@ class SamplingBatch:
     @property
     def is_plain_greedy(self) -> bool:
         """Every row greedy and nothing changes the logits: one argmax answers the whole step."""
-        return not (self.random_rows or self.penalised_rows or self.banned or self.logprob_rows)
+        return not (self.random_rows or self.penalised_rows or self.banned or self.biased or self.logprob_rows)
 
 
 def has_penalty(params: dict[str, Any]) -> bool:
@@ -80,8 +81,14 @@ def build_sampling_batch(
             batch.positions.append(num_output)
         if has_penalty(params):
             batch.penalised_rows.append(row)
-        if num_output < params.get("min_tokens", 0):
-            # ignore_eos does not lift this mask: min_tokens is a floor on length either way.
+        bias = params.get("logit_bias")
+        if bias:
+            pairs = [(int(t), float(b)) for t, b in bias.items() if 0 <= int(t) < vocab_size]
+            batch.biased.append((row, [t for t, _ in pairs], [b for _, b in pairs]))
+        if num_output < params.get("min_tokens", 0) and params.get("structured_outputs") is None:
+            # ignore_eos does not lift this mask: min_tokens is a floor on length either way. A
+            # constrained row is exempt: its grammar alone says when it may end (banning the only
+            # token it allows would leave nothing to sample).
             stops = {*eos_token_ids, *params.get("stop_token_ids", ())}
             batch.banned.append((row, sorted(t for t in stops if 0 <= t < vocab_size)))
         num_logprobs = params.get("logprobs")

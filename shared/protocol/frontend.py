@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from pagedserve.shared.protocol.constraints import StructuredOutputs
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 MAX_N = 16
+MAX_LOGIT_BIAS = 300
 
 RequestId = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 
@@ -45,11 +47,20 @@ class SamplingParams(_Strict):
     priority: int = Field(
         0, ge=-1000, le=1000, description="higher runs first; victims of preemption are lowest"
     )
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="the output must match this JSON schema / regex / choice / grammar"
+    )
+    logit_bias: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
+        None, max_length=MAX_LOGIT_BIAS, description="token id -> added to its logit before sampling"
+    )
 
     @model_validator(mode="after")
     def _min_below_max(self) -> SamplingParams:
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if self.structured_outputs is not None and self.ignore_eos:
+            # The grammar ends generation by allowing only EOS; ignoring EOS would run past its end.
+            raise ValueError("ignore_eos cannot be combined with structured_outputs")
         return self
 
     @property

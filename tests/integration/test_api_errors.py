@@ -85,7 +85,7 @@ def test_an_unknown_model_or_route_is_a_404(api_deployment):
         ({"max_tokens": 600}, "max_tokens", ["max_tokens=600", "512"]),
         ({"prompt": [5, 100000]}, "prompt", ["100000", "vocabulary"]),
         ({"suffix": "x"}, "suffix", ["not supported"]),
-        ({"logit_bias": {"5": 1.0}}, "logit_bias", ["not supported"]),
+        ({"logit_bias": {"5000": 1.0}}, "logit_bias", ["logit_bias", "5000", "vocabulary"]),
         ({"stream": True, "prompt": list(range(3, 603))}, "prompt", ["max_model_len"]),
     ],
 )
@@ -99,11 +99,18 @@ def test_an_invalid_completion_field_is_a_400_naming_it(api_deployment, fields, 
 @pytest.mark.parametrize(
     ("fields", "param", "words"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", ["not supported"]),
-        ({"tool_choice": "auto"}, "tool_choice", ["not supported"]),
-        ({"response_format": {"type": "json_object"}}, "response_format", ["json_object", "not supported"]),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+            },
+            "tool_choice",
+            ["'g'", "not among tools"],
+        ),
+        ({"tool_choice": "auto"}, "tool_choice", ["needs tools"]),
+        ({"guided_regex": "[a-"}, "guided_regex", ["guided_regex"]),
         ({"messages": []}, "messages", ["at least 1"]),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role", ["system"]),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role", ["system"]),
         ({"top_logprobs": 3}, "top_logprobs", ["logprobs=true"]),
         ({"logprobs": True, "top_logprobs": 30}, "top_logprobs", ["less than or equal to 20"]),
         ({"max_completion_tokens": 0}, "max_completion_tokens", ["greater than or equal to 1"]),

@@ -73,16 +73,31 @@ def test_chat_logprobs_flag_and_top_logprobs_become_one_count():
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "function"}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
-        ({"response_format": {"type": "json_schema"}}, "response_format"),
-        ({"logit_bias": {"1": 2.0}}, "logit_bias"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        ({"response_format": {"type": "yaml"}}, "response_format.type"),
+        ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+        ({"structured_outputs": {"regex": "a", "json_object": True}}, "structured_outputs"),
+        ({"logit_bias": {"one": 2.0}}, "logit_bias"),
+        ({"logit_bias": {"1": 200.0}}, "logit_bias.1"),
     ],
 )
-def test_unsupported_chat_features_are_refused_not_ignored(fields, param):
+def test_invalid_constraint_and_bias_fields_are_refused_naming_them(fields, param):
     with pytest.raises(APIError) as caught:
         chat_sampling(chat(**fields), 1, 512)
-    assert (caught.value.param, caught.value.code) == (param, "unsupported")
+    assert caught.value.param == param, caught.value.message
+
+
+def test_each_constraint_field_becomes_the_same_structured_outputs():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    by_format = chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    for fields in ({"guided_json": schema}, {"structured_outputs": {"json": schema}}):
+        assert (
+            chat_sampling(chat(**fields), 1, 512).structured_outputs
+            == chat_sampling(by_format, 1, 512).structured_outputs
+        )
+    assert chat_sampling(chat(guided_choice=["a", "b"]), 1, 512).structured_outputs.choice == ["a", "b"]
+    assert chat_sampling(chat(response_format={"type": "json_object"}), 1, 512).structured_outputs.json_object
+    assert chat_sampling(chat(logit_bias={"7": -5}), 1, 512).logit_bias == {7: -5.0}
 
 
 def test_text_response_format_and_no_tools_are_fine():

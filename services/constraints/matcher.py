@@ -1,0 +1,85 @@
+"""One sequence's position in its grammar, and the packed masks of one step's constrained rows.
+
+A matcher is rebuilt from the tokens a sequence has already accepted whenever the sequence arrives on
+a worker (a new request, a recompute after preemption, a move off a dead worker): replaying them puts
+it exactly where live decoding had it. Tokens after the grammar's end (the pipeline may sample one
+more step for a sequence that already stopped; the scheduler drops it) are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import xgrammar as xgr
+
+
+class ConstraintViolation(RuntimeError):
+    """A token the grammar does not allow reached a matcher: a mask was not applied (a bug)."""
+
+
+class SequenceMatcher:
+    def __init__(self, matcher: xgr.GrammarMatcher) -> None:
+        self._matcher = matcher
+        self.num_accepted = 0
+
+    @classmethod
+    def start(cls, compiled: xgr.CompiledGrammar, accepted: Sequence[int] = ()) -> SequenceMatcher:
+        matcher = cls(xgr.GrammarMatcher(compiled))
+        for token in accepted:
+            matcher.accept(token)
+        return matcher
+
+    @property
+    def finished(self) -> bool:
+        """The grammar accepted its stop token: nothing more is constrained."""
+        return self._matcher.is_terminated()
+
+    def accept(self, token: int) -> None:
+        if self.finished:
+            return
+        if not self._matcher.accept_token(token):
+            raise ConstraintViolation(
+                f"token {token} is not allowed after {self.num_accepted} accepted tokens"
+            )
+        self.num_accepted += 1
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def fork(self) -> SequenceMatcher:
+        child = SequenceMatcher(self._matcher.fork())
+        child.num_accepted = self.num_accepted
+        return child
+
+
+@dataclass(slots=True)
+class TokenMask:
+    """Which tokens each constrained row may sample: `bitmask[j]` (int32 words, bit t%32 of word t//32)
+    is row `rows[j]`'s. Rows not named are unconstrained and cost nothing."""
+
+    rows: list[int]
+    bitmask: torch.Tensor  # [len(rows), ceil(vocab / 32)] int32
+
+
+def build_mask(matchers: Sequence[SequenceMatcher | None], vocab_size: int) -> TokenMask | None:
+    """The packed mask of the rows whose matcher is live; None when no row is constrained."""
+    rows = [i for i, m in enumerate(matchers) if m is not None and not m.finished]
+    if not rows:
+        return None
+    bitmask = xgr.allocate_token_bitmask(len(rows), vocab_size)
+    for j, row in enumerate(rows):
+        matchers[row].fill(bitmask, j)  # type: ignore[union-attr]
+    return TokenMask(rows, bitmask)
+
+
+def apply_mask(logits: torch.Tensor, mask: TokenMask) -> None:
+    """Forbidden tokens' logits become -inf, in place (float32 logits on the CPU)."""
+    if len(mask.rows) == logits.shape[0]:
+        xgr.apply_token_bitmask_inplace(logits, mask.bitmask, vocab_size=logits.shape[1])
+        return
+    rows = torch.tensor(mask.rows, device=logits.device)
+    constrained = logits.index_select(0, rows)
+    xgr.apply_token_bitmask_inplace(constrained, mask.bitmask.to(logits.device), vocab_size=logits.shape[1])
+    logits.index_copy_(0, rows, constrained)

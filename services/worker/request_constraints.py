@@ -1,0 +1,62 @@
+"""The worker's side of output constraints: one grammar matcher per constrained request it holds.
+
+Matchers live here, beside the request's tokens, rather than in the scheduler: with a pipeline depth
+of 2 or more the scheduler sends step N+1 before it knows step N's token, while the worker samples
+in order and so always knows the state the next mask depends on. Nothing crosses the wire per step:
+the constraint arrives once, in the request's sampling params, and the mask is built and applied in
+this process. A request that arrives again (recompute after preemption, a move off a dead worker)
+carries every token it has accepted; its matcher is rebuilt by replaying them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pagedserve.services.worker.packed_batch import RequestState
+
+if TYPE_CHECKING:
+    from pagedserve.services.constraints.compiler import ConstraintCompiler
+    from pagedserve.services.constraints.matcher import SequenceMatcher, TokenMask
+
+
+class RequestConstraints:
+    def __init__(self, model_path: Path, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+        self._model_path = model_path
+        self._vocab_size = vocab_size
+        self._stop_token_ids = list(stop_token_ids)
+        self._compiler: ConstraintCompiler | None = None  # built at the first constrained request
+
+    @property
+    def compiler(self) -> ConstraintCompiler:
+        if self._compiler is None:
+            from pagedserve.services.constraints.compiler import ConstraintCompiler  # lazily: xgrammar
+
+            self._compiler = ConstraintCompiler.for_model(
+                self._model_path, self._vocab_size, self._stop_token_ids
+            )
+        return self._compiler
+
+    def matcher_of(self, state: RequestState) -> SequenceMatcher | None:
+        """The request's matcher, built (and replayed over its accepted tokens) on first use."""
+        if state.matcher is None and state.sampling.get("structured_outputs") is not None:
+            from pagedserve.services.constraints.matcher import SequenceMatcher
+            from pagedserve.shared.protocol.constraints import structured_outputs_of
+
+            spec = structured_outputs_of(state.sampling)
+            assert spec is not None
+            state.matcher = SequenceMatcher.start(self.compiler.compile(spec), state.output_token_ids)
+        return state.matcher
+
+    def mask(self, states: Sequence[RequestState]) -> TokenMask | None:
+        matchers: list[Any] = [self.matcher_of(s) for s in states]
+        if all(m is None for m in matchers):
+            return None  # the unconstrained step: nothing built, nothing applied
+        from pagedserve.services.constraints.matcher import build_mask
+
+        return build_mask(matchers, self._vocab_size)
+
+    def fork(self, parent: RequestState) -> SequenceMatcher | None:
+        matcher = self.matcher_of(parent)
+        return None if matcher is None else matcher.fork()
