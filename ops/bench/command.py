@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from pagedserve.ops.bench.report import build_report, machine_info, print_report, write_chart
     from pagedserve.ops.bench.workload import make_workload, max_len_utilization
-    from pagedserve.services.worker.bundled import resolve_model
+    from pagedserve.services.checkpoint import resolve_model
 
     torch.set_num_threads(args.threads)
     # Other work on these shared cores moves every number: the load before and after says how much.

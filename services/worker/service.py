@@ -55,7 +55,7 @@ _FROM_SCHEDULER = message_table(ExecuteMessage, Reset)
 
 class WorkerService:
     def __init__(self, config: ServeConfig) -> None:
-        from pagedserve.services.worker.bundled import resolve_model
+        from pagedserve.services.checkpoint import resolve_model
 
         self.config = config
         self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
