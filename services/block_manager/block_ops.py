@@ -16,7 +16,6 @@ from pagedserve.shared.protocol.blocks import (
     OP_FORK,
     OP_FREE,
     OP_GROW,
-    OP_RENEW,
     UNCHANGED,
     error_result,
 )
@@ -96,19 +95,11 @@ def _free(manager: BlockManager, op: list[Any], now: float) -> Any:
     return manager.free(request_id, num_computed)
 
 
-def _renew(manager: BlockManager, op: list[Any], now: float) -> Any:
-    request_ids = op[1]
-    if type(request_ids) is not list or not all(type(r) is str for r in request_ids):
-        raise MalformedOpError(f"request_ids must be a list of strings, got {_short(request_ids)}")
-    return manager.renew(request_ids, now)
-
-
 _HANDLERS: dict[str, Callable[[BlockManager, list[Any], float], Any]] = {
     OP_ALLOC: _alloc,
     OP_GROW: _grow,
     OP_FORK: _fork,
     OP_FREE: _free,
-    OP_RENEW: _renew,
 }
 
 _INT_ONLY = {int}

@@ -1,13 +1,13 @@
 """The block manager core: block tables of requests over the pools of workers, with leases.
 
 Pure: no sockets, no threads, no logging. Every method that needs the clock takes `now`
-(seconds), so tests drive time by hand. Any op on a request (allocate, grow, fork, renew)
+(seconds), so tests drive time by hand. Any op on a request (allocate, grow, fork)
 renews its lease; a failed op (None) changes nothing at all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -289,9 +289,6 @@ class BlockManager:
         self._leases.remove(request_id)
         _settle(table, table.num_slots if num_computed is None else num_computed)
         return _release(table)
-
-    def renew(self, request_ids: Iterable[str], now: float) -> int:
-        return self._leases.renew(request_ids, now)
 
     def renew_owner(self, owner: str, now: float) -> int:
         return self._leases.renew_owner(owner, now)

@@ -114,9 +114,7 @@ class WorkerService:
             self.incarnation,
             self.runner.num_blocks,
             self.runner.block_size,
-            self.runner.vocab_size,
             self.runner.max_model_len,
-            list(self.runner.eos_token_ids),
             str(self.model_path),
             self.runner.runtime,
         )

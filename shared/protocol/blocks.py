@@ -7,7 +7,6 @@ Hot path, so plain lists (no field names, no per-field validation beyond the fra
     ["grow", request_id, num_new_tokens, new_token_ids]         [new_block_ids, [[idx, id]...], [[src, dst]...]] | None
     ["fork", parent_id, child_id, owner]                        True | None
     ["free", request_id, num_computed]                          blocks whose ref count hit 0
-    ["renew", [request_ids]]                                    how many leases existed
 
     frames: BlockBatch {seq, ops} -> BlockReply {seq, results: [one per op, in order],
             free_blocks: {pool_id: n}, instance}
@@ -22,7 +21,7 @@ out can tell a late reply from the one it waits for.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -35,8 +34,7 @@ OP_ALLOC = "alloc"
 OP_GROW = "grow"
 OP_FORK = "fork"
 OP_FREE = "free"
-OP_RENEW = "renew"
-OP_ARITY = {OP_ALLOC: 6, OP_GROW: 4, OP_FORK: 4, OP_FREE: 3, OP_RENEW: 2}  # list length, name included
+OP_ARITY = {OP_ALLOC: 6, OP_GROW: 4, OP_FORK: 4, OP_FREE: 3}  # list length, name included
 
 
 class BlockOpError(Exception):
@@ -109,10 +107,6 @@ def fork_op(parent_id: str, child_id: str, owner: str) -> list[Any]:
 def free_op(request_id: str, num_computed: int | None = None) -> list[Any]:
     """Free a table; `num_computed` below its slots says the rest may never have been written."""
     return [OP_FREE, request_id, num_computed]
-
-
-def renew_op(request_ids: Iterable[str]) -> list[Any]:
-    return [OP_RENEW, list(request_ids)]
 
 
 # ---------------------------------------------------------------- frames
@@ -215,7 +209,3 @@ def fork_result(result: Any) -> bool:
     return result is True
 
 
-def count_result(result: Any) -> int:
-    """Result of free (blocks freed) or renew (leases renewed)."""
-    _raise_if_error(result)
-    return int(result)

@@ -80,7 +80,7 @@ def test_reading_a_checkpoint_imports_no_torch(tmp_path: Path) -> None:
 
 
 def announcement(worker_id: str, max_model_len: int) -> Heartbeat:
-    return Heartbeat(worker_id, "inc-1", 64, 16, 320, max_model_len)
+    return Heartbeat(worker_id, "inc-1", 64, 16, max_model_len)
 
 
 def test_the_scheduler_admits_only_what_every_active_worker_serves() -> None:
