@@ -15,13 +15,13 @@ Times are the process's CPU time, so other load on a shared machine does not dis
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
 from pathlib import Path
 from typing import Any
 
+from pagedserve.ops.results import write_json
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.shared.protocol.blocks import grow_op
 
@@ -183,7 +183,7 @@ def main() -> None:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)
     print(f"wrote {out}")
 
 
