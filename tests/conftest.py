@@ -9,6 +9,29 @@ from typing import Any
 import pytest
 from tiny_models import make_tiny_model
 
+TESTS = Path(__file__).resolve().parent
+# Markers by where a test lives (a new file there gets its marker without a line of its own); the
+# markers are declared in pyproject.toml, and README "Tests" names the quick loop that leaves them out.
+MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
+    "chaos": ("chaos",),  # faults injected into real deployments: minutes each
+    "slow": ("slow",),  # the real SmolLM2
+    "integration": ("integration",),  # real processes over real sockets
+    "integration/test_ray_deployment.py": ("ray",),  # a Ray cluster on this machine
+    "packaging/test_wheel.py": ("packaging",),  # builds and installs a wheel
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            where = Path(str(item.path)).resolve().relative_to(TESTS).as_posix()
+        except ValueError:
+            continue
+        for prefix, markers in MARKERS_BY_PATH.items():
+            if where == prefix or where.startswith(prefix.rstrip("/") + "/"):
+                for marker in markers:
+                    item.add_marker(marker)
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
