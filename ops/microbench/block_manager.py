@@ -126,7 +126,7 @@ def bench_apply(batch_size: int, num_steps: int, block_size: int) -> dict[str, A
     for step in range(num_steps):
         reply = manager.apply([grow_op(rid, 1, [step]) for rid in ids], float(step))
     elapsed = time.process_time() - t0
-    assert not any(type(r) is dict for r in reply["results"])
+    assert not any(type(r) is dict for r in reply.results)
     return {
         "ops_per_batch": batch_size,
         "batches": num_steps,

@@ -17,6 +17,7 @@ from pagedserve.shared.protocol.blocks import (
     OP_FREE,
     OP_GROW,
     UNCHANGED,
+    BlockAnswers,
     error_result,
 )
 
@@ -28,7 +29,7 @@ class MalformedOpError(ValueError):
     pass
 
 
-def apply_ops(manager: BlockManager, ops: list[list[Any]], now: float) -> dict[str, Any]:
+def apply_ops(manager: BlockManager, ops: list[list[Any]], now: float) -> BlockAnswers:
     results: list[Any] = []
     append = results.append
     for op in ops:
@@ -50,7 +51,7 @@ def apply_ops(manager: BlockManager, ops: list[list[Any]], now: float) -> dict[s
             append(error_result(f"{name}: {exc}"))
         except Exception as exc:  # anything else is still this op's failure, not the service's
             append(error_result(f"{name}: {type(exc).__name__}: {exc}"))
-    return {"results": results, "free_blocks": manager.free_blocks()}
+    return BlockAnswers(results, manager.free_blocks())
 
 
 def _alloc(manager: BlockManager, op: list[Any], now: float) -> Any:

@@ -16,7 +16,7 @@ from pagedserve.services.block_manager.block_ops import apply_ops
 from pagedserve.services.block_manager.leases import LeaseTable
 from pagedserve.services.block_manager.pool import NO_PREFIX, ROOT_PREFIX, Block, BlockPool
 from pagedserve.services.block_manager.table import NEVER, BlockTable
-from pagedserve.shared.protocol.blocks import UNCHANGED, Allocation, Growth
+from pagedserve.shared.protocol.blocks import UNCHANGED, Allocation, BlockAnswers, Growth
 
 __all__ = [
     "Allocation",
@@ -318,7 +318,7 @@ class BlockManager:
     def check_invariants(self) -> list[str]:
         return health.violations(self._pools, self._tables, self._leases)
 
-    def apply(self, ops: list[list[Any]], now: float) -> dict[str, Any]:
+    def apply(self, ops: list[list[Any]], now: float) -> BlockAnswers:
         return apply_ops(self, ops, now)
 
     def _pool(self, pool_id: str) -> BlockPool:

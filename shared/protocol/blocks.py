@@ -139,6 +139,15 @@ class BlockBatch:
 
 
 @dataclass(slots=True)
+class BlockAnswers:
+    """The block manager's answer to one batch, in-process (`BlockManager.apply`) or off a BlockReply:
+    one result per op, in order, and every pool's free blocks after the batch."""
+
+    results: list[Any]
+    free_blocks: dict[str, int]
+
+
+@dataclass(slots=True)
 class BlockReply:
     """block manager -> scheduler: one result per op, in order, and every pool's free blocks.
 
@@ -152,9 +161,9 @@ class BlockReply:
     instance: str = ""
 
     @property
-    def answer(self) -> dict[str, Any]:
-        """The reply in the form `BlockManager.apply` returns in-process."""
-        return {"results": self.results, "free_blocks": self.free_blocks}
+    def answer(self) -> BlockAnswers:
+        """The reply as `BlockManager.apply` answers in-process."""
+        return BlockAnswers(self.results, self.free_blocks)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -207,5 +216,3 @@ def grow_result(result: Any) -> Growth | None:
 def fork_result(result: Any) -> bool:
     _raise_if_error(result)
     return result is True
-
-

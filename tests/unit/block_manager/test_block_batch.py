@@ -35,12 +35,12 @@ def test_apply_runs_ops_in_order_and_returns_one_result_each(manager: BlockManag
         ],
         0.0,
     )
-    alloc, fork, grow, freed = reply["results"]
+    alloc, fork, grow, freed = reply.results
     assert alloc == [[0, 1], 0, BLOCK_SIZE + 1]
     assert fork is True
     assert grow == [[], [[1, 2]], [[1, 2]]]  # the shared tail copied into block 2
     assert freed == 1  # after the copy, block 1 was a's alone
-    assert reply["free_blocks"] == {"w0": NUM_BLOCKS - 2}
+    assert reply.free_blocks == {"w0": NUM_BLOCKS - 2}
 
 
 def test_apply_reports_errors_per_op_without_raising(manager: BlockManager) -> None:
@@ -64,7 +64,7 @@ def test_apply_reports_errors_per_op_without_raising(manager: BlockManager) -> N
         ],
         0.0,
     )
-    results = reply["results"]
+    results = reply.results
     assert len(results) == 15
     assert results[2] == [[0], 0, 1] and results[14] == 1
     errors = [r for i, r in enumerate(results) if i not in (2, 14)]
@@ -76,7 +76,7 @@ def test_apply_reports_errors_per_op_without_raising(manager: BlockManager) -> N
 
 def test_apply_reports_not_enough_blocks_as_none(manager: BlockManager) -> None:
     reply = manager.apply([alloc_op("w0", "a", "s", tokens(NUM_BLOCKS * BLOCK_SIZE + 1), 10_000)], 0.0)
-    assert reply["results"] == [None]
+    assert reply.results == [None]
 
 
 def test_batch_and_reply_frames_round_trip_through_msgpack(manager: BlockManager) -> None:
@@ -92,9 +92,7 @@ def test_batch_and_reply_frames_round_trip_through_msgpack(manager: BlockManager
     seq, got_ops = batch.seq, batch.ops
     assert seq == 7 and got_ops == ops
     reply = manager.apply(got_ops, 0.0)
-    got = BlockReply.from_wire(
-        decode(encode_message(BlockReply(seq, reply["results"], reply["free_blocks"])))
-    )
+    got = BlockReply.from_wire(decode(encode_message(BlockReply(seq, reply.results, reply.free_blocks))))
     seq, results, free_blocks = got.seq, got.results, got.free_blocks
     assert seq == 7 and free_blocks == {"w0": NUM_BLOCKS - 2}
     assert alloc_result(results[0]) == Allocation([0], 0, 3)
