@@ -118,4 +118,3 @@ def parse_config(hf: dict[str, Any]) -> ModelConfig:
         rope=RopeConfig.from_hf(hf),
         eos_token_ids=token_ids(hf.get("eos_token_id")),
     )
-
