@@ -1,1 +1,3 @@
-"""The three pagedserve services; each is a pure core plus a thin ZeroMQ loop."""
+"""The pagedserve services: block manager, scheduler and worker (each a pure core plus a thin ZeroMQ
+loop) and the OpenAI-compatible API (a client of the scheduler); engine/ wires the three cores in
+one process, and checkpoint.py reads a model folder the same way for all of them."""

@@ -40,7 +40,7 @@ class ApiServer:
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=dict(os.environ))
 
-    def wait_healthy(self, timeout_s: float = 60.0) -> None:
+    def wait_healthy(self, timeout_s: float = 180.0) -> None:  # imports alone take a minute on loaded cores
         deadline = time.monotonic() + timeout_s
         last = "no answer"
         while time.monotonic() < deadline:

@@ -10,6 +10,36 @@ import pytest
 from pagedserve.kernels.cpu.isa import ISAS, missing_flags, runnable_isas
 from tiny_models import make_tiny_model
 
+# Markers by where a test lives (a new file there gets its marker without a line of its own): a
+# folder, a file or one test, as its node id reads below tests/. The markers are declared in
+# pyproject.toml, and README "Tests" names the quick loop that leaves them out.
+MARKERS_BY_PLACE: dict[str, tuple[str, ...]] = {
+    "chaos": ("chaos",),  # faults injected into real deployments: minutes each
+    "slow": ("slow",),  # the real SmolLM2
+    "integration": ("integration",),  # real processes over real sockets
+    "integration/test_ray_deployment.py": ("ray",),  # a Ray cluster on this machine
+    "packaging/test_wheel.py": ("packaging",),  # builds and installs a wheel
+    "unit/kernels/test_triton_": ("triton",),  # the Triton kernels, under the interpreter on a CPU
+    # Every C++ kernel compiled for every ISA path, and a build killed mid-compile: a minute or more.
+    "unit/kernels/test_kernel_build.py::test_every_path_compiles_": ("slow",),
+    "unit/kernels/test_kernel_build.py::test_a_build_killed_midway_": ("slow",),
+}
+
+
+def _within(node: str, place: str) -> bool:
+    if place.endswith("_"):  # a name prefix: every file (or test) whose name starts so
+        return node.startswith(place)
+    return node == place or node.startswith((place + "/", place + "::", place + "["))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        node = item.nodeid.removeprefix("tests/")
+        for place, markers in MARKERS_BY_PLACE.items():
+            if _within(node, place):
+                for marker in markers:
+                    item.add_marker(marker)
+
 
 @pytest.fixture(scope="module", params=ISAS)
 def isa(request: pytest.FixtureRequest) -> str:

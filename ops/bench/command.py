@@ -19,11 +19,12 @@ dtype measured in the same run (ops/bench/efficiency.py). Writes JSON (--out) an
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from pagedserve.ops.results import write_json
 
 PEERS = ("pagedserve", "hf-static", "hf-continuous", "vllm")
 # vLLM needs its own venv (ops/peers/setup_vllm.sh), so it runs when named or with `--peers all`.
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from pagedserve.ops.bench.report import build_report, machine_info, print_report, write_chart
     from pagedserve.ops.bench.workload import make_workload, max_len_utilization
-    from pagedserve.services.worker.bundled import resolve_model
+    from pagedserve.services.checkpoint import resolve_model
 
     torch.set_num_threads(args.threads)
     # Other work on these shared cores moves every number: the load before and after says how much.
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"machine": {**machine_info(), "load_average_at_start": load_at_start}, **report}
     print_report(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     png = args.out.with_suffix(".png")
     write_chart(report, png)
     print(f"wrote {args.out} and {png}")

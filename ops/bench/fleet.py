@@ -36,6 +36,7 @@ from typing import Any
 
 from pagedserve.ops.deploy.process_group import RestartPolicy
 from pagedserve.ops.deploy.supervisor import Supervisor
+from pagedserve.ops.results import write_json
 from pagedserve.shared.config import ServeConfig
 
 IDLE_TARGET = 0.05
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"largest fleet under {IDLE_TARGET:.0%} idle: {report['largest_fleet_under_idle_target']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write_json(args.out, report)
     print(f"JSON: {args.out}")
     return 0
 

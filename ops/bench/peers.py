@@ -11,7 +11,6 @@ Throughput counts each request's own output tokens only.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import torch
 from pagedserve.ops.bench.workload import Workload, static_batch_accounting, static_batches
+from pagedserve.services.checkpoint import read_checkpoint
 from pagedserve.services.worker.kv_cache import KVCacheShape, num_blocks_for_budget
 from pagedserve.services.worker.loader import torch_dtype
 from pagedserve.services.worker.models.registry import ModelConfig, parse_config
@@ -41,7 +41,7 @@ class BenchSettings:
     seed: int
 
     def model_config(self) -> ModelConfig:
-        return parse_config(json.loads((self.model_path / "config.json").read_text()))
+        return parse_config(read_checkpoint(self.model_path).config)
 
     def num_blocks(self) -> int:
         cfg = self.model_config()

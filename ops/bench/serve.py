@@ -28,6 +28,7 @@ import httpx
 from pagedserve.ops.bench.serve_load import LoadSpec, run_load
 from pagedserve.ops.bench.serve_stats import summarize
 from pagedserve.ops.bench.workload import make_workload
+from pagedserve.ops.results import write_json
 from tqdm import tqdm
 
 
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     png = args.out.with_suffix(".png")
     write_chart(report, png)
     print(f"wrote {args.out} and {png}")

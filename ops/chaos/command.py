@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 import threading
@@ -41,6 +40,7 @@ from pagedserve.ops.chaos.report import build_report, print_report
 from pagedserve.ops.chaos.timeline import write_timeline
 from pagedserve.ops.chaos.watch import DeploymentWatch, blocks, ready_workers
 from pagedserve.ops.deploy.supervisor import DeploymentFailed
+from pagedserve.ops.results import write_json
 from rich.console import Console
 
 
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print_report(report, console)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     console.print(f"JSON: {args.out}")
     if args.out.suffix == ".json":
         console.print(f"timeline: {write_timeline(report, args.out.with_suffix('.png'))}")

@@ -39,6 +39,7 @@ from typing import Any
 from pagedserve.ops.chaos.deployment import DeploymentError, free_ports
 from pagedserve.ops.deploy import ops_http
 from pagedserve.ops.deploy.supervisor import Supervisor, resolve_model_first
+from pagedserve.ops.results import write_json
 from pagedserve.shared.config import ServeConfig
 
 KINDS = ("ok", "abort", "timeout", "disconnect")
@@ -306,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         "log_dir": str(log_dir),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write_json(args.out, report)
     print(("PASS" if report["ok"] else "FAIL: " + "; ".join(failures)) + f"\nJSON: {args.out}")
     return 0 if report["ok"] else 1
 

@@ -42,7 +42,6 @@ SERVICES = {
 }
 # Subcommands whose arguments belong to a module another part of the project owns.
 PASSTHROUGH = {"bench": "pagedserve.ops.bench", "chaos": "pagedserve.ops.chaos"}
-WORKER_ID_FILE = Path("/tmp/pagedserve-worker-id")  # read by the compose healthcheck
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,7 +198,9 @@ def _with_worker_id(config: ServeConfig) -> ServeConfig:
         return config
     if config.worker_id is None:
         config.worker_id = worker_identity.container_worker_id()
-    WORKER_ID_FILE.write_text(config.worker_id)
+    id_file = worker_identity.worker_id_file()
+    id_file.parent.mkdir(parents=True, exist_ok=True)
+    id_file.write_text(config.worker_id)
     return config
 
 

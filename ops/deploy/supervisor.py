@@ -66,7 +66,7 @@ def resolve_model_first(config: ServeConfig) -> ServeConfig:
 
     The bundled model is converted on first use; resolved before the children start, they all
     find it ready instead of converting it at the same time into the same folder."""
-    from pagedserve.services.worker.bundled import resolve_model  # lazily: it may pull in torch
+    from pagedserve.services.checkpoint import resolve_model  # lazily: the bundled conversion needs torch
 
     return config.model_copy(update={"model": str(resolve_model(config.model))})
 

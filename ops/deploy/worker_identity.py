@@ -7,6 +7,7 @@ The container id is unique per replica and matches `docker ps`.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import socket
@@ -16,6 +17,20 @@ from pathlib import Path
 # folder, whose name is its id: visible in mountinfo whatever the network mode.
 _CONTAINER_ID = re.compile(r"/containers/(?:overlay-containers/)?([0-9a-f]{64})/")
 _MARKERS = (Path("/.dockerenv"), Path("/run/.containerenv"))
+
+
+def state_dir() -> Path:
+    """This run's own state folder: $PAGEDSERVE_STATE_DIR, else the user's XDG state folder. In a
+    container that is the container's own home, so replicas sharing volumes never share it."""
+    configured = os.environ.get("PAGEDSERVE_STATE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    return Path(os.environ.get("XDG_STATE_HOME") or "~/.local/state").expanduser() / "pagedserve"
+
+
+def worker_id_file() -> Path:
+    """Where a containerised worker leaves its name for the compose healthcheck (docker-compose.yml)."""
+    return state_dir() / "worker-id"
 
 
 def in_container() -> bool:

@@ -11,7 +11,6 @@ Q/O) it must read or write over its time, as a fraction of the device's peak.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -29,6 +28,7 @@ from pagedserve.kernels.paged_reference import TOLERANCES, make_paged_batch, ref
 from pagedserve.kernels.torch_backend import TorchAttentionBackend  # noqa: E402
 from pagedserve.kernels.triton.decode_attention import choose_num_splits, decode_attention  # noqa: E402
 from pagedserve.kernels.triton_backend import TritonAttentionBackend  # noqa: E402
+from pagedserve.ops.results import write_json
 
 # Peak HBM bandwidth in TB/s by device-name substring, most specific first (GH200 contains "H200").
 PEAK_TBS: list[tuple[str, float]] = [
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"device": name, "peak_tb_per_s": peak, "torch": torch.__version__, "triton": triton.__version__}
     report |= {"correctness": sweep, "decode": decode}
-    (args.out / "attention.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json((args.out / "attention.json"), report)
     (args.out / "attention.md").write_text(_markdown(name, peak, sweep, decode))
     print(f"gpu_check: wrote {args.out / 'attention.md'}")
     return 0 if all(r["ok"] for r in sweep) else 1

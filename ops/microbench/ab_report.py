@@ -3,11 +3,12 @@ cores are shared, so a number without it means little) and the JSON report."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from pagedserve.ops.results import write_json
 
 
 def measured(rows: Callable[[], list[dict[str, Any]]], **settings: Any) -> dict[str, Any]:
@@ -24,4 +25,4 @@ def measured(rows: Callable[[], list[dict[str, Any]]], **settings: Any) -> dict[
 def write_report(out: Path | None, report: dict[str, Any]) -> None:
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(out, report)

@@ -11,7 +11,6 @@ engines built once, so load changes on a shared machine hit every variant alike;
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import torch
 from pagedserve.ops.bench.workload import make_workload
+from pagedserve.ops.results import write_json
 from pagedserve.services.engine.llm import LLM
 from pagedserve.shared.protocol.frontend import SamplingParams
 
@@ -74,7 +74,7 @@ def main() -> None:
     print(f"load average {load_start} at start, {report['load_average_at_end']} at end")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.out, report)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,13 @@ Times are the process's CPU time, so other load on a shared machine does not dis
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
 from pathlib import Path
 from typing import Any
 
+from pagedserve.ops.results import write_json
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.shared.protocol.blocks import grow_op
 
@@ -126,7 +126,7 @@ def bench_apply(batch_size: int, num_steps: int, block_size: int) -> dict[str, A
     for step in range(num_steps):
         reply = manager.apply([grow_op(rid, 1, [step]) for rid in ids], float(step))
     elapsed = time.process_time() - t0
-    assert not any(type(r) is dict for r in reply["results"])
+    assert not any(type(r) is dict for r in reply.results)
     return {
         "ops_per_batch": batch_size,
         "batches": num_steps,
@@ -183,7 +183,7 @@ def main() -> None:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)
     print(f"wrote {out}")
 
 

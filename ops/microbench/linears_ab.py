@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 from pagedserve.ops.microbench.ab_report import measured, write_report
-from pagedserve.services.worker.bundled import resolve_model
+from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.loader import load_model
 from pagedserve.services.worker.models.packed_linear import PackedLinear
 from torch import nn

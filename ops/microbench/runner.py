@@ -14,7 +14,6 @@ The runner's side uses no scheduler, block manager or sockets: it is the worker'
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -24,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pagedserve.services.worker.bundled import resolve_model
+from pagedserve.ops.results import write_json
+from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest
@@ -171,7 +171,7 @@ def main() -> None:
     print(f"load average {start:.1f} at start, {end:.1f} at end, {cores} cores{busy}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out, report)
     print(f"wrote {out}")
 
 

@@ -9,11 +9,11 @@ must not matter: only heads of priority levels are looked at).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
+from pagedserve.ops.results import write_json
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.scheduler.scheduler import Scheduler, SchedulerLimits
 from pagedserve.shared.protocol.frontend import SamplingParams
@@ -82,7 +82,7 @@ def main() -> None:
         f"schedule + block-manager apply + commit: median {result['schedule_apply_commit_ms_median']:.3f} ms"
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(Path(args.out), result)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ shared, noisy machine moves them alike.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -26,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pagedserve.services.worker.bundled import resolve_model
+from pagedserve.ops.results import write_json
+from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest
@@ -213,7 +213,7 @@ def main() -> None:
     report["load_average_at_end"] = os.getloadavg()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.out, report)
     print(f"\nload average at end: {os.getloadavg()}")
 
 

@@ -6,12 +6,11 @@ of logprobs; the scheduler stays the one that validates prompts against the cont
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pagedserve.services.worker.bundled import resolve_model
+from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer
 from pagedserve.shared.config import ServeConfig
 
 
@@ -65,16 +64,9 @@ class ModelCard:
 
 
 def load_model_card(config: ServeConfig) -> ModelCard:
-    path = resolve_model(config.model)
-    hf = json.loads((path / "config.json").read_text())
-    text_config = hf.get("text_config", hf)
-    # The same rule as the scheduler's: the configured length, capped by the model's positions.
-    context = int(text_config.get("max_position_embeddings", 2048))
-    max_model_len = min(config.max_model_len or context, context)
-    tokenizer = None
-    if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-    name = config.served_model_name or path.name
-    return ModelCard(name, path, tokenizer, max_model_len, int((path / "config.json").stat().st_mtime))
+    checkpoint = load_checkpoint(config.model)
+    # The scheduler's limit too: both read it from the checkpoint, capped by the configured length.
+    max_model_len = checkpoint.served_len(config.max_model_len)
+    name = config.served_model_name or checkpoint.path.name
+    created = int((checkpoint.path / "config.json").stat().st_mtime)
+    return ModelCard(name, checkpoint.path, load_tokenizer(checkpoint.tokenizer_path), max_model_len, created)

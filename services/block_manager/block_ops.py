@@ -16,8 +16,8 @@ from pagedserve.shared.protocol.blocks import (
     OP_FORK,
     OP_FREE,
     OP_GROW,
-    OP_RENEW,
     UNCHANGED,
+    BlockAnswers,
     error_result,
 )
 
@@ -29,7 +29,7 @@ class MalformedOpError(ValueError):
     pass
 
 
-def apply_ops(manager: BlockManager, ops: list[list[Any]], now: float) -> dict[str, Any]:
+def apply_ops(manager: BlockManager, ops: list[list[Any]], now: float) -> BlockAnswers:
     results: list[Any] = []
     append = results.append
     for op in ops:
@@ -51,7 +51,7 @@ def apply_ops(manager: BlockManager, ops: list[list[Any]], now: float) -> dict[s
             append(error_result(f"{name}: {exc}"))
         except Exception as exc:  # anything else is still this op's failure, not the service's
             append(error_result(f"{name}: {type(exc).__name__}: {exc}"))
-    return {"results": results, "free_blocks": manager.free_blocks()}
+    return BlockAnswers(results, manager.free_blocks())
 
 
 def _alloc(manager: BlockManager, op: list[Any], now: float) -> Any:
@@ -96,19 +96,11 @@ def _free(manager: BlockManager, op: list[Any], now: float) -> Any:
     return manager.free(request_id, num_computed)
 
 
-def _renew(manager: BlockManager, op: list[Any], now: float) -> Any:
-    request_ids = op[1]
-    if type(request_ids) is not list or not all(type(r) is str for r in request_ids):
-        raise MalformedOpError(f"request_ids must be a list of strings, got {_short(request_ids)}")
-    return manager.renew(request_ids, now)
-
-
 _HANDLERS: dict[str, Callable[[BlockManager, list[Any], float], Any]] = {
     OP_ALLOC: _alloc,
     OP_GROW: _grow,
     OP_FORK: _fork,
     OP_FREE: _free,
-    OP_RENEW: _renew,
 }
 
 _INT_ONLY = {int}

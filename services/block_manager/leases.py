@@ -6,7 +6,7 @@ reclaimed by the reaper, so no failure can leak blocks for longer than one TTL.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -52,18 +52,6 @@ class LeaseTable:
 
     def remove(self, request_id: str) -> Lease | None:
         return self._by_request.pop(request_id, None)
-
-    def renew(self, request_ids: Iterable[str], now: float) -> int:
-        """Push each named lease to now + ttl; returns how many existed."""
-        expires_at = now + self.ttl_s
-        by_request = self._by_request
-        renewed = 0
-        for request_id in request_ids:
-            lease = by_request.get(request_id)
-            if lease is not None:
-                lease.expires_at = expires_at
-                renewed += 1
-        return renewed
 
     def renew_owner(self, owner: str, now: float) -> int:
         expires_at = now + self.ttl_s

@@ -1,13 +1,13 @@
 """The block manager core: block tables of requests over the pools of workers, with leases.
 
 Pure: no sockets, no threads, no logging. Every method that needs the clock takes `now`
-(seconds), so tests drive time by hand. Any op on a request (allocate, grow, fork, renew)
+(seconds), so tests drive time by hand. Any op on a request (allocate, grow, fork)
 renews its lease; a failed op (None) changes nothing at all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ from pagedserve.services.block_manager.block_ops import apply_ops
 from pagedserve.services.block_manager.leases import LeaseTable
 from pagedserve.services.block_manager.pool import NO_PREFIX, ROOT_PREFIX, Block, BlockPool
 from pagedserve.services.block_manager.table import NEVER, BlockTable
-from pagedserve.shared.protocol.blocks import UNCHANGED, Allocation, Growth
+from pagedserve.shared.protocol.blocks import UNCHANGED, Allocation, BlockAnswers, Growth
 
 __all__ = [
     "Allocation",
@@ -296,9 +296,6 @@ class BlockManager:
         _settle(table, table.num_slots if num_computed is None else num_computed)
         return _release(table)
 
-    def renew(self, request_ids: Iterable[str], now: float) -> int:
-        return self._leases.renew(request_ids, now)
-
     def renew_owner(self, owner: str, now: float) -> int:
         return self._leases.renew_owner(owner, now)
 
@@ -341,7 +338,7 @@ class BlockManager:
     def check_invariants(self) -> list[str]:
         return health.violations(self._pools, self._tables, self._leases)
 
-    def apply(self, ops: list[list[Any]], now: float) -> dict[str, Any]:
+    def apply(self, ops: list[list[Any]], now: float) -> BlockAnswers:
         return apply_ops(self, ops, now)
 
     def _pool(self, pool_id: str) -> BlockPool:

@@ -240,7 +240,7 @@ class BlockManagerService:
             self.metrics.batches.inc()
             send(
                 self.sock,
-                BlockReply(msg.seq, reply["results"], reply["free_blocks"], self.instance),
+                BlockReply(msg.seq, reply.results, reply.free_blocks, self.instance),
                 to=identity,
             )
         elif isinstance(msg, WorkerAnnouncement):

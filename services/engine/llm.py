@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pagedserve.services.block_manager.manager import BlockManager
+from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer
 from pagedserve.services.engine.engine import Engine
 from pagedserve.services.scheduler.admission import check_request
-from pagedserve.services.scheduler.model_info import load_tokenizer
 from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
 from pagedserve.shared.config import ServeConfig, config_default
 from pagedserve.shared.protocol.frontend import CompletionOutput, SamplingParams
@@ -63,7 +63,6 @@ class LLM:
         attention_backend: str = config_default("attention_backend"),
         enable_prefix_caching: bool = config_default("enable_prefix_caching"),
     ) -> None:
-        from pagedserve.services.worker.bundled import resolve_model
         from pagedserve.services.worker.runner import ModelRunner
 
         # Validate through the same model the services use: one vocabulary, one set of limits.
@@ -82,10 +81,10 @@ class LLM:
             attention_backend=attention_backend,
             enable_prefix_caching=enable_prefix_caching,
         )
-        path = resolve_model(model)
-        self.tokenizer = load_tokenizer(path)
+        checkpoint = load_checkpoint(model)
+        self.tokenizer = load_tokenizer(checkpoint.tokenizer_path)
         self.runner = ModelRunner(
-            path,
+            checkpoint.path,
             dtype=dtype,
             device=device,
             block_size=block_size,
@@ -93,7 +92,7 @@ class LLM:
             kv_cache_memory=kv_cache_memory,
             attention_backend=attention_backend,
         )
-        self.max_model_len = min(max_model_len or self.runner.max_model_len, self.runner.max_model_len)
+        self.max_model_len = checkpoint.served_len(max_model_len)
         limits = SchedulerLimits.from_config(config, self.max_model_len)
         self.block_manager = BlockManager(enable_prefix_caching=enable_prefix_caching)
         self.scheduler = Scheduler(limits, self.runner.eos_token_ids, self.tokenizer, owner="llm")

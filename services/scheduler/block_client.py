@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
-from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply
+from pagedserve.shared.protocol.blocks import BlockAnswers, BlockBatch, BlockReply
 from pagedserve.shared.protocol.codec import decode
 from pagedserve.shared.protocol.control import Pools, PoolsReply, RenewOwner
 from pagedserve.shared.transport import CurveKeys, make_socket, send
@@ -54,7 +54,7 @@ class BlockManagerClient:
         sock.connect(self.endpoint)
         return sock
 
-    def rpc(self, ops: list[list[Any]]) -> dict[str, Any] | None:
+    def rpc(self, ops: list[list[Any]]) -> BlockAnswers | None:
         """One batched RPC; None if the block manager did not answer in time (it is then down)."""
         self.seq += 1
         seq = self.seq

@@ -7,6 +7,7 @@ Finished and Error replies, routed by the per-client book; a reconnecting client
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -91,8 +92,11 @@ class FrontDoor:
         log: Any,
         max_waiting_requests: int | None = None,
         finished: FinishedStore | None = None,
+        served_len: Callable[[], int] | None = None,
     ) -> None:
         self.sock = sock
+        # The context a request is checked against: the checkpoint's, or less if the workers say so.
+        self.served_len = served_len or (lambda: model.max_model_len)
         self.max_waiting_requests = max_waiting_requests
         self.core = core
         self.model = model
@@ -142,9 +146,7 @@ class FrontDoor:
                 "overloaded",
                 f"max_waiting_requests: {self.core.num_waiting} requests already wait (limit {limit}); retry later",
             )
-        tokens = tokenize_submit(
-            submit, self.model.tokenizer, self.model.max_model_len, self.model.vocab_size
-        )
+        tokens = tokenize_submit(submit, self.model.tokenizer, self.served_len(), self.model.vocab_size)
         self.clients.admit(client, rid, submit.stream, submit.user)
         timeout = submit.timeout_s or self.request_timeout_s
         self.core.add_request(rid, tokens, submit.sampling, now, deadline=now + timeout)

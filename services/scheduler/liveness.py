@@ -24,6 +24,7 @@ class WorkerLink:
     incarnation: str
     num_blocks: int
     block_size: int
+    max_model_len: int  # the longest context it announced it serves
     last_heartbeat: float
     active: bool = False  # known to the core (its pool is registered and reachable)
     routable: bool = False  # its step socket has spoken to us: steps sent to it arrive
@@ -52,7 +53,7 @@ class WorkerLiveness:
         joined = link is None
         if link is None:
             link = self.links[msg.worker_id] = WorkerLink(
-                msg.worker_id, msg.incarnation, msg.num_blocks, msg.block_size, now
+                msg.worker_id, msg.incarnation, msg.num_blocks, msg.block_size, msg.max_model_len, now
             )
         link.last_heartbeat = now
         link.routable = link.routable or step_socket
@@ -119,3 +120,8 @@ class WorkerLiveness:
 
     def active_ids(self) -> list[str]:
         return [w for w, link in self.links.items() if link.active]
+
+    def served_len(self, model_len: int) -> int:
+        """The longest context every active worker serves: a request admitted against it runs on
+        any of them (a worker may cap the checkpoint's positions, at a sliding window say)."""
+        return min([model_len] + [link.max_model_len for link in self.links.values() if link.active])

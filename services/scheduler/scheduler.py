@@ -31,7 +31,7 @@ from pagedserve.services.scheduler.placement import Placement
 from pagedserve.services.scheduler.planning import Planner, StepPlan, schedulable
 from pagedserve.services.scheduler.request import Request, Status
 from pagedserve.services.scheduler.stopping import Tokenizer
-from pagedserve.shared.protocol.blocks import BlockOpError, alloc_result, grow_result
+from pagedserve.shared.protocol.blocks import BlockAnswers, BlockOpError, alloc_result, grow_result
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import CachedRequest, Execute, Fork, NewRequest, StepResult
 
@@ -225,7 +225,7 @@ class Scheduler:
         return self.planner.plan(self.placement.workers[worker_id], self.owner, now)
 
     def step_once(
-        self, worker_id: str, now: float, apply: Callable[[list[list[Any]]], dict[str, Any] | None]
+        self, worker_id: str, now: float, apply: Callable[[list[list[Any]]], BlockAnswers | None]
     ) -> StepOutcome:
         """schedule -> apply (the block manager, over a socket or in-process) -> commit."""
         plan = self.schedule(worker_id, now)
@@ -241,14 +241,14 @@ class Scheduler:
         outcome.again = outcome.execute is not None or plan.only_frees
         return outcome
 
-    def commit(self, plan: StepPlan, reply: dict[str, Any], now: float) -> Execute | None:
-        """Apply the block manager's answers (`{"results", "free_blocks"}`, as BlockManager.apply
-        returns them); build the Execute (None if nothing could run)."""
+    def commit(self, plan: StepPlan, reply: BlockAnswers, now: float) -> Execute | None:
+        """Apply the block manager's answers (over a socket or in-process); build the Execute (None
+        if nothing could run)."""
         state = self.placement.workers.get(plan.worker_id)
         if state is None:
             return None
-        results = reply["results"]
-        state.free_blocks = reply["free_blocks"].get(plan.worker_id, state.free_blocks)
+        results = reply.results
+        state.free_blocks = reply.free_blocks.get(plan.worker_id, state.free_blocks)
         execute = Execute(step=-1, finished_ids=plan.forget)
         sampled_ids: list[str] = []
         for entry in plan.entries:

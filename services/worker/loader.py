@@ -6,11 +6,11 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from pagedserve.kernels.attention import AttentionBackend
 from pagedserve.kernels.cpu.isa import forced_isa
+from pagedserve.services.checkpoint import read_checkpoint
 from pagedserve.services.worker.models.llama import LlamaForCausalLM
 from pagedserve.services.worker.models.registry import ModelConfig, resolve
 from safetensors import safe_open
@@ -26,15 +26,7 @@ DTYPES: dict[str, torch.dtype] = {
 class LoadedModel:
     model: LlamaForCausalLM
     config: ModelConfig
-    eos_token_ids: tuple[int, ...]  # generation_config.json's when present, else config.json's
-
-
-def read_hf_config(path: str | Path) -> dict[str, Any]:
-    folder = Path(path)
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{folder} is not a Hugging Face checkpoint folder: no config.json")
-    return json.loads(config_file.read_text())
+    eos_token_ids: tuple[int, ...]  # config.json's and generation_config.json's (services/checkpoint.py)
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -71,23 +63,15 @@ def load_model(
     path: str | Path, backend: AttentionBackend, *, dtype: str = "float32", device: str | torch.device = "cpu"
 ) -> LoadedModel:
     folder = Path(path)
-    model_class, config = resolve(read_hf_config(folder))
+    checkpoint = read_checkpoint(folder)
+    model_class, config = resolve(checkpoint.config)
     # Built on the meta device: no memory and no random init for weights about to be overwritten.
     with torch.device("meta"):
         model = model_class(config, backend).to(dtype=torch_dtype(dtype))
     model.to_empty(device=torch.device(device))
     _fill_parameters(model, folder)
     model.eval().requires_grad_(False)
-    return LoadedModel(model, config, read_eos_token_ids(folder, config))
-
-
-def read_eos_token_ids(folder: Path, config: ModelConfig) -> tuple[int, ...]:
-    generation_file = folder / "generation_config.json"
-    if generation_file.is_file():
-        eos = json.loads(generation_file.read_text()).get("eos_token_id")
-        if eos is not None:
-            return (eos,) if isinstance(eos, int) else tuple(int(e) for e in eos)
-    return config.eos_token_ids
+    return LoadedModel(model, config, checkpoint.eos_token_ids)
 
 
 def checkpoint_files(folder: Path) -> list[Path]:

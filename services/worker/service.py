@@ -43,7 +43,7 @@ _TO_HEARTBEAT = message_table(DumpStacks)
 
 class WorkerService:
     def __init__(self, config: ServeConfig) -> None:
-        from pagedserve.services.worker.bundled import resolve_model
+        from pagedserve.services.checkpoint import resolve_model
 
         self.config = config
         self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -92,9 +92,7 @@ class WorkerService:
             self.incarnation,
             self.runner.num_blocks,
             self.runner.block_size,
-            self.runner.vocab_size,
             self.runner.max_model_len,
-            list(self.runner.eos_token_ids),
             str(self.model_path),
             self.runner.runtime,
         )

@@ -12,12 +12,11 @@ Token ids below `FIRST_TOKEN` (the tiny models' specials, EOS among them) are ne
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from pagedserve.services.checkpoint import read_checkpoint
 from pagedserve.shared.protocol.step import Execute, StepResult
 
 FIRST_TOKEN = 3
@@ -43,19 +42,18 @@ class SimulatedRunner:
         block_size: int = 16,
         num_blocks: int | None = None,
     ) -> None:
-        config: dict[str, Any] = {}
-        if model_path is not None and (Path(model_path) / "config.json").exists():
-            config = json.loads((Path(model_path) / "config.json").read_text())
-            config = config.get("text_config", config)
         self.step_s = step_ms / 1000.0
         self.block_size = block_size
         self.num_blocks = num_blocks or 4096
-        self.vocab_size = int(config.get("vocab_size", 32000))
-        self.max_model_len = int(config.get("max_position_embeddings", 2048))
-        eos = config.get("eos_token_id")
-        self.eos_token_ids = (
-            [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
-        )
+        # Without a checkpoint: a Llama-sized vocabulary and context, and no EOS to avoid.
+        self.vocab_size = 32000
+        self.max_model_len = 2048
+        self.eos_token_ids: list[int] = []
+        if model_path is not None and (Path(model_path) / "config.json").exists():
+            checkpoint = read_checkpoint(model_path)
+            self.vocab_size = checkpoint.vocab_size
+            self.max_model_len = checkpoint.max_model_len
+            self.eos_token_ids = list(checkpoint.eos_token_ids)
         self.attention_backend = "simulated"
         self.runtime = {"runner": "simulated", "step_ms": f"{step_ms:g}"}
         self.requests: dict[str, SimulatedRequest] = {}

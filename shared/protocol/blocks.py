@@ -7,7 +7,6 @@ Hot path, so plain lists (no field names, no per-field validation beyond the fra
     ["grow", request_id, num_new_tokens, new_token_ids]         [new_block_ids, [[idx, id]...], [[src, dst]...]] | None
     ["fork", parent_id, child_id, owner]                        True | None
     ["free", request_id, num_computed]                          blocks whose ref count hit 0
-    ["renew", [request_ids]]                                    how many leases existed
 
     frames: BlockBatch {seq, ops} -> BlockReply {seq, results: [one per op, in order],
             free_blocks: {pool_id: n}, instance}
@@ -22,7 +21,7 @@ out can tell a late reply from the one it waits for.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -35,8 +34,7 @@ OP_ALLOC = "alloc"
 OP_GROW = "grow"
 OP_FORK = "fork"
 OP_FREE = "free"
-OP_RENEW = "renew"
-OP_ARITY = {OP_ALLOC: 6, OP_GROW: 4, OP_FORK: 4, OP_FREE: 3, OP_RENEW: 2}  # list length, name included
+OP_ARITY = {OP_ALLOC: 6, OP_GROW: 4, OP_FORK: 4, OP_FREE: 3}  # list length, name included
 
 
 class BlockOpError(Exception):
@@ -111,10 +109,6 @@ def free_op(request_id: str, num_computed: int | None = None) -> list[Any]:
     return [OP_FREE, request_id, num_computed]
 
 
-def renew_op(request_ids: Iterable[str]) -> list[Any]:
-    return [OP_RENEW, list(request_ids)]
-
-
 # ---------------------------------------------------------------- frames
 
 
@@ -145,6 +139,15 @@ class BlockBatch:
 
 
 @dataclass(slots=True)
+class BlockAnswers:
+    """The block manager's answer to one batch, in-process (`BlockManager.apply`) or off a BlockReply:
+    one result per op, in order, and every pool's free blocks after the batch."""
+
+    results: list[Any]
+    free_blocks: dict[str, int]
+
+
+@dataclass(slots=True)
 class BlockReply:
     """block manager -> scheduler: one result per op, in order, and every pool's free blocks.
 
@@ -158,9 +161,9 @@ class BlockReply:
     instance: str = ""
 
     @property
-    def answer(self) -> dict[str, Any]:
-        """The reply in the form `BlockManager.apply` returns in-process."""
-        return {"results": self.results, "free_blocks": self.free_blocks}
+    def answer(self) -> BlockAnswers:
+        """The reply as `BlockManager.apply` answers in-process."""
+        return BlockAnswers(self.results, self.free_blocks)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -213,9 +216,3 @@ def grow_result(result: Any) -> Growth | None:
 def fork_result(result: Any) -> bool:
     _raise_if_error(result)
     return result is True
-
-
-def count_result(result: Any) -> int:
-    """Result of free (blocks freed) or renew (leases renewed)."""
-    _raise_if_error(result)
-    return int(result)

@@ -50,13 +50,6 @@ def _str_map(body: dict[str, Any], name: str, of: str) -> dict[str, str]:
     return value
 
 
-def _int_list(body: dict[str, Any], name: str, of: str) -> list[int]:
-    value = _field(body, name, list, of)
-    if not all(type(v) is int for v in value):
-        raise ProtocolError("bad_fields", f"{of}: field {name!r} must be a list of ints")
-    return value
-
-
 @dataclass(slots=True)
 class WorkerAnnouncement:
     """Who a worker is. Sent with every heartbeat, so a restarted peer learns it within one."""
@@ -67,9 +60,7 @@ class WorkerAnnouncement:
     incarnation: str  # new on every start: the same name with a new incarnation lost its state
     num_blocks: int
     block_size: int
-    vocab_size: int
-    max_model_len: int
-    eos_token_ids: list[int] = field(default_factory=list)
+    max_model_len: int  # the longest context it serves: the scheduler admits no longer request
     model: str = ""
     # How it runs the model, for the operator: dtype, attention backend, the CPU ISA path each C++ op
     # uses ("torch" where it fell back). Read by the scheduler's `/workers` view.
@@ -86,9 +77,7 @@ class WorkerAnnouncement:
             "incarnation": self.incarnation,
             "num_blocks": self.num_blocks,
             "block_size": self.block_size,
-            "vocab_size": self.vocab_size,
             "max_model_len": self.max_model_len,
-            "eos_token_ids": list(self.eos_token_ids),
             "model": self.model,
             "runtime": dict(self.runtime),
         }
@@ -104,9 +93,7 @@ class WorkerAnnouncement:
             _field(body, "incarnation", str, of),
             _count(body, "num_blocks", of),
             _count(body, "block_size", of),
-            _count(body, "vocab_size", of),
             _count(body, "max_model_len", of),
-            _int_list(body, "eos_token_ids", of),
             _field(body, "model", str, of),
             _str_map(body, "runtime", of),
         )

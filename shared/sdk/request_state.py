@@ -11,8 +11,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pagedserve.shared.protocol.codec import encode
 from pagedserve.shared.protocol.frontend import Delta, Finished, SamplingParams, Submit
+from pagedserve.shared.protocol.messages import encode_message
 from pagedserve.shared.sdk.results import RequestError, Result, StreamDelta
 
 Event = StreamDelta | Result | RequestError
@@ -67,12 +67,13 @@ class LiveRequest:
         return self.submit.request_id
 
     def submit_frame(self, now: float, attach: bool) -> bytes:
-        body = self.submit.model_dump(exclude={"type"})
+        submit = self.submit
         if attach:
             # A restarted scheduler counts the timeout from the re-submit: send what is left of ours.
-            body["timeout_s"] = min(body["timeout_s"], max(self.deadline - now, 0.001))
-            body["attach"] = True
-        return encode("submit", body)
+            left = max(self.deadline - now, 0.001)
+            timeout_s = left if submit.timeout_s is None else min(submit.timeout_s, left)
+            submit = submit.model_copy(update={"timeout_s": timeout_s, "attach": True})
+        return encode_message(submit)
 
     def take_delta(self, delta: Delta) -> StreamDelta | None:
         """The part of `delta` the caller has not seen, or None when it is all a repeat."""

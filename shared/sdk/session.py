@@ -9,15 +9,16 @@ from __future__ import annotations
 import heapq
 import logging
 
-from pagedserve.shared.protocol.codec import ProtocolError, decode, encode
-from pagedserve.shared.protocol.frontend import SERVER_MESSAGES, Accepted, Delta, Error, Finished
+from pagedserve.shared.protocol.codec import ProtocolError, decode
+from pagedserve.shared.protocol.frontend import SERVER_MESSAGES, Abort, Accepted, Delta, Error, Finished, Ping
+from pagedserve.shared.protocol.messages import encode_message
 from pagedserve.shared.sdk.request_state import LiveRequest
 from pagedserve.shared.sdk.results import RequestError, Result
 from pydantic import ValidationError
 
 log = logging.getLogger("pagedserve.sdk")
 
-PING_FRAME = encode("ping", {})
+PING_FRAME = encode_message(Ping())
 
 
 class Session:
@@ -73,7 +74,7 @@ class Session:
         req = self.live.get(request_id)
         if req is not None:
             req.aborting = True
-        return encode("abort", {"request_id": request_id})
+        return encode_message(Abort(request_id=request_id))
 
     def resubmit(self, now: float) -> list[bytes]:
         """Frames for a fresh connection: every live request again, attached by id."""
@@ -142,7 +143,7 @@ class Session:
         frames = []
         for rid, req in self.live.items():
             req.sink.put_nowait(RequestError(error_code, message, rid))
-            frames.append(encode("abort", {"request_id": rid}))
+            frames.append(encode_message(Abort(request_id=rid)))
         self.live.clear()
         self._deadlines.clear()
         return frames

@@ -36,9 +36,7 @@ class ScriptedWorker:
             uuid.uuid4().hex,
             64,
             16,
-            self.runner.vocab_size,
             self.runner.max_model_len,
-            [2],
             "",
         )
         self.hello, self.beat, register = Hello(*fields), Heartbeat(*fields), Register(*fields)

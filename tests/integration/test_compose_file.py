@@ -160,6 +160,40 @@ def test_ops_healthcheck_passes_on_200_and_fails_otherwise(ops_server: int) -> N
     assert test[-1] == "/healthz"
 
 
+def test_worker_healthcheck_reads_its_name_from_the_run_state_folder(tmp_path: Path, monkeypatch) -> None:
+    """The worker leaves its name under its own state folder (not the system temp folder, which a
+    host-network container does not own alone), and the healthcheck finds its pool by that name."""
+    from pagedserve.ops.deploy.worker_identity import worker_id_file
+
+    class Blocks(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(json.dumps({"pools": [{"worker_id": "host-abc"}]}).encode())
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Blocks)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("PAGEDSERVE_BLOCK_MANAGER_OPS_PORT", str(server.server_address[1]))
+    test = rendered(["cpu"])["services"]["worker"]["healthcheck"]["test"]
+    assert "/tmp" not in test[-1] and tempfile.gettempdir() not in test[-1]
+
+    def probe(name: str) -> int:
+        monkeypatch.setenv("PAGEDSERVE_STATE_DIR", str(tmp_path / name))
+        assert worker_id_file().is_relative_to(tmp_path / name)
+        worker_id_file().parent.mkdir(parents=True)
+        worker_id_file().write_text(name)
+        return subprocess.run([sys.executable, *test[2:]], capture_output=True, timeout=30).returncode
+
+    try:
+        assert (probe("host-abc"), probe("host-other")) == (0, 1)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # ---------------------------------------------------------------- the image
 
 

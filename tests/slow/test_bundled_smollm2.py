@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker import bundled
-from pagedserve.services.worker.bundled import resolve_model
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 class TwoResolutions:
     first: Path
     second: Path
-    second_s: float
+    first_s: float  # the conversion
+    second_s: float  # a look at the cache
     converted_into: list[Path] = field(default_factory=list)
 
 
@@ -35,10 +36,12 @@ def resolved_twice(tmp_path_factory: pytest.TempPathFactory) -> TwoResolutions:
 
     patch.setattr(bundled, "convert_gguf", counting_convert)
     try:
+        started = time.perf_counter()
         first = resolve_model("smollm2-135m")
+        first_s = time.perf_counter() - started
         started = time.perf_counter()
         second = resolve_model("smollm2-135m")
-        return TwoResolutions(first, second, time.perf_counter() - started, converted_into)
+        return TwoResolutions(first, second, first_s, time.perf_counter() - started, converted_into)
     finally:
         patch.undo()
 
@@ -46,7 +49,8 @@ def resolved_twice(tmp_path_factory: pytest.TempPathFactory) -> TwoResolutions:
 def test_resolving_twice_converts_once(resolved_twice: TwoResolutions) -> None:
     assert len(resolved_twice.converted_into) == 1
     assert resolved_twice.first == resolved_twice.second
-    assert resolved_twice.second_s < 0.5
+    # A ratio within one run, so a loaded machine slows both alike.
+    assert resolved_twice.second_s < resolved_twice.first_s / 20
 
 
 def test_the_checkpoint_is_float32_with_a_chat_template(resolved_twice: TwoResolutions) -> None:

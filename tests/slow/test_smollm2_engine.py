@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagedserve.services.worker.bundled import resolve_model
+from pagedserve.services.checkpoint import resolve_model
 
 from pagedserve import LLM, SamplingParams
 

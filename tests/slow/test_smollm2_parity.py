@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from pagedserve.services.worker.bundled import resolve_model
+from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pagedserve.services.checkpoint import context_length, token_ids
 from pagedserve.services.worker.models.llama import LlamaForCausalLM
 from pagedserve.services.worker.models.rope import RopeConfig
 
@@ -21,7 +22,6 @@ class Architecture:
     mlp_bias: bool | None  # None: the config's `mlp_bias` decides
     qk_norm: bool = False  # RMSNorm over each head of q and k, before the rotation
     default_head_dim: int | None = None  # when config.json has none; None = hidden_size / heads
-    sliding_window_flag: str | None = None  # config key that must be true for sliding_window to apply
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -32,7 +32,6 @@ ARCHITECTURES: dict[str, Architecture] = {
         qkv_bias=True,
         o_bias=False,
         mlp_bias=False,
-        sliding_window_flag="use_sliding_window",
     ),
     "Qwen3ForCausalLM": Architecture(
         LlamaForCausalLM,
@@ -41,7 +40,6 @@ ARCHITECTURES: dict[str, Architecture] = {
         mlp_bias=False,
         qk_norm=True,
         default_head_dim=128,
-        sliding_window_flag="use_sliding_window",
     ),
 }
 
@@ -111,29 +109,12 @@ def parse_config(hf: dict[str, Any]) -> ModelConfig:
         head_dim=head_dim,
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         max_position_embeddings=max_pos,
-        max_model_len=min(max_pos, _sliding_window(hf, arch) or max_pos),
+        max_model_len=context_length(hf),  # capped at a sliding window: services/checkpoint.py
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=attention_bias if arch.qkv_bias is None else arch.qkv_bias,
         o_bias=attention_bias if arch.o_bias is None else arch.o_bias,
         mlp_bias=pick(arch.mlp_bias, "mlp_bias"),
         qk_norm=arch.qk_norm,
         rope=RopeConfig.from_hf(hf),
-        eos_token_ids=_as_ids(hf.get("eos_token_id")),
+        eos_token_ids=token_ids(hf.get("eos_token_id")),
     )
-
-
-def _sliding_window(hf: dict[str, Any], arch: Architecture) -> int | None:
-    """Sliding-window attention is not implemented: instead the served context is capped at the
-    window, where full causal attention and the window's attention are the same thing."""
-    if arch.sliding_window_flag is not None and not hf.get(arch.sliding_window_flag, False):
-        return None
-    window = hf.get("sliding_window")
-    return int(window) if window else None
-
-
-def _as_ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)

@@ -16,13 +16,11 @@ from pagedserve.shared.protocol.blocks import (
     Growth,
     alloc_op,
     alloc_result,
-    count_result,
     fork_op,
     fork_result,
     free_op,
     grow_op,
     grow_result,
-    renew_op,
 )
 from pagedserve.shared.protocol.messages import encode_message
 
@@ -33,17 +31,16 @@ def test_apply_runs_ops_in_order_and_returns_one_result_each(manager: BlockManag
             alloc_op("w0", "a", "s", tokens(BLOCK_SIZE + 1), 100),
             fork_op("a", "a.1", "s"),
             grow_op("a.1", 1, [7]),
-            renew_op(["a", "a.1", "gone"]),
             free_op("a"),
         ],
         0.0,
     )
-    alloc, fork, grow, renewed, freed = reply["results"]
+    alloc, fork, grow, freed = reply.results
     assert alloc == [[0, 1], 0, BLOCK_SIZE + 1]
     assert fork is True
     assert grow == [[], [[1, 2]], [[1, 2]]]  # the shared tail copied into block 2
-    assert (renewed, freed) == (2, 1)  # after the copy, block 1 was a's alone
-    assert reply["free_blocks"] == {"w0": NUM_BLOCKS - 2}
+    assert freed == 1  # after the copy, block 1 was a's alone
+    assert reply.free_blocks == {"w0": NUM_BLOCKS - 2}
 
 
 def test_apply_reports_errors_per_op_without_raising(manager: BlockManager) -> None:
@@ -61,13 +58,13 @@ def test_apply_reports_errors_per_op_without_raising(manager: BlockManager) -> N
             "free",  # not a list
             [],
             ["free", {"id": 1}, None],
-            ["renew", "b"],
+            ["renew", ["b"]],  # an op that no longer exists
             ["fork", "ghost", "child", "s"],
             ["free", "b", None],  # still runs after all of the above
         ],
         0.0,
     )
-    results = reply["results"]
+    results = reply.results
     assert len(results) == 15
     assert results[2] == [[0], 0, 1] and results[14] == 1
     errors = [r for i, r in enumerate(results) if i not in (2, 14)]
@@ -79,7 +76,7 @@ def test_apply_reports_errors_per_op_without_raising(manager: BlockManager) -> N
 
 def test_apply_reports_not_enough_blocks_as_none(manager: BlockManager) -> None:
     reply = manager.apply([alloc_op("w0", "a", "s", tokens(NUM_BLOCKS * BLOCK_SIZE + 1), 10_000)], 0.0)
-    assert reply["results"] == [None]
+    assert reply.results == [None]
 
 
 def test_batch_and_reply_frames_round_trip_through_msgpack(manager: BlockManager) -> None:
@@ -95,15 +92,13 @@ def test_batch_and_reply_frames_round_trip_through_msgpack(manager: BlockManager
     seq, got_ops = batch.seq, batch.ops
     assert seq == 7 and got_ops == ops
     reply = manager.apply(got_ops, 0.0)
-    got = BlockReply.from_wire(
-        decode(encode_message(BlockReply(seq, reply["results"], reply["free_blocks"])))
-    )
+    got = BlockReply.from_wire(decode(encode_message(BlockReply(seq, reply.results, reply.free_blocks))))
     seq, results, free_blocks = got.seq, got.results, got.free_blocks
     assert seq == 7 and free_blocks == {"w0": NUM_BLOCKS - 2}
     assert alloc_result(results[0]) == Allocation([0], 0, 3)
     assert grow_result(results[1]) == Growth((1,), (), ())
     assert fork_result(results[2]) is True
-    assert count_result(results[3]) == 0
+    assert results[3] == 0  # free: no block hit ref count 0 (the fork still holds them)
 
 
 def test_result_readers_raise_on_an_error_result() -> None:

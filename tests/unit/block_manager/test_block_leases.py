@@ -18,7 +18,7 @@ def test_expired_lease_returns_blocks_to_free_list(manager: BlockManager) -> Non
 
 def test_renewed_lease_is_not_reaped(manager: BlockManager) -> None:
     manager.allocate("w0", "a", "s", [1], 1, 0.0)
-    assert manager.renew(["a", "unknown"], TTL - 1.0) == 1
+    assert manager.renew_owner("s", TTL - 1.0) == 1
     assert manager.reap_expired(TTL + 1.0) == []
     assert [r.request_id for r in manager.reap_expired(2 * TTL)] == ["a"]
 
@@ -41,9 +41,9 @@ def test_renewing_an_owner_renews_only_its_leases(manager: BlockManager) -> None
 
 def test_reaping_a_forked_child_keeps_the_shared_blocks_of_its_parent(manager: BlockManager) -> None:
     manager.allocate("w0", "a", "s", tokens(6), 100, 0.0)
-    manager.fork("a", "a.1", "s", 0.0)
-    manager.renew(["a"], 5.0)
-    assert manager.reap_expired(TTL + 1.0) == [Reclaimed("a.1", "s", "w0", 0)]
+    manager.fork("a", "a.1", "other", 0.0)
+    manager.renew_owner("s", 5.0)
+    assert manager.reap_expired(TTL + 1.0) == [Reclaimed("a.1", "other", "w0", 0)]
     assert manager.table("a") is not None and manager.check_invariants() == []
 
 

@@ -211,14 +211,6 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert self.manager.free(rid) == expected
         assert self.manager.free(rid) == 0
 
-    @rule(data=st.data())
-    def renew(self, data: st.DataObject) -> None:
-        live = sorted(self.reqs)
-        rids = data.draw(st.lists(st.sampled_from(live), max_size=3, unique=True)) if live else []
-        assert self.manager.renew([*rids, "never-seen"], self.now) == len(rids)
-        for rid in rids:
-            self.reqs[rid].expires_at = self.now + TTL
-
     @rule(owner=st.sampled_from(OWNERS))
     def renew_owner(self, owner: str) -> None:
         mine = [r for r in self.reqs.values() if r.owner == owner]

@@ -70,6 +70,6 @@ def test_the_same_content_written_by_another_owner_takes_the_key_over(manager: B
 
 def test_a_free_op_names_a_bad_num_computed(manager: BlockManager) -> None:
     assert manager.allocate("w0", "a", "s", PROMPT, 100, 0.0) is not None
-    results = manager.apply([["free", "a", -1], ["free", "a", "all"], ["free", "a", None]], 0.0)["results"]
+    results = manager.apply([["free", "a", -1], ["free", "a", "all"], ["free", "a", None]], 0.0).results
     assert "num_computed" in results[0]["error"] and "num_computed" in results[1]["error"]
     assert results[2] == 3 and manager.num_requests() == 0

@@ -46,7 +46,7 @@ def test_snapshot_lists_each_block_with_owners_hash_and_lease(manager: BlockMana
 def test_blocks_of_an_expired_unreaped_lease_count_as_leaked(manager: BlockManager) -> None:
     manager.allocate("w0", "a", "crashed", tokens(2 * BLOCK_SIZE), 100, 0.0)
     manager.allocate("w0", "b", "alive", [1], 1, 0.0)
-    manager.renew(["b"], TTL)
+    manager.renew_owner("alive", TTL)
     assert manager.snapshot(TTL - 1.0)["totals"]["leaked"] == 0
     assert manager.snapshot(TTL + 1.0)["totals"]["leaked"] == 2
     manager.reap_expired(TTL + 1.0)
@@ -55,8 +55,8 @@ def test_blocks_of_an_expired_unreaped_lease_count_as_leaked(manager: BlockManag
 
 def test_shared_block_is_not_leaked_while_one_owner_lives(manager: BlockManager) -> None:
     manager.allocate("w0", "a", "s", tokens(BLOCK_SIZE), 100, 0.0)
-    manager.fork("a", "a.1", "s", 0.0)
-    manager.renew(["a.1"], 5.0)
+    manager.fork("a", "a.1", "other", 0.0)
+    manager.renew_owner("other", 5.0)
     assert manager.snapshot(TTL + 1.0)["totals"]["leaked"] == 0
 
 

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker import bundled
-from pagedserve.services.worker.bundled import find_bundled_gguf, publish_atomically, resolve_model
+from pagedserve.services.worker.bundled import find_bundled_gguf, publish_atomically
 
 
 def test_a_folder_passes_through(tmp_path: Path) -> None:

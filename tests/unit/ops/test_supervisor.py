@@ -266,10 +266,10 @@ def test_wait_ready_fails_fast_when_a_core_service_is_down_for_good(tmp_path: Pa
 
     supervisor = Supervisor(config, workers=1, launcher=launcher, restart_core=False, log_dir=tmp_path)
     with supervisor:
-        started = time.monotonic()
+        started, timeout_s = time.monotonic(), 30.0
         with pytest.raises(DeploymentFailed, match="scheduler.*scheduler.log"):
-            supervisor.wait_ready(timeout_s=30.0)
-        assert time.monotonic() - started < 10.0
+            supervisor.wait_ready(timeout_s=timeout_s)
+        assert time.monotonic() - started < timeout_s / 3  # it saw the death, it did not wait it out
     assert "port taken" in (tmp_path / "scheduler.log").read_text()
 
 

@@ -46,9 +46,7 @@ ANNOUNCEMENT = (
     "inc-1",
     64,
     16,
-    32000,
     2048,
-    [2],
     "/models/tiny",
     {"dtype": "float32", "isa_layer_ops": "avx2"},
 )

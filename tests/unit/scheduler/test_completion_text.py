@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from pagedserve.services.block_manager.manager import BlockManager
-from pagedserve.services.scheduler.model_info import load_tokenizer
+from pagedserve.services.checkpoint import load_tokenizer
 from pagedserve.services.scheduler.outputs import OutputEvent, RequestDone
 from pagedserve.services.scheduler.scheduler import Scheduler, SchedulerLimits
 from pagedserve.services.scheduler.stopping import CompletionText

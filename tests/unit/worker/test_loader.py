@@ -98,10 +98,10 @@ def test_a_folder_without_config_or_weights_is_refused(tiny_model, tmp_path):
         _load(path)
 
 
-def test_eos_ids_come_from_generation_config_when_present(tiny_model, tmp_path):
+def test_eos_ids_are_config_and_generation_config_together(tiny_model, tmp_path):
     path = _copy(tiny_model("llama"), tmp_path / "m")
     assert _load(path).eos_token_ids == (2,)
-    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7]}))
     assert _load(path).eos_token_ids == (2, 7)
     (path / "generation_config.json").unlink()
     assert _load(path).eos_token_ids == (2,)

@@ -1,0 +1,54 @@
+"""Result files (bench/, chaos, microbenchmarks) name no machine: paths are written relative to the
+repository, the model cache, the temp folder or the home folder, so a file reads the same wherever it
+ran and says nothing of who ran it."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]  # the checkout (an installed wheel has no repo: never matches)
+
+
+def _bases() -> list[tuple[Path, str]]:
+    """Most specific first: the cache usually lies under home, a checkout may lie under the temp folder."""
+    cache = Path(os.environ.get("PAGEDSERVE_CACHE") or "~/.cache/pagedserve").expanduser()
+    return [
+        (cache, "$PAGEDSERVE_CACHE"),
+        (REPO, "."),
+        (Path(tempfile.gettempdir()), "$TMPDIR"),
+        (Path.home(), "~"),
+    ]
+
+
+def portable_path(text: str) -> str:
+    """An absolute path under one of the bases -> the same path from that base; anything else as is."""
+    if not text.startswith("/"):
+        return text
+    path = Path(text)
+    for base, name in _bases():
+        for root in {base, base.resolve()}:
+            if path == root or root in path.parents:
+                return (Path(name) / path.relative_to(root)).as_posix()
+    return text
+
+
+def portable(value: Any) -> Any:
+    """`value` (a report: dicts, lists, strings, numbers) with every such path made portable."""
+    if isinstance(value, str):
+        return portable_path(value)
+    if isinstance(value, Path):
+        return portable_path(str(value))
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(v) for v in value]
+    return value
+
+
+def write_json(out: str | Path, report: Any) -> None:
+    """Write a result file: indented JSON, paths made portable (anything else json cannot hold: str)."""
+    Path(out).write_text(json.dumps(portable(report), indent=2, default=str) + "\n")

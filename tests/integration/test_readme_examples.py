@@ -1,0 +1,81 @@
+"""The README's Python examples run as written against a live deployment: the openai client, the
+ZeroMQ SDK (sync and async) and the in-process `LLM`. They are read from README.md itself, so an
+example that drifts from the code fails here. Only the addresses, the model and the key change: the
+README's are the defaults of `pagedserve up` with the bundled model; this deployment has its own."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def python_blocks() -> dict[str, str]:
+    """The README's ```python blocks, by the name each opens with (its first import)."""
+    blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(), flags=re.M | re.S)
+    named = {}
+    for block in blocks:
+        first = next(line for line in block.splitlines() if line.startswith(("from ", "import ")))
+        named[first] = block
+    return named
+
+
+def run_block(source: str, replacements: dict[str, str]) -> str:
+    """Run one example (top-level `async with` / `await` allowed, as in an asyncio REPL) -> its stdout."""
+    for old, new in replacements.items():
+        assert old in source, f"the README example no longer holds {old!r}"
+        source = source.replace(old, new)
+    code = compile(source, str(README), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        pending = eval(code, {"__name__": "readme_example"})  # a coroutine when the block awaits
+        if pending is not None:
+            asyncio.run(pending)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def blocks() -> dict[str, str]:
+    found = python_blocks()
+    assert set(found) == {
+        "from openai import OpenAI",
+        "from pagedserve import Client, AsyncClient",
+        "from pagedserve import LLM, SamplingParams",
+    }, sorted(found)
+    return found
+
+
+def test_the_openai_client_example_runs(blocks, api_deployment) -> None:
+    out = run_block(
+        blocks["from openai import OpenAI"],
+        {
+            '"http://127.0.0.1:8000/v1"': repr(api_deployment.api.base_url),
+            'api_key="unused"': f"api_key={api_deployment.api_key!r}",
+            'model="smollm2-135m"': f"model={api_deployment.model_name!r}",
+        },
+    )
+    assert "prompt_tokens=" in out and "completion_tokens=" in out  # print(reply.usage)
+
+
+def test_the_sdk_example_runs(blocks, api_deployment) -> None:
+    out = run_block(
+        blocks["from pagedserve import Client, AsyncClient"],
+        {'"tcp://127.0.0.1:5555"': repr(api_deployment.sup.config.front_endpoint)},
+    )
+    # print(r.text, r.finish_reason, r.usage.completion_tokens) on a 32-token request
+    assert re.search(r"(length|stop) \d+\n", out), out
+
+
+def test_the_in_process_example_runs(blocks, api_deployment) -> None:
+    out = run_block(
+        blocks["from pagedserve import LLM, SamplingParams"],
+        {'model="smollm2-135m"': f"model={str(api_deployment.model_path)!r}"},
+    )
+    assert out.rstrip().endswith(("length", "stop")), out
