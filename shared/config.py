@@ -134,7 +134,8 @@ class ServeConfig(BaseSettings):
         None, max_length=256, description="model name the API answers to; default: the model folder's name"
     )
     tool_call_parser: str = Field(
-        "hermes", description="how tool calls are read from free text (tool_choice auto): hermes (<tool_call> tags)"
+        "hermes",
+        description="how tool calls are read from free text (tool_choice auto): hermes (<tool_call> tags)",
     )
 
     # --- security

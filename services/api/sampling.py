@@ -106,7 +106,10 @@ def completion_prompts(req: CompletionRequest) -> list[Prompt]:
 
 
 def chat_sampling(
-    req: ChatCompletionRequest, num_prompt_tokens: int, max_model_len: int, constraint: Constraint | None = None
+    req: ChatCompletionRequest,
+    num_prompt_tokens: int,
+    max_model_len: int,
+    constraint: Constraint | None = None,
 ) -> SamplingParams:
     """`constraint`: the request's (tools.chat_constraint); None: read from its format fields."""
     fields = _common(req, constraint)

@@ -139,7 +139,8 @@ async def chat_chunks(shape: StreamShape, events: AsyncIterator[Event]) -> Async
                     if tools is not None:
                         for delta in tools.finish():
                             yield shape.chunk(
-                                kind, [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]
+                                kind,
+                                [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}],
                             )
                         if tools.num_calls and reason == "stop":
                             reason = "tool_calls"

@@ -51,7 +51,8 @@ def check_request(
     bad = next((t for t in sampling.logit_bias or () if t >= vocab_size), None)
     if bad is not None:
         raise RequestRejected(
-            "invalid_logit_bias", f"sampling.logit_bias names token {bad}, outside the vocabulary [0, {vocab_size})"
+            "invalid_logit_bias",
+            f"sampling.logit_bias names token {bad}, outside the vocabulary [0, {vocab_size})",
         )
     if sampling.structured_outputs is not None:
         check_structured_outputs(sampling, can_stop_on_strings)

@@ -50,7 +50,9 @@ class SamplingBatch:
     @property
     def is_plain_greedy(self) -> bool:
         """Every row greedy and nothing changes the logits: one argmax answers the whole step."""
-        return not (self.random_rows or self.penalised_rows or self.banned or self.biased or self.logprob_rows)
+        return not (
+            self.random_rows or self.penalised_rows or self.banned or self.biased or self.logprob_rows
+        )
 
 
 def has_penalty(params: dict[str, Any]) -> bool:

@@ -50,8 +50,8 @@ class SamplingParams(_Strict):
     structured_outputs: StructuredOutputs | None = Field(
         None, description="the output must match this JSON schema / regex / choice / grammar"
     )
-    logit_bias: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
-        None, max_length=MAX_LOGIT_BIAS, description="token id -> added to its logit before sampling"
+    logit_bias: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=-100.0, le=100.0)]] | None = (
+        Field(None, max_length=MAX_LOGIT_BIAS, description="token id -> added to its logit before sampling")
     )
 
     @model_validator(mode="after")
