@@ -62,6 +62,7 @@ class LLM:
         device: str = config_default("device"),
         attention_backend: str = config_default("attention_backend"),
         enable_prefix_caching: bool = config_default("enable_prefix_caching"),
+        quantization: str = config_default("quantization"),
     ) -> None:
         from pagedserve.services.worker.bundled import resolve_model
         from pagedserve.services.worker.runner import ModelRunner
@@ -81,6 +82,7 @@ class LLM:
             device=device,
             attention_backend=attention_backend,
             enable_prefix_caching=enable_prefix_caching,
+            quantization=quantization,
         )
         path = resolve_model(model)
         self.tokenizer = load_tokenizer(path)
@@ -92,6 +94,7 @@ class LLM:
             num_blocks=num_blocks,
             kv_cache_memory=kv_cache_memory,
             attention_backend=attention_backend,
+            quantization=config.quantization,
         )
         self.max_model_len = min(max_model_len or self.runner.max_model_len, self.runner.max_model_len)
         limits = SchedulerLimits.from_config(config, self.max_model_len)
