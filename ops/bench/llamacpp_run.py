@@ -28,8 +28,10 @@ def run_llamacpp(workload: Workload, settings: BenchSettings, threads: int) -> P
     from pagedserve.services.worker.gguf_weights import gguf_source
 
     python = llamacpp_python()
-    if not python.exists():
-        return PathResult("llamacpp", error=f"no llama.cpp venv at {python.parent.parent}: run ops/peers/setup_llamacpp.sh")
+    if not (python.parent.parent / ".llamacpp-installed").exists():  # written once its build succeeded
+        return PathResult(
+            "llamacpp", error=f"no finished llama.cpp venv at {python.parent.parent}: run ops/peers/setup_llamacpp.sh"
+        )
     gguf = gguf_source(settings.model_path)
     if gguf is None:
         return PathResult("llamacpp", error=f"{settings.model_path} has no GGUF file for llama.cpp to read")
