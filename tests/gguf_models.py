@@ -27,7 +27,12 @@ _HF_TO_GGUF = {
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
-_ARCH = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+_ARCH = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
 
 
 def gguf_name(hf: str) -> str | None:
@@ -63,7 +68,9 @@ def quantize_q4_k(dense: np.ndarray) -> np.ndarray:
     mn = np.clip(np.round(-lo / np.where(dmin > 0, dmin, 1)[..., None]), 0, 63).astype(np.uint8)
     a = d[..., None] * sc
     b = dmin[..., None] * mn
-    codes = np.clip(np.round((groups + b[..., None]) / np.where(a > 0, a, 1)[..., None]), 0, 15).astype(np.uint8)
+    codes = np.clip(np.round((groups + b[..., None]) / np.where(a > 0, a, 1)[..., None]), 0, 15).astype(
+        np.uint8
+    )
     packed = np.zeros((n, k // 256, 12), np.uint8)
     packed[..., 0:4] = (sc[..., 0:4] & 63) | ((sc[..., 4:8] >> 4) << 6)
     packed[..., 4:8] = (mn[..., 0:4] & 63) | ((mn[..., 4:8] >> 4) << 6)
@@ -94,7 +101,10 @@ def quantize_checkpoint(folder: Path, type_name: str, embedding_type: str | None
 
     config = json.loads((folder / "config.json").read_text())
     arch = _ARCH[config["architectures"][0]]
-    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
+    heads, kv_heads = (
+        config["num_attention_heads"],
+        config.get("num_key_value_heads") or config["num_attention_heads"],
+    )
     files = sorted(folder.glob("*.safetensors"))
     writer = gguf.GGUFWriter(folder / "model.gguf", arch)
     writer.add_uint32(f"{arch}.attention.head_count", heads)

@@ -85,7 +85,9 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     last = [0] * n_seq
     t0 = time.perf_counter()
     # Prefill: every prompt's tokens, in batches of n_batch; each prompt's last token samples.
-    pending = [(tok, pos, seq, pos == len(p) - 1) for seq, p in enumerate(prompts) for pos, tok in enumerate(p)]
+    pending = [
+        (tok, pos, seq, pos == len(p) - 1) for seq, p in enumerate(prompts) for pos, tok in enumerate(p)
+    ]
     for start in range(0, len(pending), n_batch):
         chunk = pending[start : start + n_batch]
         decode(chunk)
@@ -133,7 +135,13 @@ def main() -> None:
         result = run(request)
     except Exception as e:
         traceback.print_exc()
-        result = {"name": "llamacpp", "output_tokens": 0, "wall_s": 0.0, "tokens_per_s": 0.0, "error": f"{type(e).__name__}: {e}"}
+        result = {
+            "name": "llamacpp",
+            "output_tokens": 0,
+            "wall_s": 0.0,
+            "tokens_per_s": 0.0,
+            "error": f"{type(e).__name__}: {e}",
+        }
     result_path.write_text(json.dumps(result))
 
 

@@ -30,7 +30,8 @@ def run_llamacpp(workload: Workload, settings: BenchSettings, threads: int) -> P
     python = llamacpp_python()
     if not (python.parent.parent / ".llamacpp-installed").exists():  # written once its build succeeded
         return PathResult(
-            "llamacpp", error=f"no finished llama.cpp venv at {python.parent.parent}: run ops/peers/setup_llamacpp.sh"
+            "llamacpp",
+            error=f"no finished llama.cpp venv at {python.parent.parent}: run ops/peers/setup_llamacpp.sh",
         )
     gguf = gguf_source(settings.model_path)
     if gguf is None:
@@ -58,7 +59,9 @@ def run_llamacpp(workload: Workload, settings: BenchSettings, threads: int) -> P
         if not result_path.exists():
             tail = proc.stdout[-2000:]
             print(tail, file=sys.stderr)
-            return PathResult("llamacpp", error=f"llamacpp_peer.py exited {proc.returncode} without a result: {tail[-300:]}")
+            return PathResult(
+                "llamacpp", error=f"llamacpp_peer.py exited {proc.returncode} without a result: {tail[-300:]}"
+            )
         result = json.loads(result_path.read_text())
     known = {"name", "output_tokens", "wall_s", "tokens_per_s", "error"}
     return PathResult(

@@ -31,7 +31,9 @@ HIDDEN, INTER, QKV, VOCAB, LAYERS = 576, 1536, 960, 49152, 30
 def shapes() -> list[tuple[int, int, gguf.GGMLQuantizationType]]:
     layer = [(QKV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
     q41 = gguf.GGMLQuantizationType.Q4_1
-    return [(n, k, q41) for _ in range(LAYERS) for n, k in layer] + [(VOCAB, HIDDEN, gguf.GGMLQuantizationType.Q8_0)]
+    return [(n, k, q41) for _ in range(LAYERS) for n, k in layer] + [
+        (VOCAB, HIDDEN, gguf.GGMLQuantizationType.Q8_0)
+    ]
 
 
 def main() -> None:
@@ -68,7 +70,9 @@ def main() -> None:
             scale = dense.abs().amax(1) / 127
             int8[s] = ((dense / scale[:, None]).round().to(torch.int8), scale)
         ws = [(s[1], *int8[s]) for s in shapes()]
-        steps["int8pack"] = lambda xs, ws=ws: [torch.ops.aten._weight_int8pack_mm(xs[k], w, c) for k, w, c in ws]
+        steps["int8pack"] = lambda xs, ws=ws: [
+            torch.ops.aten._weight_int8pack_mm(xs[k], w, c) for k, w, c in ws
+        ]
     if "int4pack" in args.variants:
         int4 = {}
         for s, (_, dense) in distinct.items():
@@ -76,7 +80,9 @@ def main() -> None:
             groups = dense.view(n, k // 32, 32)
             lo, hi = groups.amin(-1), groups.amax(-1)
             scale = ((hi - lo) / 15).clamp(min=1e-8)
-            codes = ((groups - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32).view(n, k)
+            codes = (
+                ((groups - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32).view(n, k)
+            )
             packed_codes = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
             # scale_and_zeros [K/32, N, 2]: w = (code - 8) * scale + zero, so zero = lo + 8 scale
             sz = torch.stack([scale, lo + 8 * scale], -1).transpose(0, 1).contiguous()

@@ -64,11 +64,15 @@ def gguf_source(folder: Path) -> Path | None:
         if name:
             bundled = find_bundled_gguf()
             if bundled.name != name:
-                raise ValueError(f"{source} names {name!r}, but the installed bundled GGUF is {bundled.name!r}")
+                raise ValueError(
+                    f"{source} names {name!r}, but the installed bundled GGUF is {bundled.name!r}"
+                )
             return bundled
     ggufs = sorted(folder.glob("*.gguf"))
     if len(ggufs) > 1:
-        raise ValueError(f"{folder} holds {len(ggufs)} .gguf files ({', '.join(g.name for g in ggufs)}); keep one")
+        raise ValueError(
+            f"{folder} holds {len(ggufs)} .gguf files ({', '.join(g.name for g in ggufs)}); keep one"
+        )
     return ggufs[0] if ggufs else None
 
 
@@ -132,7 +136,9 @@ def _parse_header(path: Path, blob: mmap.mmap) -> tuple[dict[str, object], list[
 
     magic, version = take("4s"), take("I")
     if magic != b"GGUF" or version < 2:
-        raise ValueError(f"{path} is not a GGUF file of version 2 or later (magic {magic!r}, version {version})")
+        raise ValueError(
+            f"{path} is not a GGUF file of version 2 or later (magic {magic!r}, version {version})"
+        )
     n_tensors, n_kv = take("Q"), take("Q")
     meta: dict[str, object] = {}
     for _ in range(n_kv):

@@ -152,7 +152,9 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return files
 
 
-def checkpoint_tensors(folder: Path, skip: frozenset[str] | set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_tensors(
+    folder: Path, skip: frozenset[str] | set[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of the checkpoint but those named in `skip` (which are not even read)."""
     for file in checkpoint_files(folder):
         with safe_open(str(file), framework="pt", device="cpu") as f:

@@ -251,4 +251,3 @@ def weights_kind(model: torch.nn.Module, dtype: str) -> str:
     if not types:
         return dtype
     return "gguf " + " ".join(f"{t}x{n}" for t, n in sorted(types.items())) + f" + {dtype}"
-

@@ -6,9 +6,11 @@ tokens each; every first token equal and at least 7 of 8 equal token for token."
 from __future__ import annotations
 
 import pytest
+
 from pagedserve import LLM, SamplingParams
 
-pytestmark = pytest.mark.slow
+# Two loads of the bundled model and 8 generations: minutes on 2 busy cores.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 PROMPTS = [
     "The capital of France is",

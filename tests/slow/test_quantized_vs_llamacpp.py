@@ -75,12 +75,16 @@ def test_quantized_logits_agree_with_llamacpp_on_the_same_gguf(tmp_path: Path) -
     ours = []
     for i, tokens in enumerate(prompts):
         blocks = list(range(-(-len(tokens) // 16)))
-        step = Execute(i, new_requests=[NewRequest(f"r{i}", tokens, len(tokens), 0, len(tokens), blocks, GREEDY)])
+        step = Execute(
+            i, new_requests=[NewRequest(f"r{i}", tokens, len(tokens), 0, len(tokens), blocks, GREEDY)]
+        )
         _, logits = runner.execute_with_logits(step)
         runner.execute(Execute(100 + i, finished_ids=[f"r{i}"]))  # its blocks serve the next prompt
         ours.append(logits[-1].double())
     ours_t = torch.stack(ours)[:, : theirs.shape[1]]
     top1 = (ours_t.argmax(-1) == theirs.argmax(-1)).sum().item()
-    kl = torch.nn.functional.kl_div(ours_t.log_softmax(-1), theirs.log_softmax(-1), log_target=True, reduction="none").sum(-1)
+    kl = torch.nn.functional.kl_div(
+        ours_t.log_softmax(-1), theirs.log_softmax(-1), log_target=True, reduction="none"
+    ).sum(-1)
     assert top1 >= 7, f"top-1 agreed on {top1}/8 prompts"
     assert math.isfinite(kl.mean().item()) and kl.mean().item() < 0.05, kl.tolist()

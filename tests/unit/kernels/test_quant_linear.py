@@ -17,10 +17,9 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from gguf_models import quantize
 from pagedserve.kernels.cpu.build import QUANT_LINEAR, load_extension
 from pagedserve.kernels.cpu.isa import ISAS, missing_flags, runnable_isas
-
-from gguf_models import quantize
 
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12}
 
@@ -29,7 +28,9 @@ TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12}
 def ops(request: pytest.FixtureRequest) -> Any:
     """Each path in turn; a runnable path that does not build fails, it is not skipped."""
     if request.param not in runnable_isas():
-        pytest.skip(f"this CPU cannot run the {request.param} path: it lacks {', '.join(missing_flags(request.param))}")
+        pytest.skip(
+            f"this CPU cannot run the {request.param} path: it lacks {', '.join(missing_flags(request.param))}"
+        )
     return load_extension(QUANT_LINEAR, request.param)
 
 

@@ -16,11 +16,12 @@ import pytest
 import torch
 from gguf_models import quantize_checkpoint
 from greedy_reference import random_prompts
-from pagedserve import LLM, SamplingParams
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 from pagedserve.services.worker.loader import load_model
 from pagedserve.services.worker.models.quant_linear import QuantEmbedding, QuantLinear
 from tiny_models import make_tiny_model
+
+from pagedserve import LLM, SamplingParams
 
 CASES = [
     ("llama", "Q4_1", {}),  # tied head on the quantized embedding; q/k rows reordered as llama.cpp does
@@ -31,7 +32,9 @@ CASES = [
 ]
 
 
-def _greedy(folder: Path, quantization: str, prompts: list[list[int]]) -> tuple[list[list[int]], dict[str, str]]:
+def _greedy(
+    folder: Path, quantization: str, prompts: list[list[int]]
+) -> tuple[list[list[int]], dict[str, str]]:
     llm = LLM(str(folder), num_blocks=256, quantization=quantization)
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     return [o.token_ids for o in llm.generate(prompts, params)], llm.runner.runtime
@@ -67,7 +70,9 @@ def test_logits_match_the_reference_closely(tmp_path: Path) -> None:
             layer_q, layer_d = quantized.layers[1].get_submodule(name), dense.layers[1].get_submodule(name)
             x = hidden[:, : layer_d.in_features]
             torch.testing.assert_close(layer_q(x), layer_d(x), rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(quantized.compute_logits(hidden), dense.compute_logits(hidden), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            quantized.compute_logits(hidden), dense.compute_logits(hidden), rtol=1e-4, atol=1e-4
+        )
 
 
 def test_gguf_without_a_gguf_is_refused_and_auto_loads_dense(tmp_path: Path) -> None:
