@@ -44,7 +44,8 @@ import json, sys
 import numpy as np
 from llama_cpp import Llama
 request = json.load(open(sys.argv[1]))
-llm = Llama(model_path=request["gguf"], n_ctx=256, n_threads=2, verbose=False)
+# logits_all: without it llama-cpp-python 0.3.36 leaves `scores` all zeros after eval()
+llm = Llama(model_path=request["gguf"], n_ctx=256, n_threads=2, verbose=False, logits_all=True)
 rows = []
 for tokens in request["prompts"]:
     llm.reset()
