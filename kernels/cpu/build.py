@@ -1,8 +1,9 @@
 """Builds one C++ kernel extension for one ISA path (torch.utils.cpp_extension) and loads its ops.
 
-Three extensions, built and loaded apart so that one failing to build leaves the others usable:
+Four extensions, built and loaded apart so that one failing to build leaves the others usable:
 paged_attention.cpp (paged attention and the K/V write), layer_ops.cpp (the decoder layer's fused
-norms, residual adds, SiLU-and-mul, rotary) and sampling.cpp (one step's draws). Each builds once per
+norms, residual adds, SiLU-and-mul, rotary), sampling.cpp (one step's draws) and quant_linear.cpp
+(linears and embedding lookups over GGUF-quantized weights). Each builds once per
 ISA path (kernels/cpu/isa.py) into its own torch.ops namespace, `pagedserve_<name>_<isa>`, so the
 three paths of one op can be loaded side by side (the tests compare each against torch).
 
@@ -52,7 +53,8 @@ PAGED_ATTENTION = Extension("paged_attention", (HERE / "paged_attention.cpp",))
 # -ffp-contract=off: no fused multiply-adds, so each product and sum rounds where torch's ops round.
 LAYER_OPS = Extension("layer_ops", (HERE / "layer_ops.cpp",), ("-ffp-contract=off",))
 SAMPLING = Extension("sampling", (HERE / "sampling.cpp",))
-EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING)
+QUANT_LINEAR = Extension("quant_linear", (HERE / "quant_linear.cpp",))
+EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING, QUANT_LINEAR)
 
 _lock = threading.Lock()
 _loaded: set[str] = set()

@@ -26,8 +26,9 @@ from typing import Any
 
 from pagedserve.ops.results import write_json
 
-PEERS = ("pagedserve", "hf-static", "hf-continuous", "vllm")
-# vLLM needs its own venv (ops/peers/setup_vllm.sh), so it runs when named or with `--peers all`.
+PEERS = ("pagedserve", "hf-static", "hf-continuous", "vllm", "llamacpp")
+# vLLM and llama.cpp need their own venvs (ops/peers/setup_vllm.sh, ops/peers/setup_llamacpp.sh), so
+# they run when named or with `--peers all`. llama.cpp reads the checkpoint's GGUF file.
 DEFAULT_PEERS = ("pagedserve", "hf-static", "hf-continuous")
 
 
@@ -57,6 +58,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="float32",
         choices=["auto", "float32", "bfloat16", "float16"],
         help="auto = bfloat16 on CPUs with AMX/AVX512-BF16, else float32",
+    )
+    ap.add_argument(
+        "--quantization",
+        default="none",
+        choices=["auto", "none", "gguf"],
+        help="pagedserve's weights: gguf/auto keep the checkpoint's GGUF types (the bundled model: Q4_1), "
+        "none dequantizes to --dtype",
     )
     ap.add_argument(
         "--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: all cores)"
@@ -164,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         pipeline_depth=args.pipeline_depth,
         temperature=args.temperature,
         seed=args.seed,
+        quantization=args.quantization,
     )
     model_config = settings.model_config()
     workload = make_workload(
@@ -185,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
             from pagedserve.ops.bench.vllm_run import run_vllm
 
             run = lambda w, s: run_vllm(w, s, args.threads)  # noqa: E731
+        if peer == "llamacpp":
+            from pagedserve.ops.bench.llamacpp_run import run_llamacpp
+
+            run = lambda w, s: run_llamacpp(w, s, args.threads)  # noqa: E731
         try:
             paths.append(run(workload, settings))
         except Exception as e:  # a path that cannot run here is reported, not fatal to the others
@@ -225,6 +238,7 @@ def _config_json(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "model": str(args.model),
         "model_path": str(settings.model_path),
         "dtype": args.dtype,
+        "quantization": args.quantization,
         "threads": args.threads,
         "seed": args.seed,
         "temperature": args.temperature,

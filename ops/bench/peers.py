@@ -39,6 +39,7 @@ class BenchSettings:
     pipeline_depth: int
     temperature: float
     seed: int
+    quantization: str = "none"
 
     def model_config(self) -> ModelConfig:
         return parse_config(read_checkpoint(self.model_path).config)
@@ -89,6 +90,7 @@ def run_pagedserve(workload: Workload, settings: BenchSettings) -> PathResult:
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         dtype=settings.dtype,
+        quantization=settings.quantization,
     )
     llm.generate(WARMUP_PROMPTS, SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True), use_tqdm=False)
     before = dataclasses.replace(llm.scheduler.stats)
@@ -115,6 +117,7 @@ def run_pagedserve(workload: Workload, settings: BenchSettings) -> PathResult:
             "block_size": llm.runner.block_size,
             "max_model_len": llm.max_model_len,
             "pipeline_depth": settings.pipeline_depth,
+            "weights": llm.runner.runtime["weights"],
         },
     )
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import pagedserve.services.constraints.matcher as matcher_module
 import torch
+from pagedserve.ops.results import write_json
 from pagedserve.services.constraints.compiler import ConstraintCompiler
 from pagedserve.services.worker.bundled import resolve_model
 from pagedserve.services.worker.runner import ModelRunner
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     print(json.dumps(report, indent=2))
     if args.out:
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.out, report)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from pagedserve.ops.results import write_json
 from pagedserve.services.block_manager import pool_view
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.shared.config import ServeConfig
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.core_only:
         result["deployment"] = deployment_cost(args.blocks, args.seconds, not args.no_browser)
         print(json.dumps(result["deployment"], indent=2))
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(RESULTS, result)
     print(f"written to {RESULTS}")
     return 0
 

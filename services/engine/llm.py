@@ -62,6 +62,7 @@ class LLM:
         device: str = config_default("device"),
         attention_backend: str = config_default("attention_backend"),
         enable_prefix_caching: bool = config_default("enable_prefix_caching"),
+        quantization: str = config_default("quantization"),
     ) -> None:
         from pagedserve.services.worker.runner import ModelRunner
 
@@ -80,6 +81,7 @@ class LLM:
             device=device,
             attention_backend=attention_backend,
             enable_prefix_caching=enable_prefix_caching,
+            quantization=quantization,
         )
         checkpoint = load_checkpoint(model)
         self.tokenizer = load_tokenizer(checkpoint.tokenizer_path)
@@ -91,6 +93,7 @@ class LLM:
             num_blocks=num_blocks,
             kv_cache_memory=kv_cache_memory,
             attention_backend=attention_backend,
+            quantization=config.quantization,
         )
         self.max_model_len = checkpoint.served_len(max_model_len)
         limits = SchedulerLimits.from_config(config, self.max_model_len)

@@ -59,19 +59,65 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+QUANTIZATIONS = ("auto", "none", "gguf")
+
+
 def load_model(
-    path: str | Path, backend: AttentionBackend, *, dtype: str = "float32", device: str | torch.device = "cpu"
+    path: str | Path,
+    backend: AttentionBackend,
+    *,
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+    quantization: str = "none",
 ) -> LoadedModel:
+    """quantization: `none` loads every weight dense in `dtype` (a GGUF's dequantized copy); `gguf` keeps
+    the folder's GGUF weights in their stored types (ValueError where it cannot); `auto` does so where
+    the folder has a GGUF and this worker can run it (CPU, float32, the kernel builds), else `none`."""
     folder = Path(path)
     checkpoint = read_checkpoint(folder)
     model_class, config = resolve(checkpoint.config)
+    gguf_file = quantized_source(folder, quantization, dtype, torch.device(device))
     # Built on the meta device: no memory and no random init for weights about to be overwritten.
     with torch.device("meta"):
         model = model_class(config, backend).to(dtype=torch_dtype(dtype))
+    skip: set[str] = set()
+    if gguf_file is not None:
+        from pagedserve.services.worker.gguf_weights import read_gguf
+        from pagedserve.services.worker.models.quant_install import install_quantized
+
+        skip = install_quantized(model, read_gguf(gguf_file))
     model.to_empty(device=torch.device(device))
-    _fill_parameters(model, folder)
+    _fill_parameters(model, folder, skip)
     model.eval().requires_grad_(False)
     return LoadedModel(model, config, checkpoint.eos_token_ids)
+
+
+def quantized_source(folder: Path, quantization: str, dtype: str, device: torch.device) -> Path | None:
+    """The GGUF whose stored types this load keeps, or None for a dense load (see load_model)."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
+    if quantization == "none":
+        return None
+    from pagedserve.kernels.cpu.build import KernelBuildError
+    from pagedserve.services.worker.gguf_weights import gguf_source
+    from pagedserve.services.worker.models.quant_linear import quant_ops
+
+    source = gguf_source(folder)
+    reason = None
+    if source is None:
+        reason = f"{folder} has no GGUF weights (no *.gguf, no pagedserve_source.json naming one)"
+    elif device.type != "cpu" or dtype != "float32":
+        reason = f"GGUF weights run on the CPU with float32 activations (this worker: {device.type}, {dtype})"
+    else:
+        try:
+            quant_ops()
+        except KernelBuildError as e:
+            reason = f"the quantized-linear kernel does not build here: {e}"
+    if reason is None:
+        return source
+    if quantization == "gguf":
+        raise ValueError(f"--quantization gguf: {reason}")
+    return None
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
@@ -90,18 +136,23 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return files
 
 
-def checkpoint_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_tensors(
+    folder: Path, skip: frozenset[str] | set[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of the checkpoint but those named in `skip` (which are not even read)."""
     for file in checkpoint_files(folder):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                yield name, f.get_tensor(name)
+                if name not in skip:
+                    yield name, f.get_tensor(name)
 
 
-def _fill_parameters(model: LlamaForCausalLM, folder: Path) -> None:
+def _fill_parameters(model: LlamaForCausalLM, folder: Path, skip: set[str] | None = None) -> None:
+    """skip: checkpoint tensors already in the model in another form (quantized weights)."""
     params = dict(model.named_parameters())
     seen: set[str] = set()
     unexpected: list[str] = []
-    for name, tensor in checkpoint_tensors(folder):
+    for name, tensor in checkpoint_tensors(folder, skip or set()):
         target = model.checkpoint_target(name)
         if target is None:
             continue

@@ -16,6 +16,7 @@ from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
 from pagedserve.services.worker.loader import load_model, resolve_dtype, torch_dtype
 from pagedserve.services.worker.models.packed_linear import linears_kind
+from pagedserve.services.worker.models.quant_linear import weight_types
 from pagedserve.services.worker.models.registry import ModelConfig
 from pagedserve.services.worker.packed_batch import PackedBatch, RequestState, pack_batch
 from pagedserve.services.worker.request_constraints import RequestConstraints
@@ -38,6 +39,7 @@ class ModelRunner:
         gpu_memory_utilization: float = config_default("gpu_memory_utilization"),
         num_threads: int | None = None,
         prepack_weights: bool = config_default("prepack_weights"),
+        quantization: str = config_default("quantization"),
         allow_slow_dtype: bool = False,
     ) -> None:
         """allow_slow_dtype: load bfloat16/float16 even on a CPU without native support for it (tests of
@@ -51,7 +53,7 @@ class ModelRunner:
         self.dtype = dtype  # what `auto` became here
         backend = get_backend(attention_backend, self.device)
         self.attention_backend = backend.name
-        loaded = load_model(model_path, backend, dtype=dtype, device=self.device)
+        loaded = load_model(model_path, backend, dtype=dtype, device=self.device, quantization=quantization)
         self.model = loaded.model
         # How many linears run on packed weights (0: off, or not available for this dtype/device).
         self.num_prepacked = self.model.prepack_weights() if prepack_weights else 0
@@ -110,6 +112,7 @@ class ModelRunner:
             "attention_backend": self.attention_backend,
             "layer_ops": "torch" if layer_ops is None else layer_ops.name,
             "linears": linears_kind(self.model),
+            "weights": weights_kind(self.model, self.dtype),
         }
         if self.device.type == "cpu":
             facts.update({f"isa_{op}": path for op, path in kernel_paths().items()})
@@ -246,3 +249,12 @@ class ModelRunner:
         # A negative id would silently read another block; past the end it is a device assert on CUDA.
         if block_ids and (min(block_ids) < 0 or max(block_ids) >= self.num_blocks):
             raise ValueError(f"{owner!r}: block ids must be in [0, {self.num_blocks}); got {block_ids}")
+
+
+def weights_kind(model: torch.nn.Module, dtype: str) -> str:
+    """The weight types in use: `gguf Q4_1x210 Q8_0x1 + float32` (quantized linears and embedding by
+    type, then the dense rest) or the dtype alone."""
+    types = weight_types(model)
+    if not types:
+        return dtype
+    return "gguf " + " ".join(f"{t}x{n}" for t, n in sorted(types.items())) + f" + {dtype}"

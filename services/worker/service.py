@@ -77,6 +77,7 @@ class WorkerService:
                 attention_backend=config.attention_backend,
                 gpu_memory_utilization=config.gpu_memory_utilization,
                 prepack_weights=config.prepack_weights,
+                quantization=config.quantization,
             )
         self.keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
         self.ctx = zmq.Context()

@@ -161,7 +161,7 @@ class LlamaForCausalLM(nn.Module):
         """Run the per-layer norms, residual adds, SiLU-and-mul and rotary embedding as our fused C++
         kernels where they apply (CPU, float32 / bfloat16, buildable here), else (or `enabled=False`) as plain torch ops;
         -> the name of the ops chosen."""
-        weight = self.embed_tokens.weight
+        weight = self.norm.weight  # a dense parameter of the model's dtype, whatever the embedding holds
         ops = layer_ops_for(weight.dtype, weight.device) if enabled else TORCH_LAYER_OPS
         for module in self.modules():
             if isinstance(module, (RMSNorm, LlamaAttention, LlamaMLP)):
@@ -198,7 +198,7 @@ class LlamaForCausalLM(nn.Module):
         """Pack every projection and the LM head for the CPU GEMM library, once, after loading;
         -> how many were packed (0: not available for this dtype or device, the model is unchanged)."""
         count = prepack_linears(self)
-        if self.lm_head is None:
+        if self.lm_head is None and self.tied_head is None:  # a quantized embedding brings its own head
             # Tied: the embedding stays dense for its lookups; the head gets a packed copy.
             self.tied_head = pack_linear(self.embed_tokens.weight)
             count += self.tied_head is not None

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from pagedserve.services.checkpoint import context_length, read_checkpoint, resolve_model
 from pagedserve.services.scheduler.liveness import WorkerLiveness
+from pagedserve.services.scheduler.step_clock import StepClock
 from pagedserve.shared.protocol.control import Heartbeat
 
 BASE: dict[str, Any] = {"vocab_size": 320, "max_position_embeddings": 512, "eos_token_id": 2}
@@ -84,7 +85,9 @@ def announcement(worker_id: str, max_model_len: int) -> Heartbeat:
 
 
 def test_the_scheduler_admits_only_what_every_active_worker_serves() -> None:
-    liveness = WorkerLiveness(heartbeat_interval_s=0.5, worker_timeout_s=5.0, step_timeout_s=30.0)
+    liveness = WorkerLiveness(
+        heartbeat_interval_s=0.5, worker_timeout_s=5.0, steps=StepClock(10.0, 20.0, 30.0)
+    )
     assert liveness.served_len(512) == 512  # no worker yet: the checkpoint's context
     short, _ = liveness.heard(announcement("w-short", 64), now=0.0, step_socket=True)
     long, _ = liveness.heard(announcement("w-long", 1024), now=0.0, step_socket=True)

@@ -1,0 +1,54 @@
+"""Put a GGUF's quantized weights into a model built on the meta device, before its dense weights exist.
+
+Each projection (and the embedding, and an untied LM head) whose checkpoint tensors are all of a type
+the kernel runs becomes a QuantLinear / QuantEmbedding over the stored blocks. Fused projections
+(q/k/v, gate/up) concatenate their parts' rows, which is exact: a row is a whole run of blocks. A
+projection left dense (a type the kernel lacks, parts of mixed types, a bias) is filled from the
+checkpoint folder like any other weight. A tied LM head shares the embedding's blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+from pagedserve.services.worker.models.quant_linear import QuantEmbedding, QuantLinear, QuantTensor, quant_ops
+from torch import nn
+
+
+def install_quantized(model: nn.Module, tensors: dict[str, QuantTensor | torch.Tensor]) -> set[str]:
+    """Replace what the GGUF holds quantized; -> the checkpoint names now held that way (the loader
+    skips them in the folder)."""
+    ops = quant_ops()
+    installed: set[str] = set()
+    split = {v: k for k, v in model.fused_projections.items()}  # (fused, shard) -> checkpoint part
+
+    for module_name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if not isinstance(child, nn.Linear) or child.bias is not None:
+                continue
+            path = f"{module_name}.{child_name}" if module_name else child_name
+            prefix = "" if path == "lm_head" else "model."
+            if child_name in ("qkv_proj", "gate_up_proj"):
+                shards = 3 if child_name == "qkv_proj" else 2
+                names = [f"{prefix}{module_name}.{split[(child_name, i)]}.weight" for i in range(shards)]
+            else:
+                names = [f"{prefix}{path}.weight"]
+            parts = [tensors.get(n) for n in names]
+            if not all(isinstance(p, QuantTensor) for p in parts) or len({p.type_name for p in parts}) != 1:
+                continue
+            blocks = parts[0].blocks if len(parts) == 1 else torch.cat([p.blocks for p in parts])
+            weight = QuantTensor(parts[0].type_name, blocks, parts[0].in_features)
+            if (weight.out_features, weight.in_features) != (child.out_features, child.in_features):
+                raise ValueError(
+                    f"GGUF tensors {', '.join(names)} make a [{weight.out_features} x {weight.in_features}] "
+                    f"weight, the model's {path} is [{child.out_features} x {child.in_features}]"
+                )
+            setattr(module, child_name, QuantLinear(weight, None, ops))
+            installed.update(names)
+
+    embedding = tensors.get("model.embed_tokens.weight")
+    if isinstance(embedding, QuantTensor):
+        model.embed_tokens = QuantEmbedding(embedding, ops)
+        installed.add("model.embed_tokens.weight")
+        if model.lm_head is None:
+            model.tied_head = model.embed_tokens.as_linear()
+    return installed

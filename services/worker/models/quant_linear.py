@@ -1,0 +1,94 @@
+"""Linear layers and the embedding over GGUF-quantized weights, kept in the blocks the file stores.
+
+A decode step reads every weight once and is bound by memory bandwidth, so reading Q4_1 (0.625 bytes
+a weight) instead of float32 (4 bytes) is the win; the C++ kernel (kernels/cpu/quant_linear.cpp)
+decodes each block inside the dot products, never into a float32 copy of the weight. The weight
+bytes are plain attributes, not parameters or buffers: the model is built on the meta device and
+`to_empty` must not replace them, and nothing should cast or save them like a dense tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+# GGML type numbers (the GGUF file's own) the kernel runs.
+KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12}
+
+
+@dataclass(frozen=True, slots=True)
+class QuantTensor:
+    """One GGUF weight as stored: `blocks` [rows, row_bytes] uint8 of type `type_name`."""
+
+    type_name: str
+    blocks: torch.Tensor
+    in_features: int
+
+    @property
+    def type_id(self) -> int:
+        return KERNEL_TYPES[self.type_name]
+
+    @property
+    def out_features(self) -> int:
+        return self.blocks.shape[0]
+
+
+def quant_ops():
+    """The kernel's torch.ops namespace on the best ISA path that builds (KernelBuildError if none)."""
+    from pagedserve.kernels.cpu.build import QUANT_LINEAR
+    from pagedserve.kernels.cpu.dispatch import load_ops
+
+    return load_ops(QUANT_LINEAR)
+
+
+class QuantLinear(nn.Module):
+    """y = x W^T + b, W decoded block by block inside the kernel. float32 activations in and out."""
+
+    def __init__(self, weight: QuantTensor, bias: torch.Tensor | None = None, ops=None) -> None:
+        super().__init__()
+        self.weight_type = weight.type_name
+        self.out_features, self.in_features = weight.out_features, weight.in_features
+        self.blocks = weight.blocks.contiguous()
+        self.type_id = weight.type_id
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        self.ops = ops or quant_ops()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ops.quant_linear(x, self.blocks, self.type_id, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, weights={self.weight_type}"
+
+
+class QuantEmbedding(nn.Module):
+    """Token ids -> rows of a quantized embedding, each decoded on lookup (T rows a step, not the vocab)."""
+
+    def __init__(self, weight: QuantTensor, ops=None) -> None:
+        super().__init__()
+        self.weight_type = weight.type_name
+        self.num_embeddings, self.embedding_dim = weight.out_features, weight.in_features
+        self.blocks = weight.blocks.contiguous()
+        self.type_id = weight.type_id
+        self.ops = ops or quant_ops()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.ops.quant_rows(self.blocks, self.type_id, ids, self.embedding_dim)
+
+    def as_linear(self) -> QuantLinear:
+        """The tied LM head over the same blocks (no copy)."""
+        weight = QuantTensor(self.weight_type, self.blocks, self.embedding_dim)
+        return QuantLinear(weight, None, self.ops)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, weights={self.weight_type}"
+
+
+def weight_types(module: nn.Module) -> dict[str, int]:
+    """Type name -> how many quantized linears/embeddings under `module` hold it (start log, runtime)."""
+    counts: dict[str, int] = {}
+    for m in module.modules():
+        if isinstance(m, (QuantLinear, QuantEmbedding)):
+            counts[m.weight_type] = counts.get(m.weight_type, 0) + 1
+    return counts

@@ -1,0 +1,96 @@
+"""Tiny models quantized in the test itself (tests/gguf_models.py writes the GGUF), served quantized,
+against the dequantize-then-float32 reference: the same folder loaded with --quantization none, whose
+safetensors hold the GGUF's dequantized values.
+
+Allowance for greedy equality: the two differ only in the order of each dot product's float32 sum
+(~1e-6 relative), so a greedy token may flip only where the top two logits are that close; over 12
+prompts of 12 tokens at least 11 must match token for token (in practice all do), and the first
+token of every prompt must match.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from gguf_models import quantize_checkpoint
+from greedy_reference import random_prompts
+from pagedserve.kernels.torch_backend import TorchAttentionBackend
+from pagedserve.services.worker.loader import load_model
+from pagedserve.services.worker.models.quant_linear import QuantEmbedding, QuantLinear
+from tiny_models import make_tiny_model
+
+from pagedserve import LLM, SamplingParams
+
+CASES = [
+    ("llama", "Q4_1", {}),  # tied head on the quantized embedding; q/k rows reordered as llama.cpp does
+    ("llama", "Q8_0", {}),
+    ("llama", "Q4_K", {"hidden_size": 256, "intermediate_size": 512}),  # Q4_K's blocks are 256 wide
+    ("qwen2", "Q4_0", {}),  # qkv bias: that projection stays dense; an untied quantized head
+    ("qwen3", "Q4_1", {}),  # q/k norms, head_dim != hidden / heads
+]
+
+
+def _greedy(
+    folder: Path, quantization: str, prompts: list[list[int]]
+) -> tuple[list[list[int]], dict[str, str]]:
+    llm = LLM(str(folder), num_blocks=256, quantization=quantization)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    return [o.token_ids for o in llm.generate(prompts, params)], llm.runner.runtime
+
+
+@pytest.mark.parametrize(("arch", "type_name", "overrides"), CASES, ids=[f"{a}-{t}" for a, t, _ in CASES])
+def test_greedy_outputs_match_the_dequantized_reference(tmp_path: Path, arch, type_name, overrides) -> None:
+    folder = make_tiny_model(arch, tmp_path / arch, **overrides)
+    quantize_checkpoint(folder, type_name)
+    prompts = random_prompts(12, seed=3, max_len=40)
+    quantized, runtime = _greedy(folder, "gguf", prompts)
+    reference, dense_runtime = _greedy(folder, "none", prompts)
+    assert runtime["weights"].startswith(f"gguf {type_name}x"), runtime
+    assert dense_runtime["weights"] == "float32"
+    assert [q[0] for q in quantized] == [r[0] for r in reference]
+    same = sum(q == r for q, r in zip(quantized, reference, strict=True))
+    assert same >= 11, f"{same}/12 prompts matched token for token"
+
+
+def test_logits_match_the_reference_closely(tmp_path: Path) -> None:
+    folder = make_tiny_model("llama", tmp_path / "m")
+    quantize_checkpoint(folder, "Q4_1")
+    quantized = load_model(folder, TorchAttentionBackend(), quantization="gguf").model
+    dense = load_model(folder, TorchAttentionBackend(), quantization="none").model
+    assert isinstance(quantized.embed_tokens, QuantEmbedding)
+    assert isinstance(quantized.layers[0].self_attn.qkv_proj, QuantLinear)
+    assert isinstance(quantized.tied_head, QuantLinear)
+    hidden = torch.randn(5, dense.config.hidden_size)
+    ids = torch.tensor([3, 40, 300])
+    with torch.inference_mode():
+        assert torch.equal(quantized.embed_tokens(ids), dense.embed_tokens(ids))
+        for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj"):
+            layer_q, layer_d = quantized.layers[1].get_submodule(name), dense.layers[1].get_submodule(name)
+            x = hidden[:, : layer_d.in_features]
+            torch.testing.assert_close(layer_q(x), layer_d(x), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            quantized.compute_logits(hidden), dense.compute_logits(hidden), rtol=1e-4, atol=1e-4
+        )
+
+
+def test_gguf_without_a_gguf_is_refused_and_auto_loads_dense(tmp_path: Path) -> None:
+    folder = make_tiny_model("llama", tmp_path / "m")
+    with pytest.raises(ValueError, match="--quantization gguf: .* has no GGUF weights"):
+        load_model(folder, TorchAttentionBackend(), quantization="gguf")
+    model = load_model(folder, TorchAttentionBackend(), quantization="auto").model
+    assert not any(isinstance(m, (QuantLinear, QuantEmbedding)) for m in model.modules())
+    with pytest.raises(ValueError, match="quantization must be one of auto, none, gguf; got 'int3'"):
+        load_model(folder, TorchAttentionBackend(), quantization="int3")
+
+
+def test_auto_keeps_a_gguf_quantized_except_where_the_worker_cannot(tmp_path: Path) -> None:
+    folder = make_tiny_model("llama", tmp_path / "m")
+    quantize_checkpoint(folder, "Q8_0")
+    model = load_model(folder, TorchAttentionBackend(), quantization="auto").model
+    assert isinstance(model.layers[0].mlp.down_proj, QuantLinear)
+    dense = load_model(folder, TorchAttentionBackend(), quantization="auto", dtype="bfloat16").model
+    assert not any(isinstance(m, QuantLinear) for m in dense.modules())
+    with pytest.raises(ValueError, match="float32 activations"):
+        load_model(folder, TorchAttentionBackend(), quantization="gguf", dtype="bfloat16")
