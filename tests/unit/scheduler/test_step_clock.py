@@ -44,7 +44,7 @@ def test_liveness_declares_a_step_lost_at_its_measured_timeout_and_suspects_it_f
     for _ in range(50):
         c.observe("w0", 0.1)
     live = WorkerLiveness(heartbeat_interval_s=0.5, worker_timeout_s=1.5, steps=c)
-    live.heard(Heartbeat("w0", "inc", 64, 16, 100, 128, [2], ""), now=0.0, step_socket=True)
+    live.heard(Heartbeat("w0", "inc", 64, 16, 100), now=0.0, step_socket=True)
     sent = {"w0": 0.0}
 
     def beat(t: float) -> None:
