@@ -109,6 +109,7 @@ def run_services_depth(workload: Workload, settings: BenchSettings, depth: int, 
                 settings.temperature,
             )
         )
+        warm_end = time.perf_counter()
         before = read_metrics(supervisor.scheduler_ops_url)
         t0 = time.perf_counter()
         counts = asyncio.run(
@@ -120,8 +121,11 @@ def run_services_depth(workload: Workload, settings: BenchSettings, depth: int, 
         delta = {k: after[k] - before[k] for k in METRICS}
         result.details.update(
             steps=int(delta["pagedserve_step_seconds_count"]),
-            # Includes the first step's wait since the warm-up ended (a few ms): the counter cannot split it off.
-            idle_fraction=delta["pagedserve_worker_idle_seconds_total"] / result.wall_s,
+            # The first step's idle reaches back to the warm-up's last step, across the metrics read
+            # before t0 (seconds on a loaded machine, against a wall of under one on a tiny model):
+            # that stretch is outside the run, so it comes off.
+            idle_fraction=max(0.0, delta["pagedserve_worker_idle_seconds_total"] - (t0 - warm_end))
+            / result.wall_s,
             busy_fraction=delta["pagedserve_step_seconds_sum"] / result.wall_s,
         )
     except Exception as e:  # a deployment that does not come up is a result too: name it and its logs

@@ -9,6 +9,7 @@ import ast
 import asyncio
 import contextlib
 import io
+import json
 import re
 from pathlib import Path
 
@@ -32,7 +33,9 @@ def run_block(source: str, replacements: dict[str, str]) -> str:
     for old, new in replacements.items():
         assert old in source, f"the README example no longer holds {old!r}"
         source = source.replace(old, new)
-    code = compile(source, str(README), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    # dont_inherit: run it as a reader would, not under this module's `from __future__ import annotations`
+    # (string annotations that pydantic cannot resolve in a namespace no module holds).
+    code = compile(source, str(README), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         pending = eval(code, {"__name__": "readme_example"})  # a coroutine when the block awaits
@@ -48,6 +51,7 @@ def blocks() -> dict[str, str]:
         "from openai import OpenAI",
         "from pagedserve import Client, AsyncClient",
         "from pagedserve import LLM, SamplingParams",
+        "from typing import Literal",  # structured output and a tool call through the openai client
     }, sorted(found)
     return found
 
@@ -62,6 +66,27 @@ def test_the_openai_client_example_runs(blocks, api_deployment) -> None:
         },
     )
     assert "prompt_tokens=" in out and "completion_tokens=" in out  # print(reply.usage)
+
+
+def test_the_structured_output_and_tool_call_example_runs(blocks, api_deployment) -> None:
+    out = run_block(
+        blocks["from typing import Literal"],
+        {
+            '"http://127.0.0.1:8000/v1"': repr(api_deployment.api.base_url),
+            'api_key="unused"': f"api_key={api_deployment.api_key!r}",
+            'model="smollm2-135m"': f"model={api_deployment.model_name!r}",
+            # A random tiny model's tokens are short: room to close the 32-character strings.
+            "max_tokens=100": "max_tokens=400",
+        },
+    )
+    # Whatever the (tiny, random) model says, the constraint makes it a City and a GetWeather call.
+    lines = out.splitlines()
+    assert lines[0].startswith("City(name="), out
+    name, _, rest = lines[-1].partition(" ")
+    arguments, _, finish_reason = rest.rpartition(" ")
+    assert (name, finish_reason) == ("GetWeather", "tool_calls"), out
+    call = json.loads(arguments)
+    assert set(call) == {"city", "unit"} and call["unit"] in ("celsius", "fahrenheit"), out
 
 
 def test_the_sdk_example_runs(blocks, api_deployment) -> None:
