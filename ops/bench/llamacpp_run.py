@@ -4,13 +4,10 @@ process and reads its result back. A missing venv or GGUF is that path's error, 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
+from pagedserve.ops.bench.peer_process import run_peer_process
 from pagedserve.ops.bench.peers import BenchSettings, PathResult
 from pagedserve.ops.bench.workload import Workload
 
@@ -45,29 +42,4 @@ def run_llamacpp(workload: Workload, settings: BenchSettings, threads: int) -> P
         "output_lens": workload.output_lens,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
     }
-    with tempfile.TemporaryDirectory(prefix="pagedserve-llamacpp-") as tmp:
-        request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        request_path.write_text(json.dumps(request))
-        proc = subprocess.run(
-            [str(python), str(PEER_SCRIPT), str(request_path), str(result_path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=TIMEOUT_S,
-            check=False,
-        )
-        if not result_path.exists():
-            tail = proc.stdout[-2000:]
-            print(tail, file=sys.stderr)
-            return PathResult(
-                "llamacpp", error=f"llamacpp_peer.py exited {proc.returncode} without a result: {tail[-300:]}"
-            )
-        result = json.loads(result_path.read_text())
-    known = {"name", "output_tokens", "wall_s", "tokens_per_s", "error"}
-    return PathResult(
-        "llamacpp",
-        output_tokens=int(result["output_tokens"]),
-        wall_s=float(result["wall_s"]),
-        error=result["error"],
-        details={k: v for k, v in result.items() if k not in known},
-    )
+    return run_peer_process("llamacpp", python, PEER_SCRIPT, request, TIMEOUT_S)

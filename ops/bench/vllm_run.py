@@ -7,13 +7,10 @@ peer is optional and never part of the default setup.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
+from pagedserve.ops.bench.peer_process import run_peer_process
 from pagedserve.ops.bench.peers import BenchSettings, PathResult
 from pagedserve.ops.bench.workload import Workload
 
@@ -51,29 +48,4 @@ def run_vllm(workload: Workload, settings: BenchSettings, threads: int) -> PathR
         # `--emulate-isa`: the environment is inherited; vLLM must also load its AVX2 build.
         "emulate_isa": os.environ.get("PAGEDSERVE_CPU_ISA") or None,
     }
-    with tempfile.TemporaryDirectory(prefix="pagedserve-vllm-") as tmp:
-        request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        request_path.write_text(json.dumps(request))
-        proc = subprocess.run(
-            [str(python), str(PEER_SCRIPT), str(request_path), str(result_path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=TIMEOUT_S,
-            check=False,
-        )
-        if not result_path.exists():
-            tail = proc.stdout[-2000:]
-            print(tail, file=sys.stderr)
-            return PathResult(
-                "vllm", error=f"vllm_peer.py exited {proc.returncode} without a result: {tail[-300:]}"
-            )
-        result = json.loads(result_path.read_text())
-    known = {"name", "output_tokens", "wall_s", "tokens_per_s", "error"}
-    return PathResult(
-        "vllm",
-        output_tokens=int(result["output_tokens"]),
-        wall_s=float(result["wall_s"]),
-        error=result["error"],
-        details={k: v for k, v in result.items() if k not in known},
-    )
+    return run_peer_process("vllm", python, PEER_SCRIPT, request, TIMEOUT_S)
