@@ -41,6 +41,17 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def cpu_model(default: str = "unknown") -> str:
+    """This CPU's model name (/proc/cpuinfo's `model name`), for every figure a result file records."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return default
+
+
 def is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
 

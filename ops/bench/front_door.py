@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pagedserve.kernels.cpu.isa import cpu_model
 
 OPS_LIMIT_S = 1.0
 
@@ -204,7 +205,7 @@ def summarize(
         "ops_probes_over_1s_or_failed": ops_failed,
         "rss_mib": {n: {"first": v[0], "max": max(v), "last": v[-1]} for n, v in rss_by.items()},
         "load_average": list(os.getloadavg()),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "passed": ends.get("hung", 0) == 0 and other_errors == 0 and ops_failed == 0 and bool(records),
     }
 
@@ -317,13 +318,3 @@ def main(argv: list[str] | None = None) -> int:
     write_png(args.out.with_suffix(".png"), records, samples)
     print(json.dumps(report, indent=1))
     return 0 if report["passed"] else 1
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"

@@ -23,20 +23,11 @@ IDLE_TARGET_DEPTH = 2
 def machine_info() -> dict[str, Any]:
     import torch
     import transformers
-
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     from pagedserve.kernels.cpu.dispatch import kernel_paths
-    from pagedserve.kernels.cpu.isa import cpu_flags, preferred_isas
+    from pagedserve.kernels.cpu.isa import cpu_flags, cpu_model, preferred_isas
 
     return {
-        "cpu_model": cpu,
+        "cpu_model": cpu_model(),
         # What the speed depends on: the vector ISA the CPU has, what our kernels and ATen ran.
         "cpu_vector_flags": sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma"))),
         "kernel_isa": preferred_isas()[0],

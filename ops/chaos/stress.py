@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pagedserve.kernels.cpu.isa import cpu_model
+
 # Log events that mark a hang suspect (services/scheduler/service.py, services/worker/service.py).
 SUSPECT_EVENTS = ("step_timeout", "step_overdue_dumping_stacks", "dumping_stacks", "worker_lost")
 
@@ -206,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "hogs": args.hogs,
         "hog_kind": "stress-ng" if shutil.which("stress-ng") else "python",
         "kill_worker_every_s": args.kill_worker_every,
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "rounds": len(rounds),
         "failures": len(failed),
         "failed_rounds": failed,
@@ -215,13 +217,3 @@ def main(argv: list[str] | None = None) -> int:
     (out / "stress-report.json").write_text(json.dumps(report, indent=2))
     print(f"stress: {len(rounds)} rounds, {len(failed)} failed; report {out / 'stress-report.json'}")
     return 0 if rounds and not failed else 1
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"

@@ -26,6 +26,7 @@ from typing import Any
 
 import pagedserve.services.constraints.matcher as matcher_module
 import torch
+from pagedserve.kernels.cpu.isa import cpu_model
 from pagedserve.ops.results import write_json
 from pagedserve.services.constraints.compiler import ConstraintCompiler
 from pagedserve.services.worker.bundled import resolve_model
@@ -43,13 +44,6 @@ SCHEMA = {
     },
     "required": ["title", "tags", "score"],
 }
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 class Timer:
@@ -149,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     none_ms = statistics.median(times["none"][1:]) * 1e3
     json_ms = statistics.median(times["json_schema"][1:]) * 1e3
     report = {
-        "cpu": cpu_name(),
+        "cpu": cpu_model(default=platform.processor() or platform.machine()),
         "threads": torch.get_num_threads(),
         "model": args.model,
         "batch": args.batch,

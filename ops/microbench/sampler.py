@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from pagedserve.kernels.cpu.build import HERE, Extension, load_extension
-from pagedserve.kernels.cpu.isa import ISAS
+from pagedserve.kernels.cpu.isa import ISAS, cpu_model
 from pagedserve.ops.microbench.ab_report import measured, write_report
 from pagedserve.services.worker.sampler import Sampler, SamplingRequest
 from pagedserve.shared.protocol.frontend import SamplingParams
@@ -68,16 +68,6 @@ def _samplers(args: argparse.Namespace) -> dict[str, Sampler]:
         baseline._sample_rows = load_extension(extension, isa).sample_rows.default
         samplers[f"base_{isa}"] = baseline
     return samplers
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -135,7 +125,7 @@ def main() -> None:
         logit_std=args.logit_std,
         threads=args.threads,
         repeats=args.repeats,
-        cpu=_cpu_model(),
+        cpu=cpu_model(),
         isas=args.isas,
         baseline=str(args.baseline) if args.baseline else None,
     )
