@@ -15,12 +15,9 @@ from __future__ import annotations
 import time
 
 import pytest
-import zmq
 from deployment import blocks, start
+from ghost_owner import ghost_allocate
 from greedy_reference import greedy_outputs, random_prompts
-from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply, alloc_op
-from pagedserve.shared.protocol.codec import decode
-from pagedserve.shared.transport import make_socket, send
 
 from pagedserve import Client
 
@@ -31,23 +28,6 @@ TTL = 2.0
 @pytest.fixture(scope="module")
 def model_path(tiny_model):
     return tiny_model("llama")
-
-
-def ghost_allocate(endpoint: str, prompts: list[list[int]], owner: str) -> list[list[int]]:
-    """Allocate every prompt on worker-0's pool as `owner`, then go silent; the block ids."""
-    ctx = zmq.Context()
-    sock = make_socket(ctx, zmq.DEALER, max_message_bytes=1 << 20)
-    try:
-        sock.connect(endpoint)
-        ops = [alloc_op("worker-0", f"ghost-{i}", owner, p, len(p)) for i, p in enumerate(prompts)]
-        send(sock, BlockBatch(1, ops))
-        assert sock.poll(10_000), "the block manager did not answer the ghost's batch"
-        reply = BlockReply.from_wire(decode(sock.recv(), 1 << 20))
-        assert all(type(r) is list for r in reply.results), reply.results
-        return [r[0] for r in reply.results]
-    finally:
-        sock.close(0)
-        ctx.term()
 
 
 def test_tables_of_a_vanished_owner_serve_no_prefix_hits(model_path, tmp_path):
@@ -62,7 +42,9 @@ def test_tables_of_a_vanished_owner_serve_no_prefix_hits(model_path, tmp_path):
         reap_interval_s=0.25,
     )
     try:
-        ghost_blocks = ghost_allocate(sup.config.block_manager_endpoint, prompts, "ghost-scheduler:0")
+        ghost_blocks = ghost_allocate(
+            sup.config.block_manager_endpoint, "worker-0", prompts, "ghost-scheduler:0"
+        )
         assert all(len(b) >= 2 for b in ghost_blocks)
         with Client(sup.front_endpoint, timeout_s=60) as client:
             got = [
