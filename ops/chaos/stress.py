@@ -34,6 +34,7 @@ from pagedserve.kernels.cpu.isa import cpu_model
 
 # Log events that mark a hang suspect (services/scheduler/service.py, services/worker/service.py).
 SUSPECT_EVENTS = ("step_timeout", "step_overdue_dumping_stacks", "dumping_stacks", "worker_lost")
+KILLS_ENV = "PAGEDSERVE_STRESS_KILL_EVERY_S"  # set in each round when workers are being killed
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -149,7 +150,11 @@ def run_round(index: int, args: argparse.Namespace, out: Path, rng: random.Rando
         cmd += ["-k", args.select]
     t0 = time.monotonic()
     with open(out / f"round-{index:04d}.out", "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = dict(os.environ)
+        if args.kill_worker_every:
+            # Tests that claim which worker served (not only what came back) read this and drop that claim.
+            env[KILLS_ENV] = str(args.kill_worker_every)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         done, kills = threading.Event(), []
         killer = None
         if args.kill_worker_every:
@@ -170,6 +175,9 @@ def run_round(index: int, args: argparse.Namespace, out: Path, rng: random.Rando
             code = proc.wait()
         finally:
             done.set()
+            if proc.poll() is None:  # the lane itself was stopped: its round goes with it
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     result = {
         "round": index,
         "exit_code": code,
@@ -190,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="pagedserve-stress-"))
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
+    # SIGTERM unwinds like Ctrl-C, so the finally blocks stop the round and the hogs (their own sessions).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     hogs = start_hogs(args.hogs, args.nice)
     rounds: list[dict[str, Any]] = []
     deadline = time.monotonic() + 60.0 * args.minutes

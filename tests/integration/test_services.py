@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 
@@ -64,14 +65,19 @@ def wait_pool_whole(sup, timeout_s: float = 10.0) -> dict:
         time.sleep(0.2)
 
 
+# Under `pagedserve chaos stress --kill-worker-every S` a worker may be down for most of a test: what
+# came back must still be exact and the pool whole, but which workers served is no longer the claim.
+WORKERS_KILLED = bool(os.environ.get("PAGEDSERVE_STRESS_KILL_EVERY_S"))
+
+
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_streamed_requests_through_two_workers_match_the_in_process_engine(
     model_path, in_process, tmp_path, depth
 ):
     sup = start(model_path, workers=2, log_dir=tmp_path, pipeline_depth=depth)
     try:
-        # generous: under `pagedserve chaos stress` a worker may be killed while it starts
-        assert wait_for(lambda: len(workers_ready(sup)) == 2, 90), workers_ready(sup)
+        wanted = 1 if WORKERS_KILLED else 2
+        assert wait_for(lambda: len(workers_ready(sup)) >= wanted, 90), workers_ready(sup)
         got = asyncio.run(stream_all(sup.front_endpoint))
         assert got == in_process
         snap = wait_pool_whole(sup)
@@ -89,7 +95,8 @@ def test_streamed_requests_through_two_workers_match_the_in_process_engine(
             for s in families["pagedserve_worker_busy_seconds"].samples
             if s.name.endswith("_total")
         }
-        assert sorted(w for w, s in busy.items() if s > 0) == ["worker-0", "worker-1"], busy
+        if not WORKERS_KILLED:
+            assert sorted(w for w, s in busy.items() if s > 0) == ["worker-0", "worker-1"], busy
         assert "pagedserve_tokens" in families and "pagedserve_time_to_first_token_seconds" in families
         bm_families = {
             f.name for f in text_string_to_metric_families(get_text(f"{sup.block_manager_ops_url}/metrics"))
