@@ -51,23 +51,22 @@ async def stream_all(endpoint: str) -> list[list[int]]:
         return await asyncio.gather(*(one(i, p) for i, p in enumerate(workload())))
 
 
-def wait_pool_whole(sup, timeout_s: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        snap = blocks(sup)
-        live = [p for p in snap["pools"]]
-        if (
-            live
-            and all(p["totals"]["free"] == p["totals"]["total"] for p in live)
-            or time.monotonic() > deadline
-        ):
-            return snap
-        time.sleep(0.2)
-
-
 # Under `pagedserve chaos stress --kill-worker-every S` a worker may be down for most of a test: what
 # came back must still be exact and the pool whole, but which workers served is no longer the claim.
 WORKERS_KILLED = bool(os.environ.get("PAGEDSERVE_STRESS_KILL_EVERY_S"))
+
+
+def wait_pool_whole(sup, pools: int, timeout_s: float = 10.0) -> dict:
+    """The block manager's view once `pools` pools are registered and all free (or at the deadline).
+    A worker killed by the stress lane registers a new pool when it is back."""
+    deadline = time.monotonic() + (90.0 if WORKERS_KILLED else timeout_s)
+    while True:
+        snap = blocks(sup)
+        live = snap["pools"]
+        whole = len(live) == pools and all(p["totals"]["free"] == p["totals"]["total"] for p in live)
+        if whole or time.monotonic() > deadline:
+            return snap
+        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])
@@ -80,7 +79,7 @@ def test_streamed_requests_through_two_workers_match_the_in_process_engine(
         assert wait_for(lambda: len(workers_ready(sup)) >= wanted, 90), workers_ready(sup)
         got = asyncio.run(stream_all(sup.front_endpoint))
         assert got == in_process
-        snap = wait_pool_whole(sup)
+        snap = wait_pool_whole(sup, pools=2)
         assert len(snap["pools"]) == 2
         assert snap["totals"]["free"] == snap["totals"]["total"]
         assert snap["totals"]["leaked"] == 0
@@ -151,7 +150,7 @@ def test_abort_mid_stream_frees_that_requests_blocks(model_path, tmp_path):
         assert reason == "abort"
         owners = {o for p in during["pools"] for b in p["blocks"] for o in b["owners"]}
         assert "to-abort" in owners  # it held blocks while it ran
-        snap = wait_pool_whole(sup)
+        snap = wait_pool_whole(sup, pools=1)
         assert not any("to-abort" in b["owners"] for p in snap["pools"] for b in p["blocks"])
         assert snap["totals"]["free"] == snap["totals"]["total"] and snap["invariants"]["ok"]
     finally:
