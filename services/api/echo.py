@@ -22,9 +22,7 @@ from pagedserve.shared.sdk import Completion
 def prompt_logprobs_body(card: ModelCard, prompt: PromptLogprobs) -> dict[str, Any]:
     """The prompt's part of a completions `logprobs` object (offsets from 0)."""
     tokens = [card.token_text(t) for t in prompt.token_ids]
-    tops: list[dict[str, float] | None] = [
-        {card.token_text(tid): lp for tid, lp in top} for top in prompt.top()
-    ]
+    tops: list[dict[str, float] | None] = [card.top_map(top) for top in prompt.top()]
     tops[0] = None
     offsets, at = [], 0
     for token in tokens:
@@ -38,10 +36,10 @@ def prompt_logprobs_body(card: ModelCard, prompt: PromptLogprobs) -> dict[str, A
     }
 
 
-def end_offset(body: dict[str, Any]) -> int:
-    """Where the text after these tokens starts (the next text_offset)."""
+def end_offset(body: dict[str, Any], start: int = 0) -> int:
+    """Where the text after these tokens starts (the next text_offset); `start` when there are none."""
     if not body["tokens"]:
-        return 0
+        return start
     return body["text_offset"][-1] + len(body["tokens"][-1])
 
 

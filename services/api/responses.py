@@ -109,7 +109,7 @@ def completion_logprobs(
         token = card.token_text(tid)
         tokens.append(token)
         token_logprobs.append(float(entry[0]))
-        tops.append({t: lp for _, t, lp in _top(card, entry)})
+        tops.append(card.top_map((tid, lp) for tid, _, lp in _top(card, entry)))
         offsets.append(offset)
         offset += len(token)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}

@@ -197,7 +197,9 @@ async def completion_chunks(shape: StreamShape, events: AsyncIterator[Event]) ->
                 if shape.want_logprobs:
                     offset = shape.text_offsets.get(index, 0)
                     logprobs = completion_logprobs(shape.card, event.token_ids, event.logprobs, offset)
-                    shape.text_offsets[index] = offset + len(event.text)
+                    # On by the tokens' texts, as the unstreamed answer counts (a token whose text is
+                    # held back, part of a character, still moves the offset there).
+                    shape.text_offsets[index] = end_offset(logprobs, offset) if logprobs else offset
                 if event.text or logprobs:
                     yield shape.chunk(kind, [choice(index, event.text, logprobs)])
             else:
