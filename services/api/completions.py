@@ -7,10 +7,16 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pagedserve.services.api.disconnect import ClientGone
+from pagedserve.services.api.echo import without_generated
 from pagedserve.services.api.errors import as_api_errors
 from pagedserve.services.api.generation import Fanout, generate_all
 from pagedserve.services.api.responses import completion_choice, usage_body
-from pagedserve.services.api.sampling import Prompt, completion_prompts, completion_sampling
+from pagedserve.services.api.sampling import (
+    Prompt,
+    asks_prompt_only,
+    completion_prompts,
+    completion_sampling,
+)
 from pagedserve.services.api.schemas import CompletionRequest
 from pagedserve.services.api.state import (
     CLIENT_CLOSED_REQUEST,
@@ -55,10 +61,19 @@ async def _run(
         else None
     )
     created = now_s()
+    only_prompt = asks_prompt_only(body)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         shape = StreamShape(
-            card, rid, created, sampling.n, len(prompts), include_usage, body.logprobs is not None, echo
+            card,
+            rid,
+            created,
+            sampling.n,
+            len(prompts),
+            include_usage,
+            body.logprobs is not None,
+            echo,
+            prompt_only=only_prompt,
         )
         with as_api_errors("prompt"):
             fanout = await Fanout.open(state.client, prompts, sampling, rid, body.user or None)
@@ -73,7 +88,12 @@ async def _run(
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     choices = [
         completion_choice(
-            card, i * sampling.n + out.index, out, echo[i] if echo else None, body.logprobs is not None
+            card,
+            i * sampling.n + out.index,
+            without_generated(out) if only_prompt else out,
+            echo[i] if echo else None,
+            body.logprobs is not None,
+            result.prompt_logprobs,
         )
         for i, result in enumerate(results)
         for out in result.outputs
@@ -84,6 +104,6 @@ async def _run(
         "created": created,
         "model": card.name,
         "choices": choices,
-        "usage": usage_body(results),
+        "usage": usage_body(results, only_prompt),
         "system_fingerprint": None,
     }

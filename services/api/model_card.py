@@ -6,6 +6,7 @@ of logprobs; the scheduler stays the one that validates prompts against the cont
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,15 @@ class ModelCard:
         if self.tokenizer is None:
             return f"<{token_id}>"
         return self.tokenizer.decode([token_id])
+
+    def top_map(self, top: Iterable[tuple[int, float]]) -> dict[str, float]:
+        """(token id, logprob), most likely first -> the legacy `top_logprobs` {token text: logprob}.
+        Tokens that read the same (ids past the tokenizer's, byte pieces) share one key: it keeps the
+        likelier, not whichever came last."""
+        out: dict[str, float] = {}
+        for token_id, logprob in top:
+            out.setdefault(self.token_text(token_id), logprob)
+        return out
 
     def token_bytes(self, token_id: int) -> list[int]:
         """The token's own bytes: one byte of a multi-byte character is not text on its own, and its

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pagedserve.services.api.echo import end_offset, joined, prompt_logprobs_body
 from pagedserve.services.api.model_card import ModelCard
 from pagedserve.services.api.tool_parsers import ParsedCall, new_parser
 from pagedserve.services.api.tools import ToolMode, call_body, required_calls
+from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 from pagedserve.shared.sdk import Completion, Result
 
 # The scheduler's finish reasons are OpenAI's ("stop": EOS, a stop id or string; "length":
@@ -20,9 +22,10 @@ def finish_reason(reason: str) -> str:
     return FINISH_REASONS.get(reason, reason)
 
 
-def usage_body(results: list[Result]) -> dict[str, Any]:
+def usage_body(results: list[Result], prompt_only: bool = False) -> dict[str, Any]:
+    """prompt_only: echo with max_tokens 0, whose one generated token is not part of the answer."""
     prompt = sum(r.num_prompt_tokens for r in results)
-    completion = sum(r.usage.completion_tokens for r in results)
+    completion = 0 if prompt_only else sum(r.usage.completion_tokens for r in results)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -106,20 +109,29 @@ def completion_logprobs(
         token = card.token_text(tid)
         tokens.append(token)
         token_logprobs.append(float(entry[0]))
-        tops.append({t: lp for _, t, lp in _top(card, entry)})
+        tops.append(card.top_map((tid, lp) for tid, _, lp in _top(card, entry)))
         offsets.append(offset)
         offset += len(token)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
 def completion_choice(
-    card: ModelCard, index: int, out: Completion, echo: str | None, want_logprobs: bool
+    card: ModelCard,
+    index: int,
+    out: Completion,
+    echo: str | None,
+    want_logprobs: bool,
+    prompt: PromptLogprobs | None = None,
 ) -> dict[str, Any]:
+    """`prompt`: echo with logprobs, the prompt's logprobs go first (echo.py)."""
+    logprobs = None
+    if want_logprobs:
+        head = prompt_logprobs_body(card, prompt) if prompt is not None else None
+        offset = end_offset(head) if head is not None else len(echo or "")
+        logprobs = joined(head, completion_logprobs(card, out.token_ids, out.logprobs, offset))
     return {
         "index": index,
         "text": (echo or "") + out.text,
-        "logprobs": completion_logprobs(card, out.token_ids, out.logprobs, len(echo or ""))
-        if want_logprobs
-        else None,
+        "logprobs": logprobs,
         "finish_reason": finish_reason(out.finish_reason),
     }

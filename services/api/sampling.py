@@ -76,16 +76,23 @@ def completion_sampling(req: CompletionRequest, constraint: Constraint | None = 
         raise APIError(400, "suffix is not supported yet", "suffix", "unsupported")
     if req.best_of is not None and req.best_of != req.n:
         raise APIError(400, "best_of other than n is not supported yet", "best_of", "unsupported")
-    if req.echo and req.logprobs is not None:
-        raise APIError(
-            400, "echo with logprobs (prompt logprobs) is not supported yet", "echo", "unsupported"
-        )
     fields = _common(req, constraint)
+    rename = {}
     if req.max_tokens is not None:
         fields["max_tokens"] = req.max_tokens
+    if asks_prompt_only(req):
+        fields["max_tokens"] = 1  # the core samples one token; the answer leaves it out (echo.py)
     if req.logprobs is not None:
         fields["logprobs"] = req.logprobs
-    return _build(fields)
+        if req.echo:  # the prompt's logprobs too, the same top-n (and the same limit)
+            fields["prompt_logprobs"] = req.logprobs
+            rename["prompt_logprobs"] = "logprobs"
+    return _build(fields, rename)
+
+
+def asks_prompt_only(req: CompletionRequest) -> bool:
+    """echo with max_tokens 0: the prompt (and its logprobs) alone, as lm-eval's loglikelihood asks."""
+    return req.echo and req.max_tokens == 0
 
 
 def completion_prompts(req: CompletionRequest) -> list[Prompt]:

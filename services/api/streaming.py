@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagedserve.services.api.echo import end_offset, prompt_logprobs_body
 from pagedserve.services.api.errors import APIError, from_request_error
 from pagedserve.services.api.generation import Event
 from pagedserve.services.api.model_card import ModelCard
@@ -47,6 +48,8 @@ class StreamShape:
     tools: ToolMode | None = None  # chat: how the output relates to tools (None: it does not)
     tool_parser: str = "hermes"
     tool_streams: dict[int, ChoiceToolStream] = field(default_factory=dict)
+    prompt_only: bool = False  # completions echo with max_tokens 0: the generated token is not sent
+    echoed: set[int] = field(default_factory=set)  # prompts whose echo went out (echo with logprobs)
 
     def tool_stream(self, index: int) -> ChoiceToolStream | None:
         if self.tools is None or not self.tools.calls_tools:
@@ -67,7 +70,7 @@ class StreamShape:
             body["usage"] = None  # OpenAI: null on every chunk but the last
         return sse(body)
 
-    def usage_chunk(self, kind: str, results: list[Result]) -> str:
+    def usage_chunk(self, kind: str, results: list[Result], prompt_only: bool = False) -> str:
         return sse(
             {
                 "id": self.response_id,
@@ -75,7 +78,7 @@ class StreamShape:
                 "created": self.created,
                 "model": self.card.name,
                 "choices": [],
-                "usage": usage_body(results),
+                "usage": usage_body(results, prompt_only),
             }
         )
 
@@ -161,30 +164,54 @@ async def completion_chunks(shape: StreamShape, events: AsyncIterator[Event]) ->
     def choice(index: int, text: str, logprobs: Any = None, reason: str | None = None) -> dict[str, Any]:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
-    if shape.echo is not None:
+    def echo_chunks(prompt_index: int, event: StreamDelta | Result) -> list[str]:
+        """With logprobs, a prompt's echo waits for its logprobs: they come with its first event."""
+        shape.echoed.add(prompt_index)
+        assert shape.echo is not None
+        logprobs, offset = None, 0
+        if event.prompt_logprobs is not None:
+            logprobs = prompt_logprobs_body(shape.card, event.prompt_logprobs)
+            offset = end_offset(logprobs)
+        first = prompt_index * shape.n
+        for index in range(first, first + shape.n):
+            shape.text_offsets[index] = offset
+        return [
+            shape.chunk(kind, [choice(i, shape.echo[prompt_index], logprobs)])
+            for i in range(first, first + shape.n)
+        ]
+
+    if shape.echo is not None and not shape.want_logprobs:
         for index in range(shape.num_prompts * shape.n):
             yield shape.chunk(kind, [choice(index, shape.echo[index // shape.n])])
     results: list[Result] = []
     try:
         async for prompt_index, event in events:
+            if shape.echo is not None and shape.want_logprobs and prompt_index not in shape.echoed:
+                for chunk in echo_chunks(prompt_index, event):
+                    yield chunk
             if isinstance(event, StreamDelta):
+                if shape.prompt_only:
+                    continue
                 index = prompt_index * shape.n + event.index
                 logprobs = None
                 if shape.want_logprobs:
                     offset = shape.text_offsets.get(index, 0)
                     logprobs = completion_logprobs(shape.card, event.token_ids, event.logprobs, offset)
-                    shape.text_offsets[index] = offset + len(event.text)
+                    # On by the tokens' texts, as the unstreamed answer counts (a token whose text is
+                    # held back, part of a character, still moves the offset there).
+                    shape.text_offsets[index] = end_offset(logprobs, offset) if logprobs else offset
                 if event.text or logprobs:
                     yield shape.chunk(kind, [choice(index, event.text, logprobs)])
             else:
                 results.append(event)
                 for out in event.outputs:
                     index = prompt_index * shape.n + out.index
-                    yield shape.chunk(kind, [choice(index, "", None, finish_reason(out.finish_reason))])
+                    reason = "length" if shape.prompt_only else out.finish_reason
+                    yield shape.chunk(kind, [choice(index, "", None, finish_reason(reason))])
     except Exception as exc:
         yield _error_event(exc)
         yield DONE
         return
     if shape.include_usage:
-        yield shape.usage_chunk(kind, results)
+        yield shape.usage_chunk(kind, results, shape.prompt_only)
     yield DONE

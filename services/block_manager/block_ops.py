@@ -55,13 +55,17 @@ def apply_ops(manager: BlockManager, ops: list[list[Any]], now: float) -> BlockA
 
 
 def _alloc(manager: BlockManager, op: list[Any], now: float) -> Any:
-    _, pool_id, request_id, owner, token_ids, max_new_tokens = op
+    _, pool_id, request_id, owner, token_ids, max_new_tokens, use_prefix_cache = op
     _need_str("pool_id", pool_id)
     _need_str("request_id", request_id)
     _need_str("owner", owner)
     _need_tokens("token_ids", token_ids)
     _need_count("max_new_tokens", max_new_tokens)
-    allocation = manager.allocate(pool_id, request_id, owner, token_ids, max_new_tokens, now)
+    if type(use_prefix_cache) is not bool:
+        raise MalformedOpError(f"use_prefix_cache must be a bool, got {type(use_prefix_cache).__name__}")
+    allocation = manager.allocate(
+        pool_id, request_id, owner, token_ids, max_new_tokens, now, use_prefix_cache=use_prefix_cache
+    )
     return None if allocation is None else allocation.to_wire()
 
 

@@ -109,9 +109,11 @@ class BlockManager:
         token_ids: Sequence[int],
         max_new_tokens: int,
         now: float,
+        use_prefix_cache: bool = True,
     ) -> Allocation | None:
         """A new block table: leading prefix-cache hits, then fresh blocks for `max_new_tokens`
-        slots at most. None (and nothing changed) when the pool has too few free blocks."""
+        slots at most. None (and nothing changed) when the pool has too few free blocks.
+        `use_prefix_cache` false: no hits (every slot computed); its blocks are still cached later."""
         if request_id in self._tables:
             raise BlockManagerError(f"request {request_id!r} already has a block table")
         pool = self._pool(pool_id)
@@ -125,7 +127,7 @@ class BlockManager:
         bs = pool.block_size
         hits: list[Block] = []
         prefix = ROOT_PREFIX
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and use_prefix_cache:
             cached = pool.cached
             # Never the whole prompt: the last prompt token must be computed to give the logits.
             visible = pool.visible

@@ -20,6 +20,7 @@ from pagedserve.services.scheduler.admission import check_request
 from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
 from pagedserve.shared.config import ServeConfig, config_default
 from pagedserve.shared.protocol.frontend import CompletionOutput, SamplingParams
+from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 from tqdm import tqdm
 
 
@@ -31,6 +32,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    prompt_logprobs: PromptLogprobs | None = None  # SamplingParams.prompt_logprobs asked for them
 
     @property
     def token_ids(self) -> list[int]:
@@ -146,4 +148,11 @@ class LLM:
     @staticmethod
     def _to_output(done: RequestDone, prompt: list[int]) -> RequestOutput:
         outputs = done.completion_outputs("error")
-        return RequestOutput(done.request_id, prompt, outputs, done.num_cached_tokens, done.error_code)
+        return RequestOutput(
+            done.request_id,
+            prompt,
+            outputs,
+            done.num_cached_tokens,
+            done.error_code,
+            prompt_logprobs=done.prompt_logprobs,
+        )

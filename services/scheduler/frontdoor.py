@@ -174,6 +174,7 @@ class FrontDoor:
                     index=req.index,
                     token_ids=list(req.output_token_ids),
                     text=self.core.emitted_text(req),
+                    prompt_logprobs=req.prompt_logprobs,
                 )
                 send(self.sock, delta, to=client)
 
@@ -216,6 +217,7 @@ class FrontDoor:
                 token_ids=ev.token_ids,
                 text=ev.text,
                 logprobs=ev.logprobs,
+                prompt_logprobs=ev.prompt_logprobs,
             )
             send(self.sock, delta, to=client)
         sent[0] += len(ev.token_ids)
@@ -248,6 +250,7 @@ class FrontDoor:
                     completion_tokens=done.num_completion_tokens,
                     cached_tokens=done.num_cached_tokens,
                 ),
+                prompt_logprobs=done.prompt_logprobs,
             )
         self.finished.put(done.request_id, reply)
         self.log.info(

@@ -15,6 +15,7 @@ from pagedserve.services.scheduler.limits import SchedulerStats
 from pagedserve.services.scheduler.request import Request
 from pagedserve.services.scheduler.stopping import CompletionText, Tokenizer, stop_reason
 from pagedserve.shared.protocol.frontend import CompletionOutput
+from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 
 
 @dataclass(slots=True)
@@ -27,6 +28,7 @@ class OutputEvent:
     text: str
     logprobs: list[Any] | None = None
     finish_reason: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # with the first token, when asked for
 
 
 @dataclass(slots=True)
@@ -40,6 +42,10 @@ class RequestDone:
     num_prompt_tokens: int
     num_cached_tokens: int
     error_code: str | None = None
+
+    @property
+    def prompt_logprobs(self) -> PromptLogprobs | None:
+        return self.completions[0].prompt_logprobs
 
     @property
     def num_completion_tokens(self) -> int:

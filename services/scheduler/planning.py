@@ -162,7 +162,16 @@ class Planner:
                 break
             state.waiting.pop(req)
             entry = PlanEntry(req, len(draft.ops), max_new, new=True)
-            draft.ops.append(alloc_op(state.worker_id, req.request_id, draft.owner, tokens, max_new))
+            draft.ops.append(
+                alloc_op(
+                    state.worker_id,
+                    req.request_id,
+                    draft.owner,
+                    tokens,
+                    max_new,
+                    use_prefix_cache=not req.wants_prompt_logprobs,
+                )
+            )
             if max_new == len(tokens):
                 entry.forks = plan_forks(req, draft.owner, draft.ops)
             draft.entries.append(entry)

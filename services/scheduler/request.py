@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from pagedserve.shared.protocol.frontend import SamplingParams
+from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 
 
 class Status(enum.Enum):
@@ -37,6 +38,7 @@ class Request:
     num_cached_tokens: int = 0  # prefix-cache hit of the last allocation
     shares_last_block: bool = False  # forked: the next write may copy-on-write
     fork_children: int = 0  # n - 1 children still to fork when the prompt completes
+    prompt_logprobs: PromptLogprobs | None = None  # received (sampling.prompt_logprobs; the parent's)
     # --- timing (for metrics)
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -55,6 +57,17 @@ class Request:
         if start >= np:
             return self.output_token_ids[start - np :]
         return self.prompt_token_ids[start:] + self.output_token_ids
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Asked for and not yet received: its next allocation takes no prefix-cache hits, since the
+        worker reads each position's logprob from the hidden state it computes there. Once received
+        (a recompute after preemption), it is a plain request again: sent once, never twice."""
+        return (
+            self.sampling.prompt_logprobs is not None
+            and self.parent_id is None
+            and self.prompt_logprobs is None
+        )
 
     @property
     def prefilling(self) -> bool:

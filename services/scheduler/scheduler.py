@@ -33,6 +33,7 @@ from pagedserve.services.scheduler.request import Request, Status
 from pagedserve.services.scheduler.stopping import Tokenizer
 from pagedserve.shared.protocol.blocks import BlockAnswers, BlockOpError, alloc_result, grow_result
 from pagedserve.shared.protocol.frontend import SamplingParams
+from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 from pagedserve.shared.protocol.step import CachedRequest, Execute, Fork, NewRequest, StepResult
 
 __all__ = ["OutputEvent", "RequestDone", "Scheduler", "SchedulerLimits", "StepOutcome"]
@@ -324,6 +325,8 @@ class Scheduler:
     def _worker_sampling(self, req: Request) -> dict[str, Any]:
         params = req.sampling.model_dump(exclude={"stop", "n", "priority", "include_stop_str_in_output"})
         params["seed"] = req.seed
+        if not req.wants_prompt_logprobs:
+            params["prompt_logprobs"] = None  # a child, or already received: not computed again
         return params
 
     # ------------------------------------------------------------------ results
@@ -336,17 +339,23 @@ class Scheduler:
         events: list[Event] = []
         done_groups: set[str] = set()
         logprobs = result.logprobs or [None] * len(result.request_ids)
+        prompt = {p.request_id: p for p in result.prompt_logprobs}
         for rid, token, lp in zip(result.request_ids, result.token_ids, logprobs, strict=True):
             req = self.requests.get(rid)
             if req is None or req.status is Status.FINISHED or req.status is Status.WAITING:
                 continue  # pipelined tokens past a stop are dropped
             req.pending -= 1
+            if prompt and rid in prompt and req.wants_prompt_logprobs:
+                # With its first token, in the same result: a request has both or neither.
+                req.prompt_logprobs = PromptLogprobs.of(req.prompt_token_ids, prompt[rid])
             reason = self.outputs.accept(req, token, lp, now)
             if reason is None:
                 events.append(self.outputs.delta(req, token, lp))
-                continue
-            events.extend(self._finish(req, reason, new_tokens=[token], new_logprobs=[lp]))
-            done_groups.add(req.parent_id or req.request_id)
+            else:
+                events.extend(self._finish(req, reason, new_tokens=[token], new_logprobs=[lp]))
+                done_groups.add(req.parent_id or req.request_id)
+            if prompt and rid in prompt and req.prompt_logprobs is not None:
+                events[-1].prompt_logprobs = req.prompt_logprobs
         for rid in step.request_ids:
             req = self.requests.get(rid)
             if req is None:

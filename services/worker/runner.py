@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from pagedserve.kernels.attention import get_backend
+from pagedserve.services.worker import prompt_logprobs
 from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
 from pagedserve.services.worker.loader import load_model, resolve_dtype, torch_dtype
@@ -72,6 +73,8 @@ class ModelRunner:
         self.sampler = Sampler(cfg.vocab_size, self._eos_token_ids)
         self.constraints = RequestConstraints(Path(model_path), cfg.vocab_size, self._eos_token_ids)
         self.requests: dict[str, RequestState] = {}
+        # Requests computing their prompt's logprobs (sampling.prompt_logprobs); empty: no cost.
+        self.prompt_tallies: dict[str, prompt_logprobs.PromptTally] = {}
 
     # ------------------------------------------------------------------ what the worker reports
 
@@ -142,6 +145,8 @@ class ModelRunner:
         batch = pack_batch(scheduled, self.block_size, self.device)
         t_forward = time.perf_counter()
         hidden = self.model(batch.input_ids, batch.positions, self.kv_cache.layers(), batch.meta)
+        if self.prompt_tallies:
+            prompt_logprobs.collect(self.prompt_tallies, scheduled, hidden, self.model.compute_logits)
         for state, n in scheduled:
             state.num_computed_tokens += n
         logits = self.model.compute_logits(hidden[batch.logits_indices]) if batch.sample_rows else None
@@ -160,6 +165,7 @@ class ModelRunner:
         """Steps 1-2: forget finished requests, add new ones, extend running ones."""
         for request_id in step.finished_ids:
             self.requests.pop(request_id, None)
+            self.prompt_tallies.pop(request_id, None)
         scheduled: list[tuple[RequestState, int]] = []
         for new in step.new_requests:
             self._check_blocks(new.request_id, new.block_ids)
@@ -172,6 +178,8 @@ class ModelRunner:
                 sampling=new.sampling,
             )
             self.requests[new.request_id] = state
+            if (tally := prompt_logprobs.wanted(state)) is not None:
+                self.prompt_tallies[new.request_id] = tally
             if new.num_scheduled_tokens:
                 scheduled.append((state, new.num_scheduled_tokens))
         for cached in step.cached_requests:
@@ -221,7 +229,10 @@ class ModelRunner:
                 state.matcher.accept(token)
         for child, _row in children:
             self.requests[child.request_id] = child
-        return StepResult(step.step, [s.request_id for s in states], list(tokens), logprobs)
+        result = StepResult(step.step, [s.request_id for s in states], list(tokens), logprobs)
+        if self.prompt_tallies:
+            result.prompt_logprobs = prompt_logprobs.take_finished(self.prompt_tallies, states)
+        return result
 
     def _fork(self, step: Execute, fork: Fork, sampled: list[RequestState]) -> tuple[RequestState, int]:
         """A copy of the parent as it stands before this step's token, and the parent's logits row."""

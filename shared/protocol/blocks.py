@@ -3,13 +3,18 @@
 Hot path, so plain lists (no field names, no per-field validation beyond the frame's version):
 
     op                                                          result (None: not enough free blocks)
-    ["alloc", pool_id, request_id, owner, token_ids, max_new]   [block_ids, num_cached_tokens, num_new_tokens] | None
+    ["alloc", pool_id, request_id, owner, token_ids, max_new, use_prefix_cache]
+                                                                [block_ids, num_cached_tokens, num_new_tokens] | None
     ["grow", request_id, num_new_tokens, new_token_ids]         [new_block_ids, [[idx, id]...], [[src, dst]...]] | None
     ["fork", parent_id, child_id, owner]                        True | None
     ["free", request_id, num_computed]                          blocks whose ref count hit 0
 
     frames: BlockBatch {seq, ops} -> BlockReply {seq, results: [one per op, in order],
             free_blocks: {pool_id: n}, instance}
+
+`use_prefix_cache` false: no prefix-cache hits, every slot is computed (a request that wants its
+prompt's logprobs needs a hidden state at every position). Its full blocks are still offered to the
+cache for others.
 
 `num_computed` of a free is how many of the table's slots the owner saw computed (nil: all of
 them): the prefix cache keeps only blocks it knows were written (services/block_manager/pool.py).
@@ -34,7 +39,7 @@ OP_ALLOC = "alloc"
 OP_GROW = "grow"
 OP_FORK = "fork"
 OP_FREE = "free"
-OP_ARITY = {OP_ALLOC: 6, OP_GROW: 4, OP_FORK: 4, OP_FREE: 3}  # list length, name included
+OP_ARITY = {OP_ALLOC: 7, OP_GROW: 4, OP_FORK: 4, OP_FREE: 3}  # list length, name included
 
 
 class BlockOpError(Exception):
@@ -91,9 +96,14 @@ UNCHANGED = Growth()
 
 
 def alloc_op(
-    pool_id: str, request_id: str, owner: str, token_ids: Sequence[int], max_new_tokens: int
+    pool_id: str,
+    request_id: str,
+    owner: str,
+    token_ids: Sequence[int],
+    max_new_tokens: int,
+    use_prefix_cache: bool = True,
 ) -> list[Any]:
-    return [OP_ALLOC, pool_id, request_id, owner, list(token_ids), max_new_tokens]
+    return [OP_ALLOC, pool_id, request_id, owner, list(token_ids), max_new_tokens, use_prefix_cache]
 
 
 def grow_op(request_id: str, num_new_tokens: int, new_token_ids: Sequence[int] = ()) -> list[Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pagedserve.shared.protocol.constraints import StructuredOutputs
+from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 MAX_STOP_STRINGS = 16
@@ -44,6 +45,12 @@ class SamplingParams(_Strict):
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="top-n logprobs per token")
+    prompt_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description="the prompt's own token logprobs and top-n per position (the whole prompt is computed)",
+    )
     priority: int = Field(
         0, ge=-1000, le=1000, description="higher runs first; victims of preemption are lowest"
     )
@@ -131,6 +138,8 @@ class Delta(_Strict):
     token_ids: list[int]
     text: str
     logprobs: list[Any] | None = None
+    # On the first delta of completion 0 (and on a replay's): what sampling.prompt_logprobs asked for.
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionOutput(_Strict):
@@ -152,6 +161,7 @@ class Finished(_Strict):
     request_id: str
     outputs: list[CompletionOutput]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class Error(_Strict):

@@ -12,6 +12,8 @@ Worker semantics of one Execute (the order matters):
    last sampled token, so the scheduler can build step N+1 before N's result);
 5. sample one token for each request whose computed tokens now reach the end of its known tokens
    (a prefill chunk that stops short of the prompt's end samples nothing);
+   a request with `sampling.prompt_logprobs` also has its prompt positions' logprobs computed, chunk
+   by chunk, and sent once with its first sampled token (its prompt must be computed from token 0);
 6. `forks` (n > 1): each child copies its parent's state, then samples its own first token from the
    parent's last logits with its own seed.
 """
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from pagedserve.shared.protocol.prompt_logprobs import PackedPromptLogprobs
 
 
 @dataclass(slots=True)
@@ -135,7 +139,8 @@ class StepResult:
     """One sampled token per request that reached the end of its known tokens (children included).
 
     `logprobs[i]` is None unless that request asked for them; else
-    `[sampled_token_logprob, [[token_id, logprob], ...top-n]]`.
+    `[sampled_token_logprob, [[token_id, logprob], ...top-n]]`. `prompt_logprobs`: those of the
+    requests that asked (sampling.prompt_logprobs) and sampled their first token in this step.
     """
 
     step: int
@@ -143,19 +148,24 @@ class StepResult:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)  # forward_s, sample_s, step_s, ...
+    prompt_logprobs: list[PackedPromptLogprobs] = field(default_factory=list)
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire = {
             "step": self.step,
             "ids": self.request_ids,
             "tokens": self.token_ids,
             "logprobs": self.logprobs,
             "timings": self.timings,
         }
+        if self.prompt_logprobs:  # absent from nearly every step
+            wire["prompt_logprobs"] = [p.to_wire() for p in self.prompt_logprobs]
+        return wire
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> StepResult:
-        return cls(m["step"], m["ids"], m["tokens"], m["logprobs"], m["timings"])
+        prompt = [PackedPromptLogprobs.from_wire(w) for w in m.get("prompt_logprobs", ())]
+        return cls(m["step"], m["ids"], m["tokens"], m["logprobs"], m["timings"], prompt)
 
 
 # ---------------------------------------------------------------- frames

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from pagedserve.shared.protocol.frontend import Delta, Finished, SamplingParams, Submit
 from pagedserve.shared.protocol.messages import encode_message
+from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 from pagedserve.shared.sdk.results import RequestError, Result, StreamDelta
 
 Event = StreamDelta | Result | RequestError
@@ -61,6 +62,7 @@ class LiveRequest:
     aborting: bool = False
     tokens_seen: dict[int, int] = field(default_factory=dict)  # completion index -> tokens delivered
     chars_seen: dict[int, int] = field(default_factory=dict)  # completion index -> characters delivered
+    prompt_logprobs_seen: bool = False
 
     @property
     def request_id(self) -> str:
@@ -81,7 +83,9 @@ class LiveRequest:
         text = self._new_text(delta.index, delta.text_offset, delta.text)
         if not tokens and not text:
             return None
-        return StreamDelta(self.request_id, delta.index, tokens, text, logprobs)
+        return StreamDelta(
+            self.request_id, delta.index, tokens, text, logprobs, self._prompt(delta.prompt_logprobs)
+        )
 
     def take_rest(self, finished: Finished) -> list[StreamDelta]:
         """What the final result holds past the last delta: all of it when the request finished
@@ -91,8 +95,16 @@ class LiveRequest:
             tokens, logprobs = self._new_tokens(out.index, 0, out.token_ids, out.logprobs)
             text = self._new_text(out.index, 0, out.text)
             if tokens or text:
-                rest.append(StreamDelta(self.request_id, out.index, tokens, text, logprobs))
+                prompt = self._prompt(finished.prompt_logprobs)
+                rest.append(StreamDelta(self.request_id, out.index, tokens, text, logprobs, prompt))
         return rest
+
+    def _prompt(self, prompt_logprobs: PromptLogprobs | None) -> PromptLogprobs | None:
+        """Once per request: a replay after a reconnect sends them again."""
+        if prompt_logprobs is None or self.prompt_logprobs_seen:
+            return None
+        self.prompt_logprobs_seen = True
+        return prompt_logprobs
 
     def _new_tokens(
         self, index: int, offset: int, token_ids: list[int], logprobs: list[Any] | None

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedserve.shared.protocol.frontend import Finished
+from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 
 
 class RequestError(Exception):
@@ -36,13 +37,15 @@ class RequestError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class StreamDelta:
-    """New output of one completion (`index` < n): tokens and text the caller has not seen yet."""
+    """New output of one completion (`index` < n): tokens and text the caller has not seen yet.
+    `prompt_logprobs` (sampling.prompt_logprobs) comes once, on the request's first delta."""
 
     request_id: str
     index: int
     token_ids: list[int]
     text: str
     logprobs: list[Any] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +69,8 @@ class Completion:
 @dataclass(frozen=True, slots=True)
 class Result:
     """A finished request. `text`, `token_ids`, `finish_reason` and `logprobs` are those of the
-    first completion; `outputs` holds all n of them, in index order.
+    first completion; `outputs` holds all n of them, in index order. `prompt_logprobs`: the
+    prompt's own token logprobs when sampling.prompt_logprobs asked for them (`.logprobs()`, `.top()`).
 
         result = client.generate("Hello", max_tokens=8, temperature=0.0)
         print(result.text, result.finish_reason, result.usage.completion_tokens)
@@ -76,6 +80,7 @@ class Result:
     outputs: list[Completion]
     usage: Usage
     num_prompt_tokens: int
+    prompt_logprobs: PromptLogprobs | None = None
 
     @property
     def text(self) -> str:
@@ -104,4 +109,4 @@ class Result:
         )
         # A re-submitted finished id is answered with Finished alone (no Accepted): usage knows the count.
         prompt_tokens = num_prompt_tokens if num_prompt_tokens is not None else usage.prompt_tokens
-        return cls(message.request_id, outputs, usage, prompt_tokens)
+        return cls(message.request_id, outputs, usage, prompt_tokens, message.prompt_logprobs)

@@ -52,6 +52,7 @@ def blocks() -> dict[str, str]:
         "from pagedserve import Client, AsyncClient",
         "from pagedserve import LLM, SamplingParams",
         "from typing import Literal",  # structured output and a tool call through the openai client
+        "import openai",  # echo with logprobs: the prompt's own token logprobs
     }, sorted(found)
     return found
 
@@ -87,6 +88,22 @@ def test_the_structured_output_and_tool_call_example_runs(blocks, api_deployment
     assert (name, finish_reason) == ("GetWeather", "tool_calls"), out
     call = json.loads(arguments)
     assert set(call) == {"city", "unit"} and call["unit"] in ("celsius", "fahrenheit"), out
+
+
+def test_the_prompt_logprobs_example_runs(blocks, api_deployment) -> None:
+    out = run_block(
+        blocks["import openai"],
+        {
+            '"http://127.0.0.1:8000/v1"': repr(api_deployment.api.base_url),
+            'api_key="unused"': f"api_key={api_deployment.api_key!r}",
+            'model="smollm2-135m"': f"model={api_deployment.model_name!r}",
+        },
+    )
+    lines = out.splitlines()
+    prompt = "The capital of France is Paris"
+    assert len(lines) == len(prompt) + 1, out  # one byte a token in the tiny tokenizer, then the sum
+    assert lines[0] == "'T' None None", out  # the first token has no logprob
+    assert lines[-1].endswith(f"{list(range(len(prompt)))} 0"), out  # offsets; nothing generated
 
 
 def test_the_sdk_example_runs(blocks, api_deployment) -> None:

@@ -108,8 +108,32 @@ def test_completion_features_not_built_yet_are_refused():
     for fields, param in (
         ({"suffix": "x"}, "suffix"),
         ({"best_of": 3}, "best_of"),
-        ({"echo": True, "logprobs": 1}, "echo"),
     ):
         with pytest.raises(APIError) as caught:
             completion_sampling(completion(**fields))
         assert caught.value.param == param
+
+
+def test_echo_with_logprobs_asks_for_the_prompts_logprobs_with_the_same_top_n():
+    s = completion_sampling(completion(echo=True, logprobs=2, max_tokens=5))
+    assert (s.logprobs, s.prompt_logprobs, s.max_tokens) == (2, 2, 5)
+    assert completion_sampling(completion(logprobs=2)).prompt_logprobs is None  # no echo: the output's only
+    assert completion_sampling(completion(echo=True)).prompt_logprobs is None  # no logprobs: text only
+
+
+def test_echo_with_max_tokens_zero_samples_one_token_for_the_core():
+    assert completion_sampling(completion(echo=True, logprobs=0, max_tokens=0)).max_tokens == 1
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"max_tokens": 0},  # no echo: nothing to answer with
+        {"echo": True, "logprobs": 21},
+        {"echo": True, "logprobs": -1},
+    ],
+)
+def test_echo_and_logprobs_limits_are_a_400_naming_the_field(fields):
+    with pytest.raises(APIError) as caught:
+        completion_sampling(completion(**fields))
+    assert caught.value.status == 400 and caught.value.param == next(iter(f for f in fields if f != "echo"))

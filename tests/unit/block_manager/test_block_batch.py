@@ -46,14 +46,14 @@ def test_apply_runs_ops_in_order_and_returns_one_result_each(manager: BlockManag
 def test_apply_reports_errors_per_op_without_raising(manager: BlockManager) -> None:
     reply = manager.apply(
         [
-            ["alloc", "nope", "a", "s", [1], 1],  # unknown pool
+            ["alloc", "nope", "a", "s", [1], 1, True],  # unknown pool
             ["grow", "ghost", 1, []],  # unknown request
-            ["alloc", "w0", "b", "s", [1], 1],  # fine
-            ["alloc", "w0", "b", "s", [1], 1],  # duplicate
+            ["alloc", "w0", "b", "s", [1], 1, True],  # fine
+            ["alloc", "w0", "b", "s", [1], 1, True],  # duplicate
             ["grow", "b", -1, []],  # negative count
             ["grow", "b", 1],  # arity
-            ["alloc", "w0", "c", "s", "not tokens", 1],  # types
-            ["alloc", "w0", "c", "s", [1, None], 1],
+            ["alloc", "w0", "c", "s", "not tokens", 1, True],  # types
+            ["alloc", "w0", "c", "s", [1, None], 1, True],
             ["teleport", "b"],  # unknown op
             "free",  # not a list
             [],

@@ -31,6 +31,7 @@ from pagedserve.shared.protocol.frontend import (
     Usage,
 )
 from pagedserve.shared.protocol.messages import MESSAGES, encode_message, message_table, read_message
+from pagedserve.shared.protocol.prompt_logprobs import PackedPromptLogprobs, PromptLogprobs, pack_floats
 from pagedserve.shared.protocol.step import (
     CachedRequest,
     Execute,
@@ -40,6 +41,16 @@ from pagedserve.shared.protocol.step import (
     StepResult,
     StepResultMessage,
 )
+
+# A 3-token prompt with top-2: two positions (the first token has no logprob).
+PACKED = PackedPromptLogprobs(
+    "a",
+    2,
+    pack_floats([-1.5, -0.25]),
+    bytes([7, 0, 0, 0, 9, 0, 0, 0, 8, 0, 0, 0, 5, 0, 0, 0]),
+    pack_floats([-0.5, -1.5, -0.25, -3.0]),
+)
+PROMPT_LOGPROBS = PromptLogprobs.of([4, 9, 8], PACKED)
 
 ANNOUNCEMENT = (
     "w0",
@@ -62,6 +73,13 @@ EXAMPLES = [
         outputs=[CompletionOutput(index=0, token_ids=[5, 6], text="ab", finish_reason="stop")],
         usage=Usage(prompt_tokens=3, completion_tokens=2, cached_tokens=1),
     ),
+    Finished(
+        request_id="r2",
+        outputs=[CompletionOutput(index=0, token_ids=[5], text="a", finish_reason="length")],
+        usage=Usage(prompt_tokens=3, completion_tokens=1),
+        prompt_logprobs=PROMPT_LOGPROBS,
+    ),
+    Delta(request_id="r2", token_ids=[5], text="a", prompt_logprobs=PROMPT_LOGPROBS),
     Error(code="too_large", message="frame of 9 bytes exceeds the limit of 8 bytes", request_id=None),
     Pong(),
     Hello(*ANNOUNCEMENT),
@@ -88,6 +106,7 @@ EXAMPLES = [
         StepResult(3, ["a", "a#1"], [7, 8], [None, [-0.5, [[8, -0.5]]]], {"step_s": 0.01}),
         generation=(1 << 39) + 2,
     ),
+    StepResultMessage("w0", StepResult(4, ["a"], [7], None, {}, [PACKED])),
     BlockBatch(9, [alloc_op("w0", "a", "s:0", [1, 2, 3], 3), grow_op("b", 1, [4]), free_op("c")]),
     BlockReply(9, [[[0], 0, 3], [[], [], []], 2], {"w0": 61}, "bm-instance"),
 ]
@@ -133,3 +152,14 @@ def test_a_receiver_refuses_a_type_it_does_not_take_naming_what_it_takes():
     with pytest.raises(ProtocolError, match="heartbeat") as info:
         read_message(frame, message_table(Heartbeat))
     assert info.value.code == "unknown_type"
+
+
+def test_prompt_logprobs_unpack_to_one_entry_per_prompt_token_the_first_empty():
+    assert PROMPT_LOGPROBS.logprobs() == [None, -1.5, -0.25]
+    assert PROMPT_LOGPROBS.top() == [[], [(7, -0.5), (9, -1.5)], [(8, -0.25), (5, -3.0)]]
+
+
+def test_prompt_logprobs_whose_sizes_disagree_with_the_prompt_are_refused():
+    fields = PROMPT_LOGPROBS.model_dump()
+    with pytest.raises(ValueError, match="2 positions x 2"):
+        PromptLogprobs.model_validate({**fields, "token_logprobs": fields["token_logprobs"][:4]})

@@ -110,3 +110,25 @@ def test_an_idle_stream_fails_at_its_idle_timeout_not_its_total_one() -> None:
     _stream(session, "idle", now=0.0, deadline=600.0)
     assert session.expire(9.9) == [] and "idle" in session.live
     assert len(session.expire(10.1)) == 1 and "idle" not in session.live
+
+
+def test_prompt_logprobs_reach_the_caller_once_whatever_is_replayed() -> None:
+    from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs, pack_floats
+
+    prompt = PromptLogprobs(
+        token_ids=[4, 9], num_top=0, token_logprobs=pack_floats([-2.0]), top_token_ids=b"", top_logprobs=b""
+    )
+    req = live()
+    first = req.take_delta(Delta(request_id="r", token_ids=[1], text="a", prompt_logprobs=prompt))
+    assert first is not None and first.prompt_logprobs == prompt
+    replay = req.take_delta(Delta(request_id="r", token_ids=[1, 2], text="ab", prompt_logprobs=prompt))
+    assert replay is not None and replay.token_ids == [2] and replay.prompt_logprobs is None
+    late = live()  # finished while disconnected: the stored Finished brings them
+    done = Finished(
+        request_id="r",
+        outputs=[CompletionOutput(index=0, token_ids=[1], text="a", finish_reason="length")],
+        usage=Usage(prompt_tokens=2, completion_tokens=1),
+        prompt_logprobs=prompt,
+    )
+    (rest,) = late.take_rest(done)
+    assert rest.prompt_logprobs == prompt and prompt.logprobs() == [None, -2.0]
