@@ -16,6 +16,7 @@ from pagedserve.services.api.state import (
     CLIENT_CLOSED_REQUEST,
     APIState,
     api_state,
+    caller,
     check_model,
     now_s,
     response_id,
@@ -61,13 +62,13 @@ async def _run(
             card, rid, created, sampling.n, len(prompts), include_usage, body.logprobs is not None, echo
         )
         with as_api_errors("prompt"):
-            fanout = await Fanout.open(state.client, prompts, sampling, rid, body.user or None)
+            fanout = await Fanout.open(state.client, prompts, sampling, rid, caller(request, body.user))
         return await stream_response(
             request, fanout, lambda events: completion_chunks(shape, events), "prompt"
         )
     try:
         results = await run_unless_disconnected(
-            request, generate_all(state.client, prompts, sampling, rid, body.user or None), "prompt"
+            request, generate_all(state.client, prompts, sampling, rid, caller(request, body.user)), "prompt"
         )
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
