@@ -68,7 +68,9 @@ async def _run(
         return await stream_response(request, fanout, lambda events: chat_chunks(shape, events), "messages")
     try:
         (result,) = await run_unless_disconnected(
-            request, generate_all(state.client, prompts, sampling, rid, caller(request, body.user)), "messages"
+            request,
+            generate_all(state.client, prompts, sampling, rid, caller(request, body.user)),
+            "messages",
         )
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
