@@ -135,7 +135,19 @@ class ServeConfig(BaseSettings):
         description="API processes sharing api_port (SO_REUSEPORT), each its own SDK client: one's death "
         "ends only its own streams",
     )
+    api_keep_alive_s: float = Field(
+        75.0,
+        gt=0,
+        le=3600,
+        description="how long the API keeps an idle HTTP connection open; longer than clients' pool expiry "
+        "(httpx/openai 5 s), so a client never sends on a connection the server is closing",
+    )
     api_key: str | None = Field(None, description="if set, /v1 requires `Authorization: Bearer <api_key>`")
+    api_keys_file: str | None = Field(
+        None,
+        description="TOML or JSON file of name = key: /v1 requires one of the keys, and its name is the "
+        "request's user for the per-user limits (instead of api_key)",
+    )
     served_model_name: str | None = Field(
         None, max_length=256, description="model name the API answers to; default: the model folder's name"
     )
@@ -168,6 +180,8 @@ class ServeConfig(BaseSettings):
                 f"lease_renew_interval_s ({self.lease_renew_interval_s}) must be shorter than "
                 f"lease_ttl_s ({self.lease_ttl_s}), or live leases expire between renewals"
             )
+        if self.api_key is not None and self.api_keys_file is not None:
+            raise ValueError("set api_key or api_keys_file, not both: a key without a name has no user")
         if self.heartbeat_interval_s >= self.worker_timeout_s:
             raise ValueError(
                 f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be shorter than "

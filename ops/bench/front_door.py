@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     where.add_argument("--model", default="smollm2-135m", help="with --start")
     where.add_argument("--api-processes", type=int, default=1, help="with --start")
     where.add_argument("--threads", type=int, default=1, help="with --start: torch threads per worker")
+    where.add_argument(
+        "--api-keep-alive-s", type=float, default=None, help="with --start: the API's idle-connection timeout"
+    )
     where.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="without --start")
     where.add_argument("--scheduler-ops", default="http://127.0.0.1:8080", help="without --start")
     where.add_argument("--block-manager-ops", default="http://127.0.0.1:8081", help="without --start")
@@ -110,7 +113,11 @@ async def run_clients(args: argparse.Namespace, base_url: str, model: str) -> li
     rng = random.Random(args.seed)
     deadline = time.monotonic() + args.duration
     records: list[dict[str, Any]] = []
-    limits = httpx.Limits(max_connections=args.clients + 16, max_keepalive_connections=args.clients + 16)
+    # The pool drops an idle connection after 5 s, well before the server does (api_keep_alive_s,
+    # 75 s): the side that closes first must be the one with no request on the way.
+    limits = httpx.Limits(
+        max_connections=args.clients + 16, max_keepalive_connections=args.clients + 16, keepalive_expiry=5.0
+    )
     timeout = httpx.Timeout(args.request_timeout, connect=30.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
 
@@ -272,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                 block_manager_ops_port=bm_ops,
                 api_port=api_port,
                 api_processes=args.api_processes,
+                **({} if args.api_keep_alive_s is None else {"api_keep_alive_s": args.api_keep_alive_s}),
                 num_threads=args.threads,
                 log_format="json",
             )

@@ -59,6 +59,12 @@ class RayDeployment(ConfigEndpoints):
     ) -> None:
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
+        if api and config.api_processes > 1:
+            # One API actor is all this creates: saying so beats serving with fewer than asked for.
+            raise ValueError(
+                f"api_processes={config.api_processes}: a Ray deployment runs one API actor; "
+                "use `pagedserve up` without --ray for several API processes on one port"
+            )
         self.config = config  # its endpoints are final once start() knows the nodes
         self.workers = workers
         self.placement = placement

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import Depends, FastAPI
 from pagedserve.services.api import chat, completions, routes
+from pagedserve.services.api.api_keys import load_api_keys
 from pagedserve.services.api.errors import HANDLERS
 from pagedserve.services.api.metrics import APIMetrics, MetricsMiddleware
 from pagedserve.services.api.model_card import ModelCard, load_model_card
@@ -42,6 +43,8 @@ def create_app(config: ServeConfig, card: ModelCard | None = None) -> FastAPI:
 
     app = FastAPI(title="pagedserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.model_name = card.name
+    # Read here, before serving: a bad keys file stops the API at start with the file's problem.
+    app.state.api_keys = load_api_keys(config.api_keys_file) if config.api_keys_file else None
     guarded = [Depends(routes.require_api_key)]
     app.include_router(routes.router, dependencies=guarded)
     app.include_router(completions.router, dependencies=guarded)

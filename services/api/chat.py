@@ -17,6 +17,7 @@ from pagedserve.services.api.state import (
     CLIENT_CLOSED_REQUEST,
     APIState,
     api_state,
+    caller,
     check_model,
     now_s,
     response_id,
@@ -63,11 +64,13 @@ async def _run(
             card, rid, created, sampling.n, 1, include_usage, body.logprobs, tools=mode, tool_parser=parser
         )
         with as_api_errors("messages"):
-            fanout = await Fanout.open(state.client, prompts, sampling, rid, body.user or None)
+            fanout = await Fanout.open(state.client, prompts, sampling, rid, caller(request, body.user))
         return await stream_response(request, fanout, lambda events: chat_chunks(shape, events), "messages")
     try:
         (result,) = await run_unless_disconnected(
-            request, generate_all(state.client, prompts, sampling, rid, body.user or None), "messages"
+            request,
+            generate_all(state.client, prompts, sampling, rid, caller(request, body.user)),
+            "messages",
         )
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)

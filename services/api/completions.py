@@ -22,6 +22,7 @@ from pagedserve.services.api.state import (
     CLIENT_CLOSED_REQUEST,
     APIState,
     api_state,
+    caller,
     check_model,
     now_s,
     response_id,
@@ -76,13 +77,13 @@ async def _run(
             prompt_only=only_prompt,
         )
         with as_api_errors("prompt"):
-            fanout = await Fanout.open(state.client, prompts, sampling, rid, body.user or None)
+            fanout = await Fanout.open(state.client, prompts, sampling, rid, caller(request, body.user))
         return await stream_response(
             request, fanout, lambda events: completion_chunks(shape, events), "prompt"
         )
     try:
         results = await run_unless_disconnected(
-            request, generate_all(state.client, prompts, sampling, rid, body.user or None), "prompt"
+            request, generate_all(state.client, prompts, sampling, rid, caller(request, body.user)), "prompt"
         )
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)

@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from pagedserve.services.api.api_keys import key_owner
 from pagedserve.services.api.errors import APIError
 from pagedserve.services.api.state import api_state
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -16,16 +17,20 @@ router = APIRouter()
 
 
 def require_api_key(request: Request) -> None:
-    """With an api_key configured, /v1 wants `Authorization: Bearer <api_key>` (401 otherwise)."""
-    expected = api_state(request).config.api_key
-    if expected is None:
+    """With an api_key or named keys configured, /v1 wants `Authorization: Bearer <key>` (401
+    otherwise); a named key's name becomes the request's user (request.state.key_name)."""
+    named, expected = request.app.state.api_keys, api_state(request).config.api_key
+    if named is None and expected is None:
         return
-    given = request.headers.get("authorization", "")
-    scheme, _, token = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
-        raise APIError(
-            401, "a valid API key is required: Authorization: Bearer <key>", None, "invalid_api_key"
-        )
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip() if scheme.lower() == "bearer" else ""
+    if named is not None:
+        request.state.key_name = key_owner(named, token) if token else None
+        if request.state.key_name is not None:
+            return
+    elif token and hmac.compare_digest(token.encode(), expected.encode()):
+        return
+    raise APIError(401, "a valid API key is required: Authorization: Bearer <key>", None, "invalid_api_key")
 
 
 def _model_entry(request: Request) -> dict[str, Any]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import resource
 import socket
 
 import uvicorn
+from pagedserve.services.api.api_keys import KeysFileError
 from pagedserve.services.api.app import create_app
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging
@@ -17,8 +19,19 @@ def base_url(config: ServeConfig) -> str:
 
 def run(config: ServeConfig) -> None:
     log = configure_logging("api", config.log_format, config.log_level)
-    app = create_app(config)
-    log.info("api_starting", base_url=base_url(config), model=config.model, served_as=app.state.model_name)
+    open_files = raise_open_files_limit()
+    try:
+        app = create_app(config)
+    except KeysFileError as exc:  # the file's name and its problem, not a traceback
+        log.error("api_keys_file_refused", reason=str(exc))
+        raise SystemExit(f"pagedserve api: {exc}") from None
+    log.info(
+        "api_starting",
+        base_url=base_url(config),
+        model=config.model,
+        served_as=app.state.model_name,
+        open_files=open_files,
+    )
     # uvicorn handles SIGTERM/SIGINT itself: it stops accepting, finishes (or times out) open
     # requests, then runs the lifespan's exit, which closes the SDK client (aborting what is live).
     settings = uvicorn.Config(
@@ -28,6 +41,9 @@ def run(config: ServeConfig) -> None:
         log_level="warning" if config.log_level == "info" else config.log_level,
         access_log=False,
         timeout_graceful_shutdown=5,
+        # uvicorn's default (5 s) equals httpx's pool expiry: a pooled connection the client still
+        # trusts was being closed as the next request went out on it (docs/failure-model.md).
+        timeout_keep_alive=config.api_keep_alive_s,
     )
     server = uvicorn.Server(settings)
     if config.api_processes == 1:
@@ -49,3 +65,13 @@ def shared_port_socket(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+def raise_open_files_limit() -> int:
+    """Lift the soft open-files limit to the hard one: each HTTP connection (idle keep-alives too)
+    holds a descriptor, and a soft 1,024 would refuse the 1,025th client with EMFILE."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return target

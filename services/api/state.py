@@ -36,6 +36,13 @@ def api_state(request: Request) -> APIState:
     return request.app.state.api
 
 
+def caller(request: Request, user_field: str | None) -> str | None:
+    """Who the request counts against: the name of its API key when keys are named (api_keys.py),
+    else the OpenAI `user` field (or nobody: the API's own SDK identity)."""
+    key_name = getattr(request.state, "key_name", None)
+    return key_name if key_name is not None else (user_field or None)
+
+
 def check_model(state: APIState, model: str) -> None:
     if model != state.card.name:
         raise APIError(

@@ -32,6 +32,7 @@ class WorkerLink:
     model: str = ""
     runtime: dict[str, str] = field(default_factory=dict)  # as it last announced (dtype, ISA paths)
     dumped_for: float | None = None  # sent_at of the step whose suspected hang was already dumped
+    connection: int = 0  # the step socket's connection number, from its last Hello
 
 
 class WorkerLiveness:
@@ -47,6 +48,18 @@ class WorkerLiveness:
         link = self.links.get(msg.worker_id)
         return link is not None and link.incarnation != msg.incarnation
 
+    def reconnected(self, msg: WorkerAnnouncement, step_socket: bool) -> bool:
+        """Same process, new step connection (ROUTER_HANDOVER moved its route): steps sent on the
+        old connection may have been dropped with it, silently."""
+        link = self.links.get(msg.worker_id)
+        return (
+            step_socket
+            and link is not None
+            and link.active
+            and link.incarnation == msg.incarnation
+            and link.connection not in (0, msg.connection)
+        )
+
     def heard(self, msg: WorkerAnnouncement, now: float, step_socket: bool) -> tuple[WorkerLink, bool]:
         """(its link, whether it just joined)."""
         link = self.links.get(msg.worker_id)
@@ -57,6 +70,8 @@ class WorkerLiveness:
             )
         link.last_heartbeat = now
         link.routable = link.routable or step_socket
+        if step_socket and msg.connection:
+            link.connection = msg.connection
         link.model, link.runtime = msg.model, msg.runtime
         return link, joined
 

@@ -284,6 +284,9 @@ class SchedulerService:
             self.metrics.worker_restarts.inc()
         if self.liveness.restarted(msg):
             self.lose_worker(msg.worker_id, "restarted")
+        elif self.liveness.reconnected(msg, step_socket):
+            # Requeue now rather than wait out the step timeout; it rejoins with a new generation.
+            self.lose_worker(msg.worker_id, "step socket reconnected")
         link, joined = self.liveness.heard(msg, now, step_socket)
         if joined:
             self.log.info(

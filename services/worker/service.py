@@ -85,7 +85,7 @@ class WorkerService:
         self.generation = 0  # of the last reset obeyed: stamped on every step result
 
     def announcement(
-        self, kind: type[Hello] | type[Heartbeat] | type[Register]
+        self, kind: type[Hello] | type[Heartbeat] | type[Register], connection: int = 0
     ) -> Hello | Heartbeat | Register:
         """Who this worker is: sent with every heartbeat so a restarted peer learns it at once."""
         return kind(
@@ -96,6 +96,7 @@ class WorkerService:
             self.runner.max_model_len,
             str(self.model_path),
             self.runner.runtime,
+            connection,
         )
 
     def _dealer(self, endpoint: str, identity: str | None = None) -> zmq.Socket:
@@ -160,6 +161,8 @@ class WorkerService:
     def serve(self) -> None:
         self.register_pool()
         sched = self._dealer(self.config.worker_endpoint, identity=self.worker_id)
+        connects = sched.get_monitor_socket(zmq.EVENT_CONNECTED)
+        connection = 0  # how many times the step socket has connected
         beat = threading.Thread(target=self.heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
         self.log.info(
@@ -172,12 +175,20 @@ class WorkerService:
         last_hello = 0.0
         try:
             while not self.stopping.is_set():
+                if connects.poll(0):
+                    # A (re)connected step socket: the scheduler's route to our name moves to it,
+                    # and steps it sent on the old connection are gone. Say so now, busy or not.
+                    while connects.poll(0):
+                        connects.recv_multipart()
+                        connection += 1
+                    send(sched, self.announcement(Hello, connection))
+                    last_hello = time.monotonic()
                 if not sched.poll(100):
                     # While idle, say hello from THIS socket: the scheduler routes steps to it only
                     # once it has heard from it (after its own restart, this socket reconnects
                     # later than the heartbeat socket, and a step sent before would be lost).
                     if time.monotonic() - last_hello >= self.config.heartbeat_interval_s:
-                        send(sched, self.announcement(Hello))
+                        send(sched, self.announcement(Hello, connection))
                         last_hello = time.monotonic()
                     continue
                 try:
@@ -208,6 +219,8 @@ class WorkerService:
                 last_sent = time.monotonic()
         finally:
             self.stopping.set()
+            sched.disable_monitor()
+            connects.close(0)
             sched.close(0)  # linger 0 (make_socket): nothing queued holds the exit
             beat.join(timeout=5)
             if beat.is_alive():

@@ -65,6 +65,9 @@ class WorkerAnnouncement:
     # How it runs the model, for the operator: dtype, attention backend, the CPU ISA path each C++ op
     # uses ("torch" where it fell back). Read by the scheduler's `/workers` view.
     runtime: dict[str, str] = field(default_factory=dict)
+    # Counts the step socket's TCP connections (Hello only): a new number means the scheduler's
+    # route moved to a new connection, and what it sent on the old one may never have arrived.
+    connection: int = 0
 
     @property
     def pool_id(self) -> str:
@@ -80,6 +83,7 @@ class WorkerAnnouncement:
             "max_model_len": self.max_model_len,
             "model": self.model,
             "runtime": dict(self.runtime),
+            "connection": self.connection,
         }
 
     @classmethod
@@ -96,6 +100,7 @@ class WorkerAnnouncement:
             _count(body, "max_model_len", of),
             _field(body, "model", str, of),
             _str_map(body, "runtime", of),
+            _count(body, "connection", of, least=0) if "connection" in body else 0,
         )
 
 
