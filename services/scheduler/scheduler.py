@@ -33,7 +33,14 @@ from pagedserve.services.scheduler.request import Request, Status
 from pagedserve.services.scheduler.stopping import Tokenizer
 from pagedserve.shared.protocol.blocks import BlockAnswers, BlockOpError, alloc_result, grow_result
 from pagedserve.shared.protocol.frontend import SamplingParams
-from pagedserve.shared.protocol.step import CachedRequest, Execute, Fork, NewRequest, StepResult
+from pagedserve.shared.protocol.step import (
+    CachedRequest,
+    Execute,
+    Fork,
+    NewRequest,
+    StepResult,
+    WorkerSampling,
+)
 
 __all__ = ["OutputEvent", "RequestDone", "Scheduler", "SchedulerLimits", "StepOutcome"]
 
@@ -283,7 +290,7 @@ class Scheduler:
                         res.num_cached_tokens,
                         res.num_new_tokens,
                         res.block_ids,
-                        self._worker_sampling(req),
+                        WorkerSampling.of(req.sampling, req.seed),
                     )
                 )
             else:
@@ -320,11 +327,6 @@ class Scheduler:
         self.stats.account_kv([r.num_scheduled for r in state.running], state.block_size)
         self.stats.steps += 1
         return execute
-
-    def _worker_sampling(self, req: Request) -> dict[str, Any]:
-        params = req.sampling.model_dump(exclude={"stop", "n", "priority", "include_stop_str_in_output"})
-        params["seed"] = req.seed
-        return params
 
     # ------------------------------------------------------------------ results
 

@@ -18,8 +18,81 @@ Worker semantics of one Execute (the order matters):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
+
+from pagedserve.shared.protocol.constraints import StructuredOutputs
+from pagedserve.shared.protocol.frontend import SamplingParams
+
+
+@dataclass(slots=True, frozen=True)
+class WorkerSampling:
+    """What the worker reads of a request's SamplingParams: the draw, the penalties, the masks.
+
+    No defaults here: every value comes from a SamplingParams (`of`), whose defaults are the only
+    ones. Stop strings, n, priority and max_tokens stay with the scheduler, which stops requests."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    seed: int | None  # the request's own (a child of n > 1 has its parent's plus its index)
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    min_tokens: int
+    stop_token_ids: list[int]
+    logprobs: int | None
+    logit_bias: dict[int, float] | None
+    structured_outputs: StructuredOutputs | None
+
+    @classmethod
+    def of(cls, params: SamplingParams, seed: int | None) -> WorkerSampling:
+        return cls(
+            params.temperature,
+            params.top_k,
+            params.top_p,
+            params.min_p,
+            seed,
+            params.repetition_penalty,
+            params.presence_penalty,
+            params.frequency_penalty,
+            params.min_tokens,
+            list(params.stop_token_ids),
+            params.logprobs,
+            params.logit_bias,
+            params.structured_outputs,
+        )
+
+    @property
+    def has_penalty(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    def with_seed(self, seed: int | None) -> WorkerSampling:
+        return replace(self, seed=seed)
+
+    def to_wire(self) -> list[Any]:
+        so = self.structured_outputs
+        return [
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.min_p,
+            self.seed,
+            self.repetition_penalty,
+            self.presence_penalty,
+            self.frequency_penalty,
+            self.min_tokens,
+            self.stop_token_ids,
+            self.logprobs,
+            self.logit_bias,
+            None if so is None else so.model_dump(),
+        ]
+
+    @classmethod
+    def from_wire(cls, w: list[Any]) -> WorkerSampling:
+        so = w[12]
+        return cls(*w[:12], None if so is None else StructuredOutputs.model_validate(so))
 
 
 @dataclass(slots=True)
@@ -32,7 +105,7 @@ class NewRequest:
     num_computed_tokens: int  # leading tokens whose KV is already cached (prefix-cache hit)
     num_scheduled_tokens: int  # tokens to compute in this step
     block_ids: list[int]  # the block table
-    sampling: dict[str, Any]  # SamplingParams fields (model_dump) the sampler reads
+    sampling: WorkerSampling
 
     def to_wire(self) -> list[Any]:
         return [
@@ -42,12 +115,12 @@ class NewRequest:
             self.num_computed_tokens,
             self.num_scheduled_tokens,
             self.block_ids,
-            self.sampling,
+            self.sampling.to_wire(),
         ]
 
     @classmethod
     def from_wire(cls, w: list[Any]) -> NewRequest:
-        return cls(w[0], w[1], w[2], w[3], w[4], w[5], w[6])
+        return cls(w[0], w[1], w[2], w[3], w[4], w[5], WorkerSampling.from_wire(w[6]))
 
 
 @dataclass(slots=True)

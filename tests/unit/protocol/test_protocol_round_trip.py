@@ -39,6 +39,7 @@ from pagedserve.shared.protocol.step import (
     NewRequest,
     StepResult,
     StepResultMessage,
+    WorkerSampling,
 )
 
 ANNOUNCEMENT = (
@@ -76,7 +77,17 @@ EXAMPLES = [
     ExecuteMessage(
         Execute(
             step=3,
-            new_requests=[NewRequest("a", [1, 2, 3], 3, 0, 3, [0], {"temperature": 0.0, "seed": None})],
+            new_requests=[
+                NewRequest(
+                    "a",
+                    [1, 2, 3],
+                    3,
+                    0,
+                    3,
+                    [0],
+                    WorkerSampling.of(SamplingParams(temperature=0.0, logit_bias={5: 1.5}), 7),
+                )
+            ],
             cached_requests=[CachedRequest("b", 1, [4], [(0, 5)])],
             finished_ids=["c"],
             copies=[(1, 5)],
