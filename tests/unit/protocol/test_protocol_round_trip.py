@@ -144,3 +144,26 @@ def test_a_receiver_refuses_a_type_it_does_not_take_naming_what_it_takes():
     with pytest.raises(ProtocolError, match="heartbeat") as info:
         read_message(frame, message_table(Heartbeat))
     assert info.value.code == "unknown_type"
+
+
+def test_worker_sampling_takes_every_value_from_the_sampling_params_but_the_seed() -> None:
+    params = SamplingParams(
+        temperature=0.7,
+        top_k=5,
+        top_p=0.9,
+        min_p=0.1,
+        seed=11,
+        repetition_penalty=1.3,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        min_tokens=2,
+        stop_token_ids=[9],
+        logprobs=3,
+        logit_bias={4: -2.0},
+    )
+    sampling = WorkerSampling.of(params, seed=99)  # a child of n > 1 has a seed of its own
+
+    assert sampling.seed == 99
+    for name in WorkerSampling.__dataclass_fields__:
+        if name != "seed":
+            assert getattr(sampling, name) == getattr(params, name), name
