@@ -101,7 +101,7 @@ def test_shared_and_kernels_import_nothing_from_services_or_ops(folder: str) -> 
 
 
 def test_the_scheduler_does_not_import_the_engine() -> None:
-    found = violations(("pagedserve.services.scheduler",), ("pagedserve.services.engine",))
+    found = violations(("pagedserve.services.scheduler",), ("pagedserve.engine",))
     assert not found, "\n".join(found)
 
 
