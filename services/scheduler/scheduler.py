@@ -215,7 +215,7 @@ class Scheduler:
         return [
             r.request_id
             for r in self.requests.values()
-            if r.num_scheduled > 0 and (worker_id is None or r.worker_id == worker_id)
+            if r.num_slots_used > 0 and (worker_id is None or r.worker_id == worker_id)
         ]
 
     # ------------------------------------------------------------------ one step
@@ -277,7 +277,7 @@ class Scheduler:
             if entry.new:
                 req.status = Status.RUNNING
                 req.on_worker = True
-                req.num_scheduled = res.num_cached_tokens + res.num_new_tokens
+                req.num_slots_used = res.num_cached_tokens + res.num_new_tokens
                 req.num_known_sent = req.num_known
                 req.num_cached_tokens = res.num_cached_tokens
                 self.stats.cached_tokens += res.num_cached_tokens
@@ -294,7 +294,7 @@ class Scheduler:
                     )
                 )
             else:
-                req.num_scheduled += entry.num_tokens
+                req.num_slots_used += entry.num_tokens
                 req.num_known_sent = req.num_known
                 req.shares_last_block = False
                 execute.copies.extend(res.copies)
@@ -304,7 +304,7 @@ class Scheduler:
                     )
                 )
             req.in_flight += 1
-            if req.num_scheduled >= req.num_known:
+            if req.num_slots_used >= req.num_known:
                 req.pending += 1
                 sampled_ids.append(req.request_id)
             for op_index, child in entry.forks:
@@ -324,7 +324,7 @@ class Scheduler:
             return None
         step_ids = execute.request_ids() + [f.child_id for f in execute.forks]
         execute.step = state.window.open(step_ids, now)
-        self.stats.account_kv([r.num_scheduled for r in state.running], state.block_size)
+        self.stats.account_kv([r.num_slots_used for r in state.running], state.block_size)
         self.stats.steps += 1
         return execute
 
