@@ -10,8 +10,8 @@ import threading
 import time
 
 import pytest
-from deployment import get_json, start
-from greedy_reference import greedy_outputs, random_prompts
+from harness.deployment import get_json, start
+from harness.greedy_reference import greedy_outputs, random_prompts
 from pagedserve.ops.deploy import ops_client
 from pagedserve.shared.sdk import RequestError
 
