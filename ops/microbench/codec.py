@@ -7,9 +7,11 @@ cached request, one token each, one in eight with a new block), the worker's `St
 block-manager batch of `grow` ops with its reply. Each is timed as encode (declared message ->
 bytes) and decode (bytes -> declared message) two ways:
 
-- `hand`: today's codec (shared/protocol: each type's `to_wire` / `from_wire`, then msgpack);
-- `msgspec`: the same declarations as `msgspec.Struct(array_like=True)`, tagged by `type`, encoded
-  and decoded by msgspec.msgpack (the declarations are the codec; the decoder also checks types).
+- `codec`: the codec as it stands (shared/protocol: `encode_message`, `decode` + `read_message`).
+  Up to commit db67631 every type had a hand-written `to_wire` / `from_wire` over msgpack; since
+  then the step messages are msgspec Structs inside the frame's map, the block frames are unchanged;
+- `msgspec`: every frame as one `msgspec.Struct(array_like=True)` tagged by `type`, encoded and
+  decoded by msgspec.msgpack in one pass (what a codec with no map envelope at all would cost).
 
 Times are the best of `--repeat` runs of many calls (perf_counter, microseconds per call), so a
 busy machine inflates them less; still, name the CPU and the load beside any number you quote.
@@ -41,7 +43,7 @@ from pagedserve.shared.protocol.step import (
 # ---------------------------------------------------------------- today's messages
 
 
-def hand_messages(rows: int) -> dict[str, Any]:
+def declared_messages(rows: int) -> dict[str, Any]:
     cached = [CachedRequest(f"req-{i:06d}", 1, [1000 + i] if i % 8 == 0 else [], []) for i in range(rows)]
     ids = [c.request_id for c in cached]
     grow_results: list[Any] = [[[1000 + i], [], []] if i % 8 == 0 else [[], [], []] for i in range(rows)]
@@ -123,9 +125,9 @@ class MBlockReply(_Frame, tag="block_reply"):
 MSGSPEC_TYPES = Union[MExecute, MStepResult, MBlockBatch, MBlockReply]  # noqa: UP007 (msgspec wants a Union)
 
 
-def msgspec_messages(hand: dict[str, Any]) -> dict[str, Any]:
-    ex = hand["execute"].execute
-    sr = hand["step_result"]
+def msgspec_messages(declared: dict[str, Any]) -> dict[str, Any]:
+    ex = declared["execute"].execute
+    sr = declared["step_result"]
     return {
         "execute": MExecute(
             step=ex.step,
@@ -143,12 +145,12 @@ def msgspec_messages(hand: dict[str, Any]) -> dict[str, Any]:
             timings=sr.result.timings,
             generation=sr.generation,
         ),
-        "block_ops": MBlockBatch(seq=hand["block_ops"].seq, ops=hand["block_ops"].ops),
+        "block_ops": MBlockBatch(seq=declared["block_ops"].seq, ops=declared["block_ops"].ops),
         "block_reply": MBlockReply(
-            seq=hand["block_reply"].seq,
-            results=hand["block_reply"].results,
-            free_blocks=hand["block_reply"].free_blocks,
-            instance=hand["block_reply"].instance,
+            seq=declared["block_reply"].seq,
+            results=declared["block_reply"].results,
+            free_blocks=declared["block_reply"].free_blocks,
+            instance=declared["block_reply"].instance,
         ),
     }
 
@@ -162,23 +164,23 @@ def best_us(call: Callable[[], Any], repeat: int) -> float:
 
 
 def bench(rows: int, repeat: int) -> dict[str, Any]:
-    hand = hand_messages(rows)
-    fast = msgspec_messages(hand)
+    declared = declared_messages(rows)
+    fast = msgspec_messages(declared)
     encoder = msgspec.msgpack.Encoder()
     decoder = msgspec.msgpack.Decoder(MSGSPEC_TYPES)
     out: dict[str, Any] = {}
-    for name in hand:
-        hand_frame = encode_message(hand[name])
+    for name in declared:
+        frame = encode_message(declared[name])
         fast_frame = encoder.encode(fast[name])
         if decoder.decode(fast_frame) != fast[name]:
             raise RuntimeError(f"msgspec round trip changed {name}")
-        if type(read_message(decode(hand_frame))) is not type(hand[name]):
-            raise RuntimeError(f"hand round trip changed the type of {name}")
+        if read_message(decode(frame)) != declared[name]:
+            raise RuntimeError(f"codec round trip changed the type of {name}")
         out[name] = {
-            "hand": {
-                "bytes": len(hand_frame),
-                "encode_us": best_us(lambda m=hand[name]: encode_message(m), repeat),
-                "decode_us": best_us(lambda f=hand_frame: read_message(decode(f)), repeat),
+            "codec": {
+                "bytes": len(frame),
+                "encode_us": best_us(lambda m=declared[name]: encode_message(m), repeat),
+                "decode_us": best_us(lambda f=frame: read_message(decode(f)), repeat),
             },
             "msgspec": {
                 "bytes": len(fast_frame),
@@ -186,9 +188,9 @@ def bench(rows: int, repeat: int) -> dict[str, Any]:
                 "decode_us": best_us(lambda f=fast_frame: decoder.decode(f), repeat),
             },
         }
-    for way in ("hand", "msgspec"):
+    for way in ("codec", "msgspec"):
         out.setdefault("per_step_us", {})[way] = round(
-            sum(out[n][way]["encode_us"] + out[n][way]["decode_us"] for n in hand), 1
+            sum(out[n][way]["encode_us"] + out[n][way]["decode_us"] for n in declared), 1
         )
     return out
 
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name:<12} {way:<8} {r['bytes']:>7} {r['encode_us']:>10.1f} {r['decode_us']:>10.1f}")
     per_step = results["per_step_us"]
     print(
-        f"per step (4 frames, encode + decode): hand {per_step['hand']} us, msgspec {per_step['msgspec']} us"
+        f"per step (4 frames, encode + decode): codec {per_step['codec']} us, msgspec {per_step['msgspec']} us"
     )
     if args.out:
         write_json(

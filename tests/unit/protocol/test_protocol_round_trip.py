@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply, alloc_op, free_op, grow_op
 from pagedserve.shared.protocol.codec import ProtocolError, decode
+from pagedserve.shared.protocol.constraints import StructuredOutputs
 from pagedserve.shared.protocol.control import (
     DumpStacks,
     Heartbeat,
@@ -85,7 +87,14 @@ EXAMPLES = [
                     0,
                     3,
                     [0],
-                    WorkerSampling.of(SamplingParams(temperature=0.0, logit_bias={5: 1.5}), 7),
+                    WorkerSampling.of(
+                        SamplingParams(
+                            temperature=0.0,
+                            logit_bias={5: 1.5},
+                            structured_outputs=StructuredOutputs(regex="a+"),
+                        ),
+                        7,
+                    ),
                 )
             ],
             cached_requests=[CachedRequest("b", 1, [4], [(0, 5)])],
@@ -139,6 +148,14 @@ def test_a_control_message_with_a_bad_field_is_refused_naming_the_field(message,
         read_message(frame)
 
 
+def test_a_step_with_a_badly_typed_field_is_refused_naming_where():
+    frame = decode(encode_message(ExecuteMessage(Execute(step=1, cached_requests=[CachedRequest("b", 1)]))))
+    frame["execute"] = msgspec.msgpack.encode([1, [], [["b", "one", [], []]], [], [], []])
+    with pytest.raises(ProtocolError, match=r"\$\[2\]\[0\]\[1\]") as info:
+        read_message(frame)
+    assert info.value.code == "bad_fields"
+
+
 def test_a_receiver_refuses_a_type_it_does_not_take_naming_what_it_takes():
     frame = decode(encode_message(Reset()))
     with pytest.raises(ProtocolError, match="heartbeat") as info:
@@ -164,6 +181,6 @@ def test_worker_sampling_takes_every_value_from_the_sampling_params_but_the_seed
     sampling = WorkerSampling.of(params, seed=99)  # a child of n > 1 has a seed of its own
 
     assert sampling.seed == 99
-    for name in WorkerSampling.__dataclass_fields__:
+    for name in WorkerSampling.__struct_fields__:
         if name != "seed":
             assert getattr(sampling, name) == getattr(params, name), name

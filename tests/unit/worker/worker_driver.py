@@ -17,9 +17,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagedserve.services.worker.runner import ModelRunner
-from pagedserve.shared.protocol.codec import decode, encode
+from pagedserve.shared.protocol.codec import decode
 from pagedserve.shared.protocol.frontend import SamplingParams
-from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest, StepResult, WorkerSampling
+from pagedserve.shared.protocol.messages import encode_message, read_message
+from pagedserve.shared.protocol.step import (
+    CachedRequest,
+    Execute,
+    ExecuteMessage,
+    NewRequest,
+    StepResult,
+    WorkerSampling,
+)
 
 
 def sampling(**fields: Any) -> WorkerSampling:
@@ -84,7 +92,7 @@ class StepDriver:
                     step = self._next_step(requests, to_finish)
                     if step is None:
                         break
-                    inbox.put(Execute.from_wire(decode(encode("execute", step.to_wire()))))
+                    inbox.put(read_message(decode(encode_message(ExecuteMessage(step)))).execute)
                     in_flight += 1
                 if in_flight == 0:
                     if any(not r.done for r in requests):
