@@ -10,7 +10,7 @@ from setuptools import find_packages, setup
 
 FOLDERS = ("services", "shared", "kernels", "ops")
 
-packages = ["pagedserve"]
+packages = ["pagedserve"] + [f"pagedserve.{sub}" for sub in find_packages("pagedserve")]
 for folder in FOLDERS:
     packages += [f"pagedserve.{folder}"] + [f"pagedserve.{folder}.{sub}" for sub in find_packages(folder)]
 

@@ -82,7 +82,7 @@ def get_backend(name: str, device: torch.device | str) -> AttentionBackend:
 
         return TorchAttentionBackend()
     if name == "cpp":
-        from pagedserve.kernels.cpu_backend import CppAttentionBackend
+        from pagedserve.kernels.cpu.backend import CppAttentionBackend
 
         return CppAttentionBackend()
     if name == "triton":

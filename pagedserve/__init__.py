@@ -21,8 +21,8 @@ __all__ = [
 ]
 
 _LAZY = {
-    "LLM": ("pagedserve.services.engine", "LLM"),
-    "RequestOutput": ("pagedserve.services.engine", "RequestOutput"),
+    "LLM": ("pagedserve.engine", "LLM"),
+    "RequestOutput": ("pagedserve.engine", "RequestOutput"),
     "SamplingParams": ("pagedserve.shared.protocol.frontend", "SamplingParams"),
     "Client": ("pagedserve.shared.sdk", "Client"),
     "AsyncClient": ("pagedserve.shared.sdk", "AsyncClient"),

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.tiny_models import make_tiny_model
 from pagedserve.kernels.cpu.isa import ISAS, missing_flags, runnable_isas
-from tiny_models import make_tiny_model
 
 # Markers by where a test lives (a new file there gets its marker without a line of its own): a
 # folder, a file or one test, as its node id reads below tests/. The markers are declared in

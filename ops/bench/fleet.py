@@ -101,10 +101,10 @@ class Reading:
 
 
 def read(sup: Supervisor) -> Reading:
-    from pagedserve.ops.deploy import ops_http
+    from pagedserve.ops.deploy import ops_client
 
-    _, sched = ops_http.get(f"{sup.scheduler_ops_url}/metrics", timeout_s=5.0)
-    _, bm = ops_http.get(f"{sup.block_manager_ops_url}/metrics", timeout_s=5.0)
+    _, sched = ops_client.get(f"{sup.scheduler_ops_url}/metrics", timeout_s=5.0)
+    _, bm = ops_client.get(f"{sup.block_manager_ops_url}/metrics", timeout_s=5.0)
     sched_pid, bm_pid = sup.pid("scheduler"), sup.pid("block-manager")
     assert sched_pid is not None and bm_pid is not None, "a core service died during the benchmark"
     return Reading(

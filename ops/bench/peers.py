@@ -79,7 +79,7 @@ class PathResult:
 
 
 def run_pagedserve(workload: Workload, settings: BenchSettings) -> PathResult:
-    from pagedserve.services.engine.llm import LLM
+    from pagedserve.engine.llm import LLM
     from pagedserve.shared.protocol.frontend import SamplingParams
 
     llm = LLM(

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedserve.ops.chaos.deployment import DeploymentError, free_ports
-from pagedserve.ops.deploy import ops_http
+from pagedserve.ops.deploy import ops_client
 from pagedserve.ops.deploy.supervisor import Supervisor, resolve_model_first
 from pagedserve.ops.results import write_json
 from pagedserve.shared.config import ServeConfig
@@ -99,12 +99,12 @@ def rss_bytes(pid: int) -> int | None:
 
 
 def process_view(ops_url: str) -> dict[str, Any]:
-    return ops_http.get_json(f"{ops_url}/process", timeout_s=10.0)
+    return ops_client.get_json(f"{ops_url}/process", timeout_s=10.0)
 
 
 def idle_state(sup: Supervisor, client: Any) -> dict[str, Any]:
-    requests = ops_http.get_json(f"{sup.scheduler_ops_url}/requests", timeout_s=5.0)
-    dump = ops_http.get_json(f"{sup.block_manager_ops_url}/blocks", timeout_s=10.0)
+    requests = ops_client.get_json(f"{sup.scheduler_ops_url}/requests", timeout_s=5.0)
+    dump = ops_client.get_json(f"{sup.block_manager_ops_url}/blocks", timeout_s=10.0)
     return {
         "scheduler_requests": len(requests["requests"]),
         "scheduler_waiting": requests["waiting"],

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagedserve.ops.chaos.faults import Fault
-from pagedserve.ops.deploy import ops_http
+from pagedserve.ops.deploy import ops_client
 
 POLL_S = 0.05
 SAMPLE_S = 0.5
@@ -37,7 +37,7 @@ LOST_METRIC = "pagedserve_workers_lost_total"
 def readyz(scheduler_ops: str) -> dict[str, Any] | None:
     """The scheduler's /readyz (503 with no worker, and still a body); None when it does not answer."""
     try:
-        _, body = ops_http.get(f"{scheduler_ops}/readyz", timeout_s=1.0)
+        _, body = ops_client.get(f"{scheduler_ops}/readyz", timeout_s=1.0)
         return dict(json.loads(body))
     except (OSError, ValueError):
         return None
@@ -46,7 +46,7 @@ def readyz(scheduler_ops: str) -> dict[str, Any] | None:
 def answers(url: str) -> bool:
     """Anything HTTP came back (a 503 too): the process is alive and serving."""
     try:
-        ops_http.get(url, timeout_s=1.0)
+        ops_client.get(url, timeout_s=1.0)
         return True
     except OSError:
         return False
@@ -55,7 +55,7 @@ def answers(url: str) -> bool:
 def block_manager_instance(block_manager_ops: str) -> str | None:
     """Which block-manager process answers (a new one after every restart); None if none does."""
     try:
-        return str(ops_http.get_json(f"{block_manager_ops}/healthz", timeout_s=1.0).get("instance"))
+        return str(ops_client.get_json(f"{block_manager_ops}/healthz", timeout_s=1.0).get("instance"))
     except (OSError, ValueError):
         return None
 
@@ -64,7 +64,7 @@ def ready_workers(scheduler_ops: str) -> list[str] | None:
     """The scheduler's live workers; None when it does not answer. /readyz is 503 with no worker,
     and still has the list."""
     try:
-        _, body = ops_http.get(f"{scheduler_ops}/readyz", timeout_s=1.0)
+        _, body = ops_client.get(f"{scheduler_ops}/readyz", timeout_s=1.0)
         return list(json.loads(body).get("workers", []))
     except (OSError, ValueError):
         return None
@@ -72,7 +72,7 @@ def ready_workers(scheduler_ops: str) -> list[str] | None:
 
 def workers_lost(scheduler_ops: str) -> float | None:
     try:
-        _, body = ops_http.get(f"{scheduler_ops}/metrics", timeout_s=1.0)
+        _, body = ops_client.get(f"{scheduler_ops}/metrics", timeout_s=1.0)
     except OSError:
         return None
     for line in body.decode(errors="replace").splitlines():
@@ -83,7 +83,7 @@ def workers_lost(scheduler_ops: str) -> float | None:
 
 def blocks(block_manager_ops: str) -> dict[str, Any] | None:
     try:
-        return ops_http.get_json(f"{block_manager_ops}/blocks", timeout_s=5.0)
+        return ops_client.get_json(f"{block_manager_ops}/blocks", timeout_s=5.0)
     except (OSError, ValueError):
         return None
 

@@ -338,7 +338,7 @@ def _cmd_top(args: argparse.Namespace) -> int:
 
 def _cmd_health(args: argparse.Namespace) -> int:
     """Exit 0 when the invariants hold, 1 when any is broken, 2 when /blocks cannot be read."""
-    from pagedserve.ops.deploy import ops_http
+    from pagedserve.ops.deploy import ops_client
 
     if args.url is None:
         from pagedserve.ops.deploy.endpoints import ops_url
@@ -355,7 +355,7 @@ def _cmd_health(args: argparse.Namespace) -> int:
         )
     url = args.url.rstrip("/") + "/blocks"
     try:
-        dump = ops_http.get_json(url)
+        dump = ops_client.get_json(url)
     except (OSError, ValueError) as e:
         print(f"pagedserve health: cannot read {url}: {e}", file=sys.stderr)
         return 2

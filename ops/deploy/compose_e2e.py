@@ -66,7 +66,7 @@ def wait_ready(scheduler_ops: str, workers: int, timeout_s: float) -> int:
 def _kernels_compiled(scheduler_ops: str) -> int:
     """Every worker container runs each C++ op on a CPU ISA path, not the torch fallback (the image
     carries a compiler and builds them once into the cache volume)."""
-    from pagedserve.ops.deploy.ops_http import get_json
+    from pagedserve.ops.deploy.ops_client import get_json
 
     fallbacks = []
     for worker in get_json(f"{scheduler_ops}/workers")["workers"]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from pagedserve.ops.deploy import ops_http
+from pagedserve.ops.deploy import ops_client
 from pagedserve.shared.config import ServeConfig
 
 _ANY_INTERFACE = ("0.0.0.0", "", "::")
@@ -43,7 +43,7 @@ class ConfigEndpoints:
         deadline = time.monotonic() + timeout_s
         while True:
             self.check()
-            if ops_http.is_ok(url) and (not self.api or ops_http.is_ok(self.api_health_url)):
+            if ops_client.is_ok(url) and (not self.api or ops_client.is_ok(self.api_health_url)):
                 return
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s{self.ready_log_hint()}")

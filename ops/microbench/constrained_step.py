@@ -33,7 +33,7 @@ from pagedserve.services.worker.bundled import resolve_model
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.constraints import StructuredOutputs
 from pagedserve.shared.protocol.frontend import SamplingParams
-from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest
+from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest, WorkerSampling
 
 SCHEMA = {
     "type": "object",
@@ -99,10 +99,10 @@ def main(argv: list[str] | None = None) -> None:
     prompts = [[rng.randrange(vocab) for _ in range(n)] for n in lens]
     compile = compile_times(path, vocab, runner.eos_token_ids)
 
-    plain = SamplingParams(temperature=0.6, max_tokens=1000, seed=1).model_dump()
-    constrained = SamplingParams(
-        temperature=0.6, max_tokens=1000, seed=1, structured_outputs=StructuredOutputs(json=SCHEMA)
-    ).model_dump()
+    plain = WorkerSampling.of(SamplingParams(temperature=0.6, max_tokens=1000), 1)
+    constrained = WorkerSampling.of(
+        SamplingParams(temperature=0.6, max_tokens=1000, structured_outputs=StructuredOutputs(json=SCHEMA)), 1
+    )
     groups: dict[str, list[str]] = {"none": [], "json_schema": []}
     step = 0
     for g, (name, params) in enumerate((("none", plain), ("json_schema", constrained))):

@@ -27,7 +27,7 @@ from pagedserve.ops.results import write_json
 from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.frontend import SamplingParams
-from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest
+from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest, WorkerSampling
 
 BLOCK_SIZE = 16
 
@@ -42,7 +42,7 @@ def runner_decode_seconds(
 ) -> tuple[list[float], list[float]]:
     """Prefill every prompt in one step, then time each of `steps` batched decode steps.
     -> (seconds per step, the sampler's seconds per step as the runner reports them)."""
-    greedy = SamplingParams(temperature=0.0, ignore_eos=True).model_dump()
+    greedy = WorkerSampling.of(SamplingParams(temperature=0.0, ignore_eos=True), None)
     blocks_each = -(-(len(prompts[0]) + steps + 1) // BLOCK_SIZE)
     tables = [list(range(i * blocks_each, (i + 1) * blocks_each)) for i in range(len(prompts))]
     ids = [f"bench-{i}" for i in range(len(prompts))]

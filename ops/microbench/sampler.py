@@ -29,6 +29,7 @@ from pagedserve.kernels.cpu.isa import ISAS, cpu_model
 from pagedserve.ops.microbench.ab_report import measured, write_report
 from pagedserve.services.worker.sampler import Sampler, SamplingRequest
 from pagedserve.shared.protocol.frontend import SamplingParams
+from pagedserve.shared.protocol.step import WorkerSampling
 
 VOCAB = 49152
 TEMPERATURE = 0.6
@@ -46,7 +47,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
 
 
 def _requests(setting: dict[str, Any], batch: int) -> list[SamplingRequest]:
-    fields = SamplingParams(**{"temperature": TEMPERATURE, **setting}).model_dump()
+    params = SamplingParams(**{"temperature": TEMPERATURE, **setting})
+    fields = WorkerSampling.of(params, params.seed)
     # 64 prompt and 64 output tokens each, as a mid-generation decode step.
     return [SamplingRequest(fields, list(range(64)), list(range(100, 164))) for _ in range(batch)]
 

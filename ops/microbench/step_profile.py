@@ -29,7 +29,7 @@ from pagedserve.ops.results import write_json
 from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.frontend import SamplingParams
-from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest
+from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest, WorkerSampling
 from torch.profiler import ProfilerActivity, profile, record_function
 
 # Op -> category. Anything not listed counts as "other ops" (norms, rotary, SiLU, adds, copies).
@@ -77,7 +77,7 @@ class Variant:
             self.name += "/prepacked"
         # "fused": our C++ norms, adds and SiLU-and-mul; "torch-ops": the plain forms.
         self.name += "/fused" if self.runner.model.use_fused_ops(fused_ops) == "cpp" else "/torch-ops"
-        params = SamplingParams(temperature=0.6, ignore_eos=True).model_dump()
+        params = WorkerSampling.of(SamplingParams(temperature=0.6, ignore_eos=True), None)
         vocab = self.runner.vocab_size
         self.ids = [f"r{i}" for i in range(batch)]
         news = [

@@ -26,7 +26,7 @@ from pagedserve.shared import ops_page
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
 from pagedserve.shared.ops_history import History
-from pagedserve.shared.ops_http import OpsServer, json_response
+from pagedserve.shared.ops_server import OpsServer, json_response
 from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply
 from pagedserve.shared.protocol.codec import ProtocolError
 from pagedserve.shared.protocol.control import (

@@ -17,7 +17,12 @@ import zmq
 from pagedserve.shared.protocol.blocks import BlockAnswers, BlockBatch, BlockReply
 from pagedserve.shared.protocol.codec import decode
 from pagedserve.shared.protocol.control import Pools, PoolsReply, RenewOwner
+from pagedserve.shared.protocol.frontend import Error
+from pagedserve.shared.protocol.messages import message_table, read_message
 from pagedserve.shared.transport import CurveKeys, make_socket, send
+
+# What the block manager sends a scheduler: an Error answers a frame it could not read.
+_REPLIES = message_table(BlockReply, PoolsReply, Error)
 
 
 class BlockManagerClient:
@@ -63,10 +68,9 @@ class BlockManagerClient:
         while (left := deadline - time.monotonic()) > 0:
             if not self.sock.poll(int(left * 1000) + 1):
                 break
-            frame = decode(self.sock.recv(), self.max_message_bytes)
-            if frame.get("type") != BlockReply.TYPE or frame.get("seq") != seq:
+            reply = read_message(decode(self.sock.recv(), self.max_message_bytes), _REPLIES)
+            if not isinstance(reply, BlockReply) or reply.seq != seq:
                 continue  # a late reply to a batch that timed out, or a probe's
-            reply = BlockReply.from_wire(frame)
             if self.instance is not None and reply.instance != self.instance:
                 self.lost("restarted")
                 return None
@@ -93,10 +97,9 @@ class BlockManagerClient:
         send(self.sock, Pools(self.seq))
         if not self.sock.poll(200):
             return None
-        frame = decode(self.sock.recv(), self.max_message_bytes)
-        if frame.get("type") != PoolsReply.TYPE:
+        reply = read_message(decode(self.sock.recv(), self.max_message_bytes), _REPLIES)
+        if not isinstance(reply, PoolsReply):
             return None
-        reply = PoolsReply.from_wire(frame)
         self.down = False
         self.instance = reply.instance
         return reply

@@ -53,7 +53,7 @@ def adopt_child(parent: Request, child: Request) -> None:
     """The fork succeeded: the child holds the parent's table and samples in this step."""
     child.status = Status.RUNNING
     child.on_worker = True
-    child.num_scheduled = parent.num_scheduled
+    child.num_slots_used = parent.num_slots_used
     child.num_known_sent = parent.num_known_sent
     child.pending = 1
     child.in_flight = 1

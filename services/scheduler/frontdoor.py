@@ -17,6 +17,7 @@ from pagedserve.services.scheduler.metrics import SchedulerMetrics
 from pagedserve.services.scheduler.model_info import ModelInfo
 from pagedserve.services.scheduler.outputs import OutputEvent, RequestDone
 from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.shared.protocol.codec import ProtocolError
 from pagedserve.shared.protocol.frontend import (
     CLIENT_MESSAGES,
     Abort,
@@ -29,6 +30,7 @@ from pagedserve.shared.protocol.frontend import (
     Submit,
     Usage,
 )
+from pagedserve.shared.protocol.messages import read_message
 from pagedserve.shared.transport import send
 from pydantic import ValidationError
 
@@ -52,15 +54,10 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 def parse_client_message(msg: dict[str, Any]) -> Submit | Abort | Ping:
     """Validate a decoded frame against the client message types; raises RequestRejected."""
-    kind = msg.get("type")
-    model = CLIENT_MESSAGES.get(kind)  # type: ignore[arg-type]
-    if model is None:
-        raise RequestRejected(
-            "unknown_type", f"type: unknown message type {kind!r}; expected one of {sorted(CLIENT_MESSAGES)}"
-        )
-    body = {k: v for k, v in msg.items() if k != "v"}
     try:
-        return model.model_validate(body)  # type: ignore[return-value]
+        return read_message(msg, CLIENT_MESSAGES)
+    except ProtocolError as exc:
+        raise RequestRejected(exc.code, f"type: {exc.message}") from None
     except ValidationError as exc:
         raise RequestRejected("invalid_request", describe_validation_error(exc)) from None
 

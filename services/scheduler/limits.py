@@ -40,10 +40,10 @@ class SchedulerStats:
     kv_slots_used: int = 0  # summed over steps: token slots holding KV
     kv_slots_held: int = 0  # summed over steps: slots of the blocks those requests hold
 
-    def account_kv(self, num_scheduled: list[int], block_size: int) -> None:
+    def account_kv(self, num_slots_used: list[int], block_size: int) -> None:
         """One step's KV use: slots holding tokens against the slots of the blocks they occupy."""
-        self.kv_slots_used += sum(num_scheduled)
-        self.kv_slots_held += sum(blocks_for(n, block_size) for n in num_scheduled) * block_size
+        self.kv_slots_used += sum(num_slots_used)
+        self.kv_slots_held += sum(blocks_for(n, block_size) for n in num_slots_used) * block_size
 
     @property
     def kv_utilization(self) -> float:

@@ -53,15 +53,17 @@ def schedulable(req: Request) -> bool:
         return False
     num_output = len(req.output_token_ids)
     known = len(req.prompt_token_ids) + num_output
-    if req.num_scheduled < known:
+    if req.num_slots_used < known:
         return True  # prefilling
-    return num_output + req.pending < req.sampling.max_tokens and req.num_scheduled < known + req.pending
+    return num_output + req.pending < req.sampling.max_tokens and req.num_slots_used < known + req.pending
 
 
 def blocks_to_grow(req: Request, num_tokens: int, block_size: int) -> int:
-    need = blocks_for(req.num_scheduled + num_tokens, block_size) - blocks_for(req.num_scheduled, block_size)
+    need = blocks_for(req.num_slots_used + num_tokens, block_size) - blocks_for(
+        req.num_slots_used, block_size
+    )
     # A forked request's partly filled last block is shared: its first write copies it.
-    return need + (1 if req.shares_last_block and req.num_scheduled % block_size else 0)
+    return need + (1 if req.shares_last_block and req.num_slots_used % block_size else 0)
 
 
 @dataclass(slots=True)
@@ -93,7 +95,7 @@ class Planner:
         draft = _Draft(state, owner, self.limits.max_num_batched_tokens, state.free_blocks)
         for req in state.to_free:
             # No step names it any more: its scheduled slots are exactly the computed ones.
-            draft.ops.append(free_op(req.request_id, req.num_scheduled))
+            draft.ops.append(free_op(req.request_id, req.num_slots_used))
             self._after_free(req, state)
         state.to_free.clear()
         # Forked for a step that never ran: none of it is known to be written.
@@ -118,11 +120,11 @@ class Planner:
                     break
                 if req.status is not Status.RUNNING:
                     continue  # preempted a moment ago, for someone earlier in this loop
-                n = min(draft.tokens, req.num_known - req.num_scheduled) if want_prefill else 1
+                n = min(draft.tokens, req.num_known - req.num_slots_used) if want_prefill else 1
                 need = blocks_to_grow(req, n, bs)
                 if need > draft.blocks and want_prefill:
                     # A prompt chunk shrinks to the memory there is before anyone is preempted.
-                    n = min(n, draft.blocks * bs + (-req.num_scheduled) % bs)
+                    n = min(n, draft.blocks * bs + (-req.num_slots_used) % bs)
                     need = blocks_to_grow(req, n, bs) if n > 0 else need
                 if need > draft.blocks or n <= 0:
                     state.starving = True
@@ -131,7 +133,7 @@ class Planner:
                 new_known = req.known_since(req.num_known_sent) if req.num_known_sent < req.num_known else []
                 entry = PlanEntry(req, len(draft.ops), n, new=False)
                 draft.ops.append(grow_op(req.request_id, n, new_known))
-                if want_prefill and req.num_scheduled + n == req.num_known:
+                if want_prefill and req.num_slots_used + n == req.num_known:
                     entry.forks = plan_forks(req, draft.owner, draft.ops)
                 draft.entries.append(entry)
                 draft.blocks -= need
@@ -195,7 +197,7 @@ class Planner:
         self.stats.preemptions += 1
         if victim.in_flight == 0:
             state.running.remove(victim)
-            draft.ops.append(free_op(victim.request_id, victim.num_scheduled))
+            draft.ops.append(free_op(victim.request_id, victim.num_slots_used))
             self._after_free(victim, state)
 
     def _after_free(self, req: Request, state: WorkerState) -> None:

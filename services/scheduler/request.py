@@ -31,7 +31,7 @@ class Request:
     finish_reason: str | None = None
     # --- KV bookkeeping (mirrors the worker's state one pipeline window ahead)
     on_worker: bool = False  # the worker holds its state (sent as NewRequest, not yet told to forget)
-    num_scheduled: int = 0  # tokens whose KV is computed or being computed: the table's slots
+    num_slots_used: int = 0  # tokens whose KV is computed or being computed, over all steps so far
     num_known_sent: int = 0  # known tokens already told to the block manager (for prefix hashing)
     pending: int = 0  # tokens sampled by steps in flight, not yet seen
     in_flight: int = 0  # steps in flight that name this request
@@ -72,7 +72,7 @@ class Request:
     @property
     def prefilling(self) -> bool:
         """Still computing tokens that are already known (prompt, or recompute after preemption)."""
-        return self.num_scheduled < self.num_known
+        return self.num_slots_used < self.num_known
 
     @property
     def freeable(self) -> bool:
@@ -84,5 +84,5 @@ class Request:
         Outputs so far stay: a recompute prefills prompt + outputs and the stream goes on."""
         self.status = Status.WAITING
         self.on_worker = False
-        self.num_scheduled = self.num_known_sent = self.pending = self.in_flight = 0
+        self.num_slots_used = self.num_known_sent = self.pending = self.in_flight = 0
         self.shares_last_block = False

@@ -34,7 +34,14 @@ from pagedserve.services.scheduler.stopping import Tokenizer
 from pagedserve.shared.protocol.blocks import BlockAnswers, BlockOpError, alloc_result, grow_result
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
-from pagedserve.shared.protocol.step import CachedRequest, Execute, Fork, NewRequest, StepResult
+from pagedserve.shared.protocol.step import (
+    CachedRequest,
+    Execute,
+    Fork,
+    NewRequest,
+    StepResult,
+    WorkerSampling,
+)
 
 __all__ = ["OutputEvent", "RequestDone", "Scheduler", "SchedulerLimits", "StepOutcome"]
 
@@ -209,7 +216,7 @@ class Scheduler:
         return [
             r.request_id
             for r in self.requests.values()
-            if r.num_scheduled > 0 and (worker_id is None or r.worker_id == worker_id)
+            if r.num_slots_used > 0 and (worker_id is None or r.worker_id == worker_id)
         ]
 
     # ------------------------------------------------------------------ one step
@@ -271,7 +278,7 @@ class Scheduler:
             if entry.new:
                 req.status = Status.RUNNING
                 req.on_worker = True
-                req.num_scheduled = res.num_cached_tokens + res.num_new_tokens
+                req.num_slots_used = res.num_cached_tokens + res.num_new_tokens
                 req.num_known_sent = req.num_known
                 req.num_cached_tokens = res.num_cached_tokens
                 self.stats.cached_tokens += res.num_cached_tokens
@@ -284,11 +291,11 @@ class Scheduler:
                         res.num_cached_tokens,
                         res.num_new_tokens,
                         res.block_ids,
-                        self._worker_sampling(req),
+                        WorkerSampling.of(req.sampling, req.seed, req.wants_prompt_logprobs),
                     )
                 )
             else:
-                req.num_scheduled += entry.num_tokens
+                req.num_slots_used += entry.num_tokens
                 req.num_known_sent = req.num_known
                 req.shares_last_block = False
                 execute.copies.extend(res.copies)
@@ -298,7 +305,7 @@ class Scheduler:
                     )
                 )
             req.in_flight += 1
-            if req.num_scheduled >= req.num_known:
+            if req.num_slots_used >= req.num_known:
                 req.pending += 1
                 sampled_ids.append(req.request_id)
             for op_index, child in entry.forks:
@@ -318,16 +325,9 @@ class Scheduler:
             return None
         step_ids = execute.request_ids() + [f.child_id for f in execute.forks]
         execute.step = state.window.open(step_ids, now)
-        self.stats.account_kv([r.num_scheduled for r in state.running], state.block_size)
+        self.stats.account_kv([r.num_slots_used for r in state.running], state.block_size)
         self.stats.steps += 1
         return execute
-
-    def _worker_sampling(self, req: Request) -> dict[str, Any]:
-        params = req.sampling.model_dump(exclude={"stop", "n", "priority", "include_stop_str_in_output"})
-        params["seed"] = req.seed
-        if not req.wants_prompt_logprobs:
-            params["prompt_logprobs"] = None  # a child, or already received: not computed again
-        return params
 
     # ------------------------------------------------------------------ results
 

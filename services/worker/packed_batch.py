@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from pagedserve.kernels.attention import AttentionMetadata
 from pagedserve.shared.paging import blocks_for
+from pagedserve.shared.protocol.step import WorkerSampling
 
 
 @dataclass(slots=True)
@@ -22,7 +23,7 @@ class RequestState:
     output_token_ids: list[int]  # every token sampled so far; the last may not be computed yet
     num_computed_tokens: int  # leading tokens whose K/V is in the cache
     block_ids: list[int]  # the block table
-    sampling: dict[str, Any]
+    sampling: WorkerSampling
     # The grammar matcher of a constrained request (services/constraints), built at its first sampled
     # token by replaying output_token_ids; None for an unconstrained one (or before that token).
     matcher: Any = None

@@ -52,7 +52,7 @@ _LITTLE = {torch.float32: "<f4", torch.int32: "<i4"}
 
 def wanted(state: RequestState) -> PromptTally | None:
     """A tally for a request that asked and has prompt positions left to compute, else None."""
-    k = state.sampling.get("prompt_logprobs")
+    k = state.sampling.prompt_logprobs
     if k is None or state.output_token_ids:
         return None  # not asked, or asked and already delivered (a recompute has outputs)
     return PromptTally(int(k))

@@ -40,12 +40,10 @@ class RequestConstraints:
 
     def matcher_of(self, state: RequestState) -> SequenceMatcher | None:
         """The request's matcher, built (and replayed over its accepted tokens) on first use."""
-        if state.matcher is None and state.sampling.get("structured_outputs") is not None:
+        spec = state.sampling.structured_outputs
+        if state.matcher is None and spec is not None:
             from pagedserve.services.constraints.matcher import SequenceMatcher
-            from pagedserve.shared.protocol.constraints import structured_outputs_of
 
-            spec = structured_outputs_of(state.sampling)
-            assert spec is not None
             state.matcher = SequenceMatcher.start(self.compiler.compile(spec), state.output_token_ids)
         return state.matcher
 

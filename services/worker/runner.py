@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 from pagedserve.kernels.attention import get_backend
@@ -243,14 +242,13 @@ class ModelRunner:
             )
         row = rows[0]
         parent = sampled[row]
-        sampling: dict[str, Any] = {**parent.sampling, "seed": fork.seed}
         child = RequestState(
             request_id=fork.child_id,
             prompt_token_ids=parent.prompt_token_ids,  # never modified: shared
             output_token_ids=list(parent.output_token_ids),
             num_computed_tokens=parent.num_computed_tokens,
             block_ids=list(parent.block_ids),  # shared with the parent; copy-on-write comes later
-            sampling=sampling,
+            sampling=parent.sampling.with_seed(fork.seed),
         )
         # The child's grammar state is the parent's before this step's token (it samples its own).
         child.matcher = self.constraints.fork(parent)

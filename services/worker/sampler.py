@@ -35,6 +35,7 @@ from pagedserve.kernels.cpu.isa import check_isa
 from pagedserve.services.worker.penalties import apply_penalties, mask_tokens
 from pagedserve.services.worker.sampling_batch import SamplingBatch, build_sampling_batch, column
 from pagedserve.services.worker.truncation import min_p_floor, top_k_top_p_floor
+from pagedserve.shared.protocol.step import WorkerSampling
 
 if TYPE_CHECKING:
     from pagedserve.services.constraints.matcher import TokenMask
@@ -44,7 +45,7 @@ _SEED_MASK = (1 << 63) - 1
 
 @dataclass(slots=True)
 class SamplingRequest:
-    params: dict[str, Any]  # SamplingParams fields (shared.protocol.frontend.SamplingParams.model_dump())
+    params: WorkerSampling
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
 
@@ -159,9 +160,9 @@ class Sampler:
             rows,
             prompt_ids=[r.prompt_token_ids for r in chosen],
             output_ids=[r.output_token_ids for r in chosen],
-            repetition=[r.params.get("repetition_penalty", 1.0) for r in chosen],
-            presence=[r.params.get("presence_penalty", 0.0) for r in chosen],
-            frequency=[r.params.get("frequency_penalty", 0.0) for r in chosen],
+            repetition=[r.params.repetition_penalty for r in chosen],
+            presence=[r.params.presence_penalty for r in chosen],
+            frequency=[r.params.frequency_penalty for r in chosen],
         )
         if rows is not logits:
             logits[batch.penalised_rows] = rows

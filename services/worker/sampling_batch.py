@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
+from pagedserve.shared.protocol.step import WorkerSampling
 
 # Below this temperature a row is greedy: dividing by it would only overflow toward the argmax anyway.
 GREEDY_TEMPERATURE = 1e-5
 
 
 class SamplingRow(Protocol):
-    params: dict[str, Any]
+    params: WorkerSampling
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
 
@@ -55,14 +56,6 @@ class SamplingBatch:
         )
 
 
-def has_penalty(params: dict[str, Any]) -> bool:
-    return (
-        params.get("repetition_penalty", 1.0) != 1.0
-        or params.get("presence_penalty", 0.0) != 0.0
-        or params.get("frequency_penalty", 0.0) != 0.0
-    )
-
-
 def build_sampling_batch(
     requests: Sequence[SamplingRow], eos_token_ids: Sequence[int], vocab_size: int
 ) -> SamplingBatch:
@@ -70,33 +63,32 @@ def build_sampling_batch(
     for row, request in enumerate(requests):
         params = request.params
         num_output = len(request.output_token_ids)
-        temperature = float(params.get("temperature", 1.0))
+        temperature = params.temperature
         if temperature < GREEDY_TEMPERATURE:
             batch.greedy_rows.append(row)
         else:
             batch.random_rows.append(row)
             batch.temperatures.append(temperature)
-            batch.top_ks.append(int(params.get("top_k", 0)))
-            batch.top_ps.append(float(params.get("top_p", 1.0)))
-            batch.min_ps.append(float(params.get("min_p", 0.0)))
-            batch.seeds.append(params.get("seed"))
+            batch.top_ks.append(params.top_k)
+            batch.top_ps.append(params.top_p)
+            batch.min_ps.append(params.min_p)
+            batch.seeds.append(params.seed)
             batch.positions.append(num_output)
-        if has_penalty(params):
+        if params.has_penalty:
             batch.penalised_rows.append(row)
-        bias = params.get("logit_bias")
+        bias = params.logit_bias
         if bias:
-            pairs = [(int(t), float(b)) for t, b in bias.items() if 0 <= int(t) < vocab_size]
+            pairs = [(t, b) for t, b in bias.items() if 0 <= t < vocab_size]
             batch.biased.append((row, [t for t, _ in pairs], [b for _, b in pairs]))
-        if num_output < params.get("min_tokens", 0) and params.get("structured_outputs") is None:
+        if num_output < params.min_tokens and params.structured_outputs is None:
             # ignore_eos does not lift this mask: min_tokens is a floor on length either way. A
             # constrained row is exempt: its grammar alone says when it may end (banning the only
             # token it allows would leave nothing to sample).
-            stops = {*eos_token_ids, *params.get("stop_token_ids", ())}
+            stops = {*eos_token_ids, *params.stop_token_ids}
             batch.banned.append((row, sorted(t for t in stops if 0 <= t < vocab_size)))
-        num_logprobs = params.get("logprobs")
-        if num_logprobs is not None:
+        if params.logprobs is not None:
             batch.logprob_rows.append(row)
-            batch.num_logprobs.append(int(num_logprobs))
+            batch.num_logprobs.append(params.logprobs)
     return batch
 
 

@@ -29,6 +29,7 @@ from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
 from pagedserve.shared.protocol.codec import ProtocolError, decode
 from pagedserve.shared.protocol.control import DumpStacks, Heartbeat, Hello, Register, Registered, Reset
+from pagedserve.shared.protocol.frontend import Error
 from pagedserve.shared.protocol.messages import message_table, read_message
 from pagedserve.shared.protocol.step import ExecuteMessage, StepResultMessage
 from pagedserve.shared.transport import CurveKeys, make_socket, send
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 # What the scheduler sends a worker's step socket, and its heartbeat socket.
 _FROM_SCHEDULER = message_table(ExecuteMessage, Reset)
 _TO_HEARTBEAT = message_table(DumpStacks)
+_FROM_BLOCK_MANAGER = message_table(Registered, Error)  # Error: it could not read our register
 
 
 class WorkerService:
@@ -117,15 +119,16 @@ class WorkerService:
             while not self.stopping.is_set():
                 send(bm, self.announcement(Register))
                 if bm.poll(1000):
-                    reply = decode(bm.recv())
-                    if reply["type"] == Registered.TYPE:
+                    reply = read_message(decode(bm.recv()), _FROM_BLOCK_MANAGER)
+                    if isinstance(reply, Registered):
                         self.log.info(
                             "pool_registered",
                             num_blocks=self.runner.num_blocks,
                             block_size=self.runner.block_size,
-                            bm_instance=Registered.from_wire(reply).instance,
+                            bm_instance=reply.instance,
                         )
                         return
+                    self.log.warning("register_refused", code=reply.code, error=reply.message)
                 self.log.info("waiting_for_block_manager", endpoint=self.config.block_manager_endpoint)
         finally:
             bm.close(0)

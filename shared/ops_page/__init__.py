@@ -17,7 +17,7 @@ import urllib.request
 from importlib import resources
 from urllib.parse import urlencode
 
-from pagedserve.shared.ops_http import QueryHandler
+from pagedserve.shared.ops_server import QueryHandler
 from prometheus_client import Counter
 
 VIEW_MAX_AGE_S = 0.9  # the page polls once a second: one encoding per poll, however many pages

@@ -62,9 +62,3 @@ class StructuredOutputs(BaseModel):
         return json.dumps(
             [self.kind, self.value_of(self.kind), self.disable_any_whitespace], sort_keys=True, default=str
         )
-
-
-def structured_outputs_of(sampling: dict[str, Any]) -> StructuredOutputs | None:
-    """The constraint inside a SamplingParams dump (what the worker receives), or None."""
-    raw = sampling.get("structured_outputs")
-    return None if raw is None else StructuredOutputs.model_validate(raw)

@@ -1,9 +1,9 @@
 """Every message type that crosses a socket, by its `type` tag: the protocol read as one table.
 
-Public messages (`frontend`) are pydantic models, validated on arrival. Internal ones are slotted
-dataclasses with `TYPE`, `to_wire()` (the frame's body) and `from_wire(body)`: control messages
-check their fields there, the hot path (`execute`, `step_result`, `block_ops`, `block_reply`) only
-reads them.
+Public messages (`frontend`) are pydantic models, validated on arrival. Internal ones have `TYPE`,
+`to_wire()` (the frame's body) and `from_wire(body)`: control messages check their fields there, the
+step messages (`execute`, `step_result`) hand their msgspec body to msgspec, which checks its types,
+and the block frames only read theirs.
 """
 
 from __future__ import annotations

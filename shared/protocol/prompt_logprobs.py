@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import sys
 from array import array
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, model_validator
 
 
@@ -35,8 +35,7 @@ def pack_floats(values: list[float]) -> bytes:
     return packed.tobytes()
 
 
-@dataclass(slots=True)
-class PackedPromptLogprobs:
+class PackedPromptLogprobs(msgspec.Struct, array_like=True):
     """Worker -> scheduler: one request's prompt logprobs, sent with its first sampled token."""
 
     request_id: str
@@ -44,13 +43,6 @@ class PackedPromptLogprobs:
     token_logprobs: bytes  # float32 [P-1]
     top_token_ids: bytes  # int32 [P-1, num_top]
     top_logprobs: bytes  # float32 [P-1, num_top]
-
-    def to_wire(self) -> list[Any]:
-        return [self.request_id, self.num_top, self.token_logprobs, self.top_token_ids, self.top_logprobs]
-
-    @classmethod
-    def from_wire(cls, w: list[Any]) -> PackedPromptLogprobs:
-        return cls(w[0], w[1], w[2], w[3], w[4])
 
 
 class PromptLogprobs(BaseModel):

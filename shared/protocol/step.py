@@ -1,7 +1,9 @@
 """Scheduler <-> worker hot path: `Execute` carries deltas, `StepResult` carries sampled tokens.
 
-Plain slotted dataclasses; on the wire each is a flat list (no field names, no validation beyond
-the frame's version): these are built and parsed once per step for hundreds of requests.
+Declared as `msgspec.Struct(array_like=True)`: the declarations are the codec. On the wire each is
+a flat msgpack list (no field names) inside the frame's map; msgspec builds and checks the types in
+one pass in C, since these are built and read once per step for hundreds of requests
+(ops/microbench/codec.py measures it, docs/design-notes.md has the numbers).
 
 Worker semantics of one Execute (the order matters):
 1. forget `finished_ids` (finished, aborted or preempted; their blocks are the scheduler's again);
@@ -20,14 +22,66 @@ Worker semantics of one Execute (the order matters):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import msgspec
+from pagedserve.shared.protocol.constraints import StructuredOutputs
+from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.prompt_logprobs import PackedPromptLogprobs
 
 
-@dataclass(slots=True)
-class NewRequest:
+class WorkerSampling(msgspec.Struct, array_like=True, frozen=True):
+    """What the worker reads of a request's SamplingParams: the draw, the penalties, the masks.
+
+    No defaults here: every value comes from a SamplingParams (`of`), whose defaults are the only
+    ones. Stop strings, n, priority and max_tokens stay with the scheduler, which stops requests."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    seed: int | None  # the request's own (a child of n > 1 has its parent's plus its index)
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    min_tokens: int
+    stop_token_ids: list[int]
+    logprobs: int | None
+    logit_bias: dict[int, float] | None
+    structured_outputs: StructuredOutputs | None
+    prompt_logprobs: int | None  # None once received (or for a child): never computed twice
+
+    @classmethod
+    def of(
+        cls, params: SamplingParams, seed: int | None, with_prompt_logprobs: bool = True
+    ) -> WorkerSampling:
+        """`with_prompt_logprobs=False` for a request whose prompt logprobs the worker already sent."""
+        return cls(
+            params.temperature,
+            params.top_k,
+            params.top_p,
+            params.min_p,
+            seed,
+            params.repetition_penalty,
+            params.presence_penalty,
+            params.frequency_penalty,
+            params.min_tokens,
+            list(params.stop_token_ids),
+            params.logprobs,
+            params.logit_bias,
+            params.structured_outputs,
+            params.prompt_logprobs if with_prompt_logprobs else None,
+        )
+
+    @property
+    def has_penalty(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    def with_seed(self, seed: int | None) -> WorkerSampling:
+        return msgspec.structs.replace(self, seed=seed)
+
+
+class NewRequest(msgspec.Struct, array_like=True):
     """A request the worker has not seen (or must recompute after preemption / a lost worker)."""
 
     request_id: str
@@ -36,72 +90,33 @@ class NewRequest:
     num_computed_tokens: int  # leading tokens whose KV is already cached (prefix-cache hit)
     num_scheduled_tokens: int  # tokens to compute in this step
     block_ids: list[int]  # the block table
-    sampling: dict[str, Any]  # SamplingParams fields (model_dump) the sampler reads
-
-    def to_wire(self) -> list[Any]:
-        return [
-            self.request_id,
-            self.token_ids,
-            self.num_prompt_tokens,
-            self.num_computed_tokens,
-            self.num_scheduled_tokens,
-            self.block_ids,
-            self.sampling,
-        ]
-
-    @classmethod
-    def from_wire(cls, w: list[Any]) -> NewRequest:
-        return cls(w[0], w[1], w[2], w[3], w[4], w[5], w[6])
+    sampling: WorkerSampling
 
 
-@dataclass(slots=True)
-class CachedRequest:
+class CachedRequest(msgspec.Struct, array_like=True):
     """A request the worker already holds: only what changed."""
 
     request_id: str
     num_scheduled_tokens: int
-    new_block_ids: list[int] = field(default_factory=list)  # appended to the block table
-    replaced_blocks: list[tuple[int, int]] = field(
-        default_factory=list
-    )  # (logical index, new id): copy-on-write
-
-    def to_wire(self) -> list[Any]:
-        return [
-            self.request_id,
-            self.num_scheduled_tokens,
-            self.new_block_ids,
-            [list(p) for p in self.replaced_blocks],
-        ]
-
-    @classmethod
-    def from_wire(cls, w: list[Any]) -> CachedRequest:
-        return cls(w[0], w[1], w[2], [(int(a), int(b)) for a, b in w[3]])
+    new_block_ids: list[int] = []  # appended to the block table
+    replaced_blocks: list[tuple[int, int]] = []  # (logical index, new id): copy-on-write
 
 
-@dataclass(slots=True)
-class Fork:
+class Fork(msgspec.Struct, array_like=True):
     """After this step's sampling, `child_id` starts as a copy of `parent_id` with its own seed."""
 
     parent_id: str
     child_id: str
     seed: int | None
 
-    def to_wire(self) -> list[Any]:
-        return [self.parent_id, self.child_id, self.seed]
 
-    @classmethod
-    def from_wire(cls, w: list[Any]) -> Fork:
-        return cls(w[0], w[1], w[2])
-
-
-@dataclass(slots=True)
-class Execute:
+class Execute(msgspec.Struct, array_like=True):
     step: int
-    new_requests: list[NewRequest] = field(default_factory=list)
-    cached_requests: list[CachedRequest] = field(default_factory=list)
-    finished_ids: list[str] = field(default_factory=list)
-    copies: list[tuple[int, int]] = field(default_factory=list)  # (src block, dst block)
-    forks: list[Fork] = field(default_factory=list)
+    new_requests: list[NewRequest] = []
+    cached_requests: list[CachedRequest] = []
+    finished_ids: list[str] = []
+    copies: list[tuple[int, int]] = []  # (src block, dst block)
+    forks: list[Fork] = []
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -112,30 +127,8 @@ class Execute:
     def request_ids(self) -> list[str]:
         return [r.request_id for r in self.new_requests] + [r.request_id for r in self.cached_requests]
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "new": [r.to_wire() for r in self.new_requests],
-            "cached": [r.to_wire() for r in self.cached_requests],
-            "finished": self.finished_ids,
-            "copies": [list(c) for c in self.copies],
-            "forks": [f.to_wire() for f in self.forks],
-        }
 
-    @classmethod
-    def from_wire(cls, m: dict[str, Any]) -> Execute:
-        return cls(
-            step=m["step"],
-            new_requests=[NewRequest.from_wire(w) for w in m["new"]],
-            cached_requests=[CachedRequest.from_wire(w) for w in m["cached"]],
-            finished_ids=m["finished"],
-            copies=[(int(a), int(b)) for a, b in m["copies"]],
-            forks=[Fork.from_wire(w) for w in m["forks"]],
-        )
-
-
-@dataclass(slots=True)
-class StepResult:
+class StepResult(msgspec.Struct, array_like=True):
     """One sampled token per request that reached the end of its known tokens (children included).
 
     `logprobs[i]` is None unless that request asked for them; else
@@ -144,35 +137,43 @@ class StepResult:
     """
 
     step: int
-    request_ids: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
+    request_ids: list[str] = []
+    token_ids: list[int] = []
     logprobs: list[Any] | None = None
-    timings: dict[str, float] = field(default_factory=dict)  # forward_s, sample_s, step_s, ...
-    prompt_logprobs: list[PackedPromptLogprobs] = field(default_factory=list)
+    timings: dict[str, float] = {}  # forward_s, sample_s, step_s, ...
+    prompt_logprobs: list[PackedPromptLogprobs] = []  # empty on nearly every step
 
-    def to_wire(self) -> dict[str, Any]:
-        wire = {
-            "step": self.step,
-            "ids": self.request_ids,
-            "tokens": self.token_ids,
-            "logprobs": self.logprobs,
-            "timings": self.timings,
-        }
-        if self.prompt_logprobs:  # absent from nearly every step
-            wire["prompt_logprobs"] = [p.to_wire() for p in self.prompt_logprobs]
-        return wire
 
-    @classmethod
-    def from_wire(cls, m: dict[str, Any]) -> StepResult:
-        prompt = [PackedPromptLogprobs.from_wire(w) for w in m.get("prompt_logprobs", ())]
-        return cls(m["step"], m["ids"], m["tokens"], m["logprobs"], m["timings"], prompt)
+# ---------------------------------------------------------------- the codec of the bodies above
+
+
+def _encode_custom(value: Any) -> Any:
+    if isinstance(value, StructuredOutputs):
+        return value.model_dump()
+    raise NotImplementedError(f"no wire form for {type(value).__name__}")
+
+
+def _decode_custom(kind: type, value: Any) -> Any:
+    if kind is StructuredOutputs:
+        return StructuredOutputs.model_validate(value)  # a pydantic error becomes msgspec's, naming the path
+    raise NotImplementedError(f"no wire form for {kind.__name__}")
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_encode_custom)
+_EXECUTE = msgspec.msgpack.Decoder(Execute, dec_hook=_decode_custom)
+_STEP_RESULT = msgspec.msgpack.Decoder(StepResult)
+
+
+def _body(raw: Any, decoder: msgspec.msgpack.Decoder, of: str) -> Any:
+    if type(raw) is not bytes:
+        raise TypeError(f"{of} must be msgpack bytes, got {type(raw).__name__}")
+    return decoder.decode(raw)  # msgspec.ValidationError (a ValueError) names the bad field's path
 
 
 # ---------------------------------------------------------------- frames
 
 
-@dataclass(slots=True)
-class ExecuteMessage:
+class ExecuteMessage(msgspec.Struct):
     """scheduler -> worker: run this step."""
 
     TYPE: ClassVar[str] = "execute"
@@ -180,15 +181,14 @@ class ExecuteMessage:
     execute: Execute
 
     def to_wire(self) -> dict[str, Any]:
-        return {"execute": self.execute.to_wire()}
+        return {"execute": _ENCODER.encode(self.execute)}
 
     @classmethod
     def from_wire(cls, body: dict[str, Any]) -> ExecuteMessage:
-        return cls(Execute.from_wire(body["execute"]))
+        return cls(_body(body["execute"], _EXECUTE, "execute"))
 
 
-@dataclass(slots=True)
-class StepResultMessage:
+class StepResultMessage(msgspec.Struct):
     """worker -> scheduler: the tokens of the oldest step in flight."""
 
     TYPE: ClassVar[str] = "step_result"
@@ -201,8 +201,13 @@ class StepResultMessage:
     generation: int = 0
 
     def to_wire(self) -> dict[str, Any]:
-        return {"worker_id": self.worker_id, "result": self.result.to_wire(), "generation": self.generation}
+        return {
+            "worker_id": self.worker_id,
+            "result": _ENCODER.encode(self.result),
+            "generation": self.generation,
+        }
 
     @classmethod
     def from_wire(cls, body: dict[str, Any]) -> StepResultMessage:
-        return cls(body["worker_id"], StepResult.from_wire(body["result"]), int(body.get("generation", 0)))
+        result = _body(body["result"], _STEP_RESULT, "result")
+        return cls(body["worker_id"], result, int(body.get("generation", 0)))

@@ -11,7 +11,7 @@ import logging
 
 from pagedserve.shared.protocol.codec import ProtocolError, decode
 from pagedserve.shared.protocol.frontend import SERVER_MESSAGES, Abort, Accepted, Delta, Error, Finished, Ping
-from pagedserve.shared.protocol.messages import encode_message
+from pagedserve.shared.protocol.messages import encode_message, read_message
 from pagedserve.shared.sdk.request_state import LiveRequest
 from pagedserve.shared.sdk.results import RequestError, Result
 from pydantic import ValidationError
@@ -153,11 +153,7 @@ class Session:
     def on_frame(self, frame: bytes, now: float) -> None:
         self._last_rx = now  # anything at all proves the connection is alive
         try:
-            raw = decode(frame, self.max_message_bytes)
-            model = SERVER_MESSAGES.get(raw["type"])
-            if model is None:
-                raise ProtocolError("unknown_type", f"unknown message type {raw['type']!r}")
-            message = model.model_validate({k: v for k, v in raw.items() if k != "v"})
+            message = read_message(decode(frame, self.max_message_bytes), SERVER_MESSAGES)
         except (ProtocolError, ValidationError) as exc:
             # A bad frame is the server's bug; dropping it keeps every other request going.
             log.warning("pagedserve sdk: dropped a bad frame from the server: %s", exc)

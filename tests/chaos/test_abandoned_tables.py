@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from deployment import blocks, start
-from ghost_owner import ghost_allocate
-from greedy_reference import greedy_outputs, random_prompts
+from harness.deployment import blocks, start
+from harness.ghost_owner import ghost_allocate
+from harness.greedy_reference import greedy_outputs, random_prompts
 
 from pagedserve import Client
 

@@ -12,7 +12,7 @@ import urllib.request
 import msgpack
 import pytest
 import zmq
-from deployment import get_text, start
+from harness.deployment import get_text, start
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pagedserve.services.scheduler.admission import RequestRejected

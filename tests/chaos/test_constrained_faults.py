@@ -11,8 +11,8 @@ import re
 import signal
 
 import pytest
-from deployment import get_text, start, wait_for, workers_ready
-from greedy_reference import random_prompts
+from harness.deployment import get_text, start, wait_for, workers_ready
+from harness.greedy_reference import random_prompts
 from pagedserve.shared.protocol.constraints import StructuredOutputs
 
 from pagedserve import LLM, AsyncClient, SamplingParams

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import zmq
-from deployment import start
+from harness.deployment import start
 from pagedserve.ops.cli.keys import create_keys
 from pagedserve.shared.protocol.codec import encode
 from pagedserve.shared.sdk import load_client_keys

@@ -11,7 +11,7 @@ import time
 import uuid
 
 import zmq
-from deployment import deployment_config, get_text, workers_ready
+from harness.deployment import deployment_config, get_text, workers_ready
 from pagedserve.ops.deploy.supervisor import Supervisor
 from pagedserve.services.worker.simulated import SimulatedRunner, fake_token
 from pagedserve.shared.protocol.codec import decode

@@ -12,8 +12,8 @@ import threading
 import time
 
 import pytest
-from deployment import blocks, get_text, start, stream_greedy, wait_for, workers_ready
-from greedy_reference import greedy_outputs, random_prompts
+from harness.deployment import blocks, get_text, start, stream_greedy, wait_for, workers_ready
+from harness.greedy_reference import greedy_outputs, random_prompts
 
 MAX_TOKENS = 100
 

@@ -7,8 +7,8 @@ import signal
 import time
 
 import pytest
-from deployment import blocks, start, stream_greedy, wait_for, workers_ready
-from greedy_reference import greedy_outputs, random_prompts
+from harness.deployment import blocks, start, stream_greedy, wait_for, workers_ready
+from harness.greedy_reference import greedy_outputs, random_prompts
 from pagedserve.ops.deploy.process_group import RestartPolicy
 from pagedserve.shared.sdk import RequestError
 

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from deployment import free_ports, get_json, wait_for
+from harness.deployment import free_ports, get_json, wait_for
 
 
 def deployment_processes(marker: str) -> list[int]:

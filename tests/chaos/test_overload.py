@@ -10,9 +10,9 @@ import threading
 import time
 
 import pytest
-from deployment import get_json, start
-from greedy_reference import greedy_outputs, random_prompts
-from pagedserve.ops.deploy import ops_http
+from harness.deployment import get_json, start
+from harness.greedy_reference import greedy_outputs, random_prompts
+from pagedserve.ops.deploy import ops_client
 from pagedserve.shared.sdk import RequestError
 
 from pagedserve import AsyncClient
@@ -47,7 +47,7 @@ class HealthProbe(threading.Thread):
         while not self.stop.wait(0.1):
             for url in self.urls:
                 t0 = time.monotonic()
-                took = time.monotonic() - t0 if ops_http.is_ok(url) else float("inf")
+                took = time.monotonic() - t0 if ops_client.is_ok(url) else float("inf")
                 self.slowest = max(self.slowest, took)
 
 

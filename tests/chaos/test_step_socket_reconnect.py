@@ -10,8 +10,8 @@ import subprocess
 import time
 from urllib.parse import urlparse
 
-from deployment import start, wait_for, workers_ready
-from greedy_reference import greedy_outputs, random_prompts
+from harness.deployment import start, wait_for, workers_ready
+from harness.greedy_reference import greedy_outputs, random_prompts
 
 from pagedserve import AsyncClient
 

@@ -9,8 +9,8 @@ import asyncio
 import time
 
 import pytest
-from deployment import start, wait_for, workers_ready
-from greedy_reference import greedy_outputs, random_prompts
+from harness.deployment import start, wait_for, workers_ready
+from harness.greedy_reference import greedy_outputs, random_prompts
 from pagedserve.shared.sdk.client import DEFAULT_IDLE_TIMEOUT_S
 
 from pagedserve import AsyncClient

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from api_server import ApiServer, with_chat_template
-from deployment import start
+from harness.api_server import ApiServer, with_chat_template
+from harness.deployment import start
 from pagedserve.ops.deploy.supervisor import Supervisor
 
 API_KEY = "test-key-123"

@@ -9,7 +9,7 @@ import time
 
 import httpx
 import pytest
-from deployment import blocks, get_json
+from harness.deployment import blocks, get_json
 
 MAX_TOKENS = 440  # ~3 s of the tiny model: far longer than the test waits after hanging up
 

@@ -11,8 +11,8 @@ import time
 import httpx
 import openai
 import pytest
-from api_server import ApiServer
-from deployment import deployment_config, free_ports, start
+from harness.api_server import ApiServer
+from harness.deployment import deployment_config, free_ports, start
 
 
 def post(dep, path: str, body, *, key: str | None = "default", **kwargs) -> httpx.Response:

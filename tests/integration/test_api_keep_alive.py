@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
-from deployment import free_ports
+from harness.deployment import free_ports
 
 IDLE_S = 6.0  # past uvicorn's default keep-alive (5 s) and httpx's pool expiry (5 s)
 

@@ -11,8 +11,8 @@ import sys
 
 import httpx
 import pytest
-from api_server import ApiServer
-from deployment import start
+from harness.api_server import ApiServer
+from harness.deployment import start
 
 KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789"}
 

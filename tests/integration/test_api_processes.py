@@ -10,7 +10,7 @@ import signal
 import time
 
 import httpx
-from deployment import deployment_config, free_ports, wait_for, workers_ready
+from harness.deployment import deployment_config, free_ports, wait_for, workers_ready
 from pagedserve.ops.deploy.supervisor import Supervisor
 
 STREAMS = 16

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 import openai
-from api_server import with_chat_template
-from deployment import free_ports
+from harness.api_server import with_chat_template
+from harness.deployment import free_ports
 
 
 def api_pid(parent: int) -> int:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 from browser import CELL_COLOUR, CELL_OFFSET, COUNT_CELL_COLOURS, headless_chromium, missing
-from deployment import start, wait_for
-from ghost_owner import ghost_allocate
+from harness.deployment import start, wait_for
+from harness.ghost_owner import ghost_allocate
 
 needs_browser = pytest.mark.skipif(missing() is not None, reason=f"no headless browser: {missing()}")
 needs_tmux = pytest.mark.skipif(

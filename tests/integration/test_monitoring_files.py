@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from deployment import get_text
+from harness.deployment import get_text
 from prometheus_client.parser import text_string_to_metric_families
 
 MONITORING = Path(__file__).resolve().parents[2] / "ops" / "deploy" / "monitoring"

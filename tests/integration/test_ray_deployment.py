@@ -26,8 +26,8 @@ import pytest
 # Ray is an optional extra for users, but the test setup (ops/setup.sh) always installs it: a
 # missing ray here is a broken install and must fail, not skip.
 import ray
-from deployment import blocks, deployment_config, get_text, stream_greedy, wait_for, workers_ready
-from greedy_reference import greedy_outputs, random_prompts
+from harness.deployment import blocks, deployment_config, get_text, stream_greedy, wait_for, workers_ready
+from harness.greedy_reference import greedy_outputs, random_prompts
 from pagedserve.ops.deploy.endpoints import ConfigEndpoints
 from pagedserve.ops.deploy.supervisor import config_env
 from pagedserve.shared.config import ServeConfig

@@ -8,7 +8,7 @@ import random
 import time
 
 import pytest
-from deployment import blocks, get_json, get_text, start, wait_for, workers_ready
+from harness.deployment import blocks, get_json, get_text, start, wait_for, workers_ready
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagedserve import LLM, AsyncClient, SamplingParams

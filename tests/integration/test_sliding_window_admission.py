@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from api_server import ApiServer
-from deployment import start
+from harness.api_server import ApiServer
+from harness.deployment import start
 from pagedserve.services.scheduler.admission import RequestRejected
 from pagedserve.shared.sdk import RequestError
 

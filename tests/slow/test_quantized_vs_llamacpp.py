@@ -23,7 +23,7 @@ from pagedserve.services.worker.bundled import resolve_model
 from pagedserve.services.worker.gguf_weights import gguf_source
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.frontend import SamplingParams
-from pagedserve.shared.protocol.step import Execute, NewRequest
+from pagedserve.shared.protocol.step import Execute, NewRequest, WorkerSampling
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ PROMPTS = [
     "The largest planet in the solar system is",
     "In machine learning, a neural network is",
 ]
-GREEDY = SamplingParams(temperature=0.0).model_dump()
+GREEDY = WorkerSampling.of(SamplingParams(temperature=0.0), None)
 LLAMACPP_LOGITS = """
 import json, sys
 import numpy as np

@@ -10,7 +10,7 @@ import torch
 from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.frontend import SamplingParams
-from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest
+from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest, WorkerSampling
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def chat_prompts(smollm2: Path) -> list[list[int]]:
 
 def _runner_greedy(runner: ModelRunner, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """A tiny stand-in scheduler: every request runs every step; blocks handed out in order as needed."""
-    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens).model_dump()
+    greedy = WorkerSampling.of(SamplingParams(temperature=0.0, max_tokens=max_tokens), None)
     next_block = 0
     tables: list[list[int]] = [[] for _ in prompts]
 

@@ -16,9 +16,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pagedserve.kernels.attention import get_backend
+from pagedserve.kernels.cpu.backend import CppAttentionBackend
 from pagedserve.kernels.cpu.build import PAGED_ATTENTION, load_extension
 from pagedserve.kernels.cpu.isa import ISA_ENV, runnable_isas
-from pagedserve.kernels.cpu_backend import CppAttentionBackend
 from pagedserve.kernels.paged_reference import make_paged_batch
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 

@@ -17,7 +17,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf_models import quantize
+from harness.gguf_models import quantize
 from pagedserve.kernels.cpu.build import QUANT_LINEAR, load_extension
 
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12}

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from deployment import free_ports
+from harness.deployment import free_ports
 
 
 def test_sigusr1_dumps_every_thread_and_the_service_lives_on(tmp_path):

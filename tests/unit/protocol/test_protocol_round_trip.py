@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply, alloc_op, free_op, grow_op
 from pagedserve.shared.protocol.codec import ProtocolError, decode
+from pagedserve.shared.protocol.constraints import StructuredOutputs
 from pagedserve.shared.protocol.control import (
     DumpStacks,
     Heartbeat,
@@ -40,6 +42,7 @@ from pagedserve.shared.protocol.step import (
     NewRequest,
     StepResult,
     StepResultMessage,
+    WorkerSampling,
 )
 
 # A 3-token prompt with top-2: two positions (the first token has no logprob).
@@ -94,7 +97,24 @@ EXAMPLES = [
     ExecuteMessage(
         Execute(
             step=3,
-            new_requests=[NewRequest("a", [1, 2, 3], 3, 0, 3, [0], {"temperature": 0.0, "seed": None})],
+            new_requests=[
+                NewRequest(
+                    "a",
+                    [1, 2, 3],
+                    3,
+                    0,
+                    3,
+                    [0],
+                    WorkerSampling.of(
+                        SamplingParams(
+                            temperature=0.0,
+                            logit_bias={5: 1.5},
+                            structured_outputs=StructuredOutputs(regex="a+"),
+                        ),
+                        7,
+                    ),
+                )
+            ],
             cached_requests=[CachedRequest("b", 1, [4], [(0, 5)])],
             finished_ids=["c"],
             copies=[(1, 5)],
@@ -147,6 +167,14 @@ def test_a_control_message_with_a_bad_field_is_refused_naming_the_field(message,
         read_message(frame)
 
 
+def test_a_step_with_a_badly_typed_field_is_refused_naming_where():
+    frame = decode(encode_message(ExecuteMessage(Execute(step=1, cached_requests=[CachedRequest("b", 1)]))))
+    frame["execute"] = msgspec.msgpack.encode([1, [], [["b", "one", [], []]], [], [], []])
+    with pytest.raises(ProtocolError, match=r"\$\[2\]\[0\]\[1\]") as info:
+        read_message(frame)
+    assert info.value.code == "bad_fields"
+
+
 def test_a_receiver_refuses_a_type_it_does_not_take_naming_what_it_takes():
     frame = decode(encode_message(Reset()))
     with pytest.raises(ProtocolError, match="heartbeat") as info:
@@ -163,3 +191,27 @@ def test_prompt_logprobs_whose_sizes_disagree_with_the_prompt_are_refused():
     fields = PROMPT_LOGPROBS.model_dump()
     with pytest.raises(ValueError, match="2 positions x 2"):
         PromptLogprobs.model_validate({**fields, "token_logprobs": fields["token_logprobs"][:4]})
+
+
+def test_worker_sampling_takes_every_value_from_the_sampling_params_but_the_seed() -> None:
+    params = SamplingParams(
+        temperature=0.7,
+        top_k=5,
+        top_p=0.9,
+        min_p=0.1,
+        seed=11,
+        repetition_penalty=1.3,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        min_tokens=2,
+        stop_token_ids=[9],
+        logprobs=3,
+        logit_bias={4: -2.0},
+        prompt_logprobs=2,
+    )
+    sampling = WorkerSampling.of(params, seed=99)  # a child of n > 1 has a seed of its own
+
+    assert sampling.seed == 99
+    for name in WorkerSampling.__struct_fields__:
+        if name != "seed":
+            assert getattr(sampling, name) == getattr(params, name), name

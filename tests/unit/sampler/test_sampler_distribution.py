@@ -9,6 +9,7 @@ import pytest
 import torch
 from pagedserve.services.worker.sampler import Sampler, SamplingRequest
 from pagedserve.shared.protocol.frontend import SamplingParams
+from pagedserve.shared.protocol.step import WorkerSampling
 
 # Distinct logits, and no rule's cut within 1% of a token's boundary (checked below), so the kept set
 # is the same whatever the float rounding.
@@ -62,8 +63,8 @@ def chi_square_p_value(counts: torch.Tensor, expected: torch.Tensor) -> float:
 
 def seeded_requests(params: dict[str, Any], rows: int) -> list[SamplingRequest]:
     """One request per row, row i with seed i: the draws are reproducible, so is the test."""
-    fields = SamplingParams(**params).model_dump()
-    return [SamplingRequest({**fields, "seed": i}, [0], []) for i in range(rows)]
+    fields = SamplingParams(**params)
+    return [SamplingRequest(WorkerSampling.of(fields, i), [0], []) for i in range(rows)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])

@@ -16,6 +16,7 @@ from pagedserve.kernels.cpu.isa import ISA_ENV
 from pagedserve.services.worker import sampler
 from pagedserve.services.worker.sampler import Sampler
 from pagedserve.shared.protocol.frontend import SamplingParams
+from pagedserve.shared.protocol.step import WorkerSampling
 
 LAST_UNIFORM = 1.0 - 2.0**-24  # the largest float32 torch.rand returns
 
@@ -125,7 +126,7 @@ def test_each_path_draws_the_torch_paths_token_for_the_same_seed(isa: str, dtype
     ]
     for params in rules:
         requests = [
-            sampler.SamplingRequest(SamplingParams(seed=row, **params).model_dump(), [0], [])
+            sampler.SamplingRequest(WorkerSampling.of(SamplingParams(**params), row), [0], [])
             for row in range(rows)
         ]
         assert on_path.sample(logits, requests)[0] == on_torch.sample(logits, requests)[0], params

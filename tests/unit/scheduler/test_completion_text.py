@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from harness.tiny_models import save_byte_tokenizer
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.checkpoint import load_tokenizer
 from pagedserve.services.scheduler.outputs import OutputEvent, RequestDone
@@ -13,7 +14,6 @@ from pagedserve.services.scheduler.scheduler import Scheduler, SchedulerLimits
 from pagedserve.services.scheduler.stopping import CompletionText
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import StepResult
-from tiny_models import save_byte_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -251,7 +251,7 @@ def test_removed_worker_requeues_its_requests_with_their_tokens():
     req = sched.requests["a"]
     assert len(req.output_token_ids) == 3
     sched.remove_worker(W)
-    assert req.status is Status.WAITING and req.num_scheduled == 0 and len(sched.placement.orphans) == 1
+    assert req.status is Status.WAITING and req.num_slots_used == 0 and len(sched.placement.orphans) == 1
     sched.add_worker("w1", 64, 8)
     assert req.worker_id == "w1" and len(sched.placement.workers["w1"].waiting) == 1
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness.tiny_models import ARCHITECTURES
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.step import Execute, NewRequest
-from tiny_models import ARCHITECTURES
 from worker_driver import GREEDY, StepDriver
 
 MAX_TOKENS = 32

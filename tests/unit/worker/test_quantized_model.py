@@ -1,4 +1,4 @@
-"""Tiny models quantized in the test itself (tests/gguf_models.py writes the GGUF), served quantized,
+"""Tiny models quantized in the test itself (tests/harness/gguf_models.py writes the GGUF), served quantized,
 against the dequantize-then-float32 reference: the same folder loaded with --quantization none, whose
 safetensors hold the GGUF's dequantized values.
 
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf_models import quantize_checkpoint
-from greedy_reference import random_prompts
+from harness.gguf_models import quantize_checkpoint
+from harness.greedy_reference import random_prompts
+from harness.tiny_models import make_tiny_model
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 from pagedserve.services.worker.loader import load_model
 from pagedserve.services.worker.models.quant_linear import QuantEmbedding, QuantLinear
-from tiny_models import make_tiny_model
 
 from pagedserve import LLM, SamplingParams
 

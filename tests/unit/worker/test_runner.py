@@ -82,7 +82,7 @@ def _fork_run(path, forked: bool) -> dict[str, list[int]]:
     result = runner.execute(step)
     outputs = {rid: [tok] for rid, tok in zip(result.request_ids, result.token_ids, strict=True)}
     if forked:
-        assert runner.requests["c1"].sampling["seed"] == 2
+        assert runner.requests["c1"].sampling.seed == 2
     next_block = 20
     for i in range(1, 12):
         step = Execute(i)

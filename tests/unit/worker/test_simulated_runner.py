@@ -9,6 +9,7 @@ import time
 import pytest
 from pagedserve.services.worker.simulated import FIRST_TOKEN, SimulatedRunner
 from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest
+from worker_driver import GREEDY
 
 
 def runner(tmp_path, step_ms: float = 1.0) -> SimulatedRunner:
@@ -19,7 +20,7 @@ def runner(tmp_path, step_ms: float = 1.0) -> SimulatedRunner:
 
 
 def new(rid: str, tokens: list[int], scheduled: int, computed: int = 0) -> NewRequest:
-    return NewRequest(rid, tokens, len(tokens), computed, scheduled, [0], {})
+    return NewRequest(rid, tokens, len(tokens), computed, scheduled, [0], GREEDY)
 
 
 def test_it_reports_the_pool_and_limits_like_a_worker(tmp_path):
@@ -64,7 +65,7 @@ def test_finished_requests_are_forgotten_and_unknown_ones_refused(tmp_path):
 
 def test_block_ids_outside_the_pool_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"block ids must be in \[0, 8\)"):
-        runner(tmp_path).execute(Execute(0, new_requests=[NewRequest("a", [5], 1, 0, 1, [8], {})]))
+        runner(tmp_path).execute(Execute(0, new_requests=[NewRequest("a", [5], 1, 0, 1, [8], GREEDY)]))
 
 
 def test_a_step_takes_the_simulated_time(tmp_path):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tiny_models import BOS_ID, EOS_ID, VOCAB_SIZE
+from harness.tiny_models import BOS_ID, EOS_ID, VOCAB_SIZE
 
 
 def test_tiny_model_tokenizer_round_trips_any_text(tiny_model):

@@ -17,16 +17,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagedserve.services.worker.runner import ModelRunner
-from pagedserve.shared.protocol.codec import decode, encode
+from pagedserve.shared.protocol.codec import decode
 from pagedserve.shared.protocol.frontend import SamplingParams
-from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest, StepResult
+from pagedserve.shared.protocol.messages import encode_message, read_message
+from pagedserve.shared.protocol.step import (
+    CachedRequest,
+    Execute,
+    ExecuteMessage,
+    NewRequest,
+    StepResult,
+    WorkerSampling,
+)
 
-GREEDY: dict[str, Any] = SamplingParams(temperature=0.0).model_dump()
 
-
-def sampling(**fields: Any) -> dict[str, Any]:
+def sampling(**fields: Any) -> WorkerSampling:
     """SamplingParams fields as the scheduler sends them to the worker."""
-    return SamplingParams(**fields).model_dump()
+    return WorkerSampling.of(SamplingParams(**fields), fields.get("seed"))
+
+
+GREEDY = sampling(temperature=0.0)
 
 
 @dataclass(slots=True)
@@ -34,7 +43,7 @@ class _Request:
     request_id: str
     prompt: list[int]
     max_tokens: int
-    sampling: dict[str, Any]
+    sampling: WorkerSampling
     block_ids: list[int] = field(default_factory=list)
     num_scheduled: int = 0  # tokens whose computation has been sent
     samples_scheduled: int = 0  # steps sent that will sample a token for it
@@ -63,11 +72,11 @@ class StepDriver:
         self.results: list[StepResult] = []
 
     def generate(
-        self, prompts: list[list[int]], max_tokens: int, sampling: dict[str, Any] | None = None
+        self, prompts: list[list[int]], max_tokens: int, sampling: WorkerSampling | None = None
     ) -> list[list[int]]:
         """Run every prompt to max_tokens (or a stop token) -> output tokens per prompt."""
         requests = [
-            _Request(f"req-{self.step}-{i}", list(p), max_tokens, dict(sampling or GREEDY))
+            _Request(f"req-{self.step}-{i}", list(p), max_tokens, sampling or GREEDY)
             for i, p in enumerate(prompts)
         ]
         by_id = {r.request_id: r for r in requests}
@@ -83,7 +92,7 @@ class StepDriver:
                     step = self._next_step(requests, to_finish)
                     if step is None:
                         break
-                    inbox.put(Execute.from_wire(decode(encode("execute", step.to_wire()))))
+                    inbox.put(read_message(decode(encode_message(ExecuteMessage(step)))).execute)
                     in_flight += 1
                 if in_flight == 0:
                     if any(not r.done for r in requests):

@@ -1,5 +1,5 @@
 """The in-process engine: scheduler, block manager and model runner cores wired in one process."""
 
-from pagedserve.services.engine.llm import LLM, RequestOutput
+from pagedserve.engine.llm import LLM, RequestOutput
 
 __all__ = ["LLM", "RequestOutput"]

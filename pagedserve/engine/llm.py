@@ -13,9 +13,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pagedserve.engine.engine import Engine
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer
-from pagedserve.services.engine.engine import Engine
 from pagedserve.services.scheduler.admission import check_request
 from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
 from pagedserve.shared.config import ServeConfig, config_default

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 import httpx
-from deployment import free_ports
 from pagedserve.shared.config import ServeConfig
+
+from harness.deployment import free_ports
 
 
 class ApiServer:
