@@ -70,6 +70,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--out", type=Path, default=Path("bench/results/serve.json"), help="JSON; the PNG goes beside"
     )
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument(
+        "--peer-llamacpp",
+        action="store_true",
+        help="then start llama.cpp's server (llama_cpp.server from LLAMACPP_VENV) on the served model's GGUF "
+        "and run the same load against it (ops/bench/llamacpp_server.py)",
+    )
+    ap.add_argument("--llamacpp-port", type=int, default=8012)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's threads")
     args = ap.parse_args(argv)
     if args.max_concurrency is not None and args.max_concurrency < 1:
         ap.error("--max-concurrency must be >= 1")
@@ -115,19 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or entry["id"]
     prompts, output_lens = workload(args, args.vocab_size or _vocab_size(entry))
     load_at_start = list(os.getloadavg())
-    runs = []
-    for rate in args.request_rate:
-        spec = LoadSpec(
-            args.base_url, model, prompts, output_lens, rate, args.max_concurrency, args.seed, args.api_key
-        )
-        bar = tqdm(
-            total=len(prompts), desc=f"rate {rate:g}/s", unit="req", disable=args.no_progress, file=sys.stderr
-        )
-        records, duration = asyncio.run(run_load(spec, on_done=lambda _, bar=bar: bar.update(1)))
-        bar.close()
-        summary = {"request_rate": "inf" if math.isinf(rate) else rate, **summarize(records, duration)}
-        runs.append(summary)
-        print(format_run(summary))
+    runs = run_rates(args, args.base_url, model, prompts, output_lens)
     report = {
         "label": args.label,
         "base_url": args.base_url,
@@ -154,12 +150,92 @@ def main(argv: list[str] | None = None) -> int:
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs": runs,
     }
+    if args.peer_llamacpp:
+        from pagedserve.ops.bench.llamacpp_server import compare, write_compare_chart
+
+        report["llamacpp"] = run_llamacpp_server(args, entry, prompts, output_lens)
+        report["comparison"] = compare(report, report["llamacpp"])
+        runs = runs + report["llamacpp"]["runs"]
+        chart = args.out.with_name(args.out.stem + "-vs-llamacpp.png")
+        write_compare_chart(report["comparison"], f"bench serve: {args.label or model} vs llama.cpp", chart)
+        print(json.dumps(report["comparison"], indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, report)
     png = args.out.with_suffix(".png")
     write_chart(report, png)
     print(f"wrote {args.out} and {png}")
     return 0 if all(r["failed"] == 0 for r in runs) else 1
+
+
+def run_rates(
+    args: argparse.Namespace,
+    base_url: str,
+    model: str,
+    prompts: list[list[int]],
+    output_lens: list[int],
+    **extra,
+) -> list[dict[str, Any]]:
+    """The load at every --request-rate against one server -> a summary per rate."""
+    runs = []
+    for rate in args.request_rate:
+        spec = LoadSpec(
+            base_url,
+            model,
+            prompts,
+            output_lens,
+            rate,
+            args.max_concurrency,
+            args.seed,
+            args.api_key,
+            **extra,
+        )
+        bar = tqdm(
+            total=len(prompts), desc=f"rate {rate:g}/s", unit="req", disable=args.no_progress, file=sys.stderr
+        )
+        records, duration = asyncio.run(run_load(spec, on_done=lambda _, bar=bar: bar.update(1)))
+        bar.close()
+        summary = {"request_rate": "inf" if math.isinf(rate) else rate, **summarize(records, duration)}
+        runs.append(summary)
+        print(format_run(summary))
+    return runs
+
+
+def run_llamacpp_server(
+    args: argparse.Namespace, entry: dict[str, Any], prompts: list[list[int]], output_lens: list[int]
+) -> dict[str, Any]:
+    """llama_cpp.server on the served model folder's GGUF, the same load -> its runs and how it ran."""
+    from pagedserve.ops.bench.llamacpp_server import (
+        llamacpp_venv,
+        request_extras,
+        running_server,
+        server_argv,
+    )
+    from pagedserve.services.checkpoint import load_tokenizer, read_checkpoint
+    from pagedserve.services.worker.gguf_weights import gguf_source
+
+    folder = Path(str(entry.get("root", "")))
+    gguf = gguf_source(folder) if (folder / "config.json").is_file() else None
+    if gguf is None:
+        raise SystemExit(
+            f"bench serve --peer-llamacpp: the served model {entry.get('id')!r} has no GGUF file"
+        )
+    venv = llamacpp_venv()
+    if not (venv / ".llamacpp-installed").exists():
+        raise SystemExit(
+            f"bench serve --peer-llamacpp: no finished llama.cpp venv at {venv} (ops/peers/setup_llamacpp.sh)"
+        )
+    tokenizer = load_tokenizer(folder)
+    texts = [tokenizer.decode(p) for p in prompts]  # it takes text only; re-tokenized, lengths shift a little
+    n_ctx = -(-max(len(p) + n for p, n in zip(prompts, output_lens, strict=True)) * 2 // 256) * 256
+    argv = server_argv(venv / "bin" / "python", gguf, args.llamacpp_port, args.threads, max(n_ctx, 2048))
+    base_url = f"http://127.0.0.1:{args.llamacpp_port}/v1"
+    with running_server(argv, base_url, args.out.with_name(args.out.stem + "-llamacpp-server.log")):
+        peer_model = _server_model(base_url, None)["id"]
+        extra = request_extras(list(read_checkpoint(folder).eos_token_ids))
+        runs = run_rates(
+            args, base_url, peer_model, prompts, output_lens, prompt_texts=texts, extra_body=extra
+        )
+    return {"argv": argv, "gguf": gguf.name, "base_url": base_url, "runs": runs}
 
 
 def format_run(run: dict[str, Any]) -> str:

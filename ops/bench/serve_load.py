@@ -50,6 +50,9 @@ class LoadSpec:
     seed: int = 0
     api_key: str | None = None
     timeout_s: float = 1800.0
+    # For a server that takes only text (llama_cpp.server): each prompt as text, and body fields of its own.
+    prompt_texts: list[str] | None = None
+    extra_body: dict | None = None
 
 
 def arrival_gaps(n: int, rate: float, seed: int) -> list[float]:
@@ -62,16 +65,19 @@ def arrival_gaps(n: int, rate: float, seed: int) -> list[float]:
     return [rng.expovariate(rate) for _ in range(n)]
 
 
-async def _one(http: httpx.AsyncClient, spec: LoadSpec, prompt: list[int], max_tokens: int) -> RequestRecord:
+async def _one(
+    http: httpx.AsyncClient, spec: LoadSpec, prompt: list[int], max_tokens: int, text: str | None = None
+) -> RequestRecord:
     record = RequestRecord(len(prompt), max_tokens)
     body = {
         "model": spec.model,
-        "prompt": prompt,
+        "prompt": prompt if text is None else text,
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **(spec.extra_body or {}),
     }
     started = last = time.perf_counter()
     chunks = 0
@@ -122,26 +128,28 @@ async def run_load(
         base_url=spec.base_url, headers=headers, timeout=spec.timeout_s, limits=limits
     ) as http:
 
-        async def send(prompt: list[int], max_tokens: int) -> RequestRecord:
+        async def send(prompt: list[int], max_tokens: int, text: str | None) -> RequestRecord:
             if gate is None:
-                record = await _one(http, spec, prompt, max_tokens)
+                record = await _one(http, spec, prompt, max_tokens, text)
             else:
                 async with gate:
-                    record = await _one(http, spec, prompt, max_tokens)
+                    record = await _one(http, spec, prompt, max_tokens, text)
             if on_done is not None:
                 on_done(record)
             return record
 
         tasks = []
         started = time.perf_counter()
-        for gap, prompt, max_tokens in zip(
+        texts = spec.prompt_texts or [None] * len(spec.prompts)
+        for gap, prompt, max_tokens, text in zip(
             arrival_gaps(len(spec.prompts), spec.request_rate, spec.seed),
             spec.prompts,
             spec.output_lens,
+            texts,
             strict=True,
         ):
             if gap:
                 await asyncio.sleep(gap)
-            tasks.append(asyncio.create_task(send(prompt, max_tokens)))
+            tasks.append(asyncio.create_task(send(prompt, max_tokens, text)))
         records = list(await asyncio.gather(*tasks))
         return records, time.perf_counter() - started

@@ -155,24 +155,27 @@ def _parse_header(path: Path, blob: mmap.mmap) -> tuple[dict[str, object], list[
     return meta, infos, -(-pos // alignment) * alignment
 
 
-def read_gguf(path: Path) -> dict[str, QuantTensor | torch.Tensor]:
-    """Every mapped tensor of the GGUF by its Hugging Face name: a QuantTensor where the kernel runs the
-    stored type, else a float32 tensor (F32/F16/BF16 as stored, other quantized types dequantized).
-    Every tensor is copied out of the file once (the q/k rows reordered on the way)."""
-    import gguf
+def read_gguf(path: Path) -> dict[str, QuantTensor]:
+    """Every mapped tensor of the GGUF in a type the kernel runs, by its Hugging Face name, as views of
+    the memory-mapped file (the q/k rows reordered into a copy). Other tensors (F32 norms, types the
+    kernel lacks) are left out: the checkpoint folder holds them dense.
+
+    The views cost no memory of their own; whoever keeps a weight copies it (install_quantized), so
+    that once this dict is dropped the file is unmapped and each weight is resident exactly once."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     meta, infos, data_start = read_header(path)
     arch = meta.get("general.architecture")
     heads = meta.get(f"{arch}.attention.head_count")
     kv_heads = meta.get(f"{arch}.attention.head_count_kv") or heads
-    mapped = np.memmap(path, dtype=np.uint8, mode="r")
-    out: dict[str, QuantTensor | torch.Tensor] = {}
+    # Copy-on-write: writable to numpy (torch.from_numpy warns on read-only memory), never written.
+    mapped = np.memmap(path, dtype=np.uint8, mode="c")
+    out: dict[str, QuantTensor] = {}
     for info in infos:
         name = hf_name(info.name)
-        if name is None:
-            continue
         kind = GGMLQuantizationType(info.type_id)
+        if name is None or kind.name not in KERNEL_TYPES:
+            continue
         block, block_bytes = GGML_QUANT_SIZES[kind]
         row_bytes = info.dims[0] // block * block_bytes
         rows = int(np.prod(info.dims[1:])) if len(info.dims) > 1 else 1
@@ -180,10 +183,5 @@ def read_gguf(path: Path) -> dict[str, QuantTensor | torch.Tensor]:
         data = mapped[start : start + rows * row_bytes].reshape(rows, row_bytes)
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name) and len(info.dims) == 2:
             data = data[_unpermute_rows(rows, heads if ".q_proj." in name else kv_heads)]
-        if kind.name in KERNEL_TYPES:
-            out[name] = QuantTensor(kind.name, torch.from_numpy(np.array(data, copy=True)), info.dims[0])
-            continue
-        dense = gguf.quants.dequantize(np.array(data), kind)  # F32/F16/BF16 as well: a view, widened
-        dense = torch.from_numpy(np.array(dense, dtype=np.float32)).reshape(rows, info.dims[0])
-        out[name] = dense.reshape(-1) if len(info.dims) == 1 else dense
+        out[name] = QuantTensor(kind.name, torch.from_numpy(data), info.dims[0])
     return out

@@ -140,7 +140,11 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # Given its (empty) weight, nn.Embedding skips its random init: on the meta device that init
+        # runs torch's Python decompositions, which import torch._dynamo and triton (~150 MiB of RSS).
+        self.embed_tokens = nn.Embedding(
+            cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size)
+        )
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = (
@@ -151,7 +155,9 @@ class LlamaForCausalLM(nn.Module):
         self.layer_ops: LayerOps | None = None  # chosen once the weights' device is real
 
     def to_empty(self, *, device: torch.device | str | int | None, recurse: bool = True) -> LlamaForCausalLM:
-        super().to_empty(device=device, recurse=recurse)
+        # nn.Module.to_empty's empty_like of a meta tensor runs torch's Python reference, which
+        # imports sympy (~35 MiB of RSS); torch.empty of the same shape and dtype does not.
+        self._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device), recurse=recurse)
         # Built on the meta device, the model learns its device here: build the fused kernels now
         # (~30 s the first time on a machine), not inside the first step.
         self.use_fused_ops()

@@ -14,7 +14,7 @@ from pagedserve.services.worker.models.quant_linear import QuantEmbedding, Quant
 from torch import nn
 
 
-def install_quantized(model: nn.Module, tensors: dict[str, QuantTensor | torch.Tensor]) -> set[str]:
+def install_quantized(model: nn.Module, tensors: dict[str, QuantTensor]) -> set[str]:
     """Replace what the GGUF holds quantized; -> the checkpoint names now held that way (the loader
     skips them in the folder)."""
     ops = quant_ops()
@@ -35,7 +35,8 @@ def install_quantized(model: nn.Module, tensors: dict[str, QuantTensor | torch.T
             parts = [tensors.get(n) for n in names]
             if not all(isinstance(p, QuantTensor) for p in parts) or len({p.type_name for p in parts}) != 1:
                 continue
-            blocks = parts[0].blocks if len(parts) == 1 else torch.cat([p.blocks for p in parts])
+            # A copy either way: the parts may be views of the mapped GGUF file (read_gguf).
+            blocks = torch.cat([p.blocks for p in parts])
             weight = QuantTensor(parts[0].type_name, blocks, parts[0].in_features)
             if (weight.out_features, weight.in_features) != (child.out_features, child.in_features):
                 raise ValueError(
@@ -47,7 +48,8 @@ def install_quantized(model: nn.Module, tensors: dict[str, QuantTensor | torch.T
 
     embedding = tensors.get("model.embed_tokens.weight")
     if isinstance(embedding, QuantTensor):
-        model.embed_tokens = QuantEmbedding(embedding, ops)
+        owned = QuantTensor(embedding.type_name, embedding.blocks.clone(), embedding.in_features)
+        model.embed_tokens = QuantEmbedding(owned, ops)
         installed.add("model.embed_tokens.weight")
         if model.lm_head is None:
             model.tied_head = model.embed_tokens.as_linear()

@@ -1,0 +1,57 @@
+"""What a quantized load keeps resident: each GGUF weight once, in its blocks, and nothing dense for it.
+
+The bundled model's numbers are measured by `python -m pagedserve.ops.microbench.weights_rss`; these
+tests pin the properties those numbers rest on, on a tiny model quantized in the test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from gguf_models import quantize_checkpoint
+from pagedserve.kernels.torch_backend import TorchAttentionBackend
+from pagedserve.ops.microbench.weights_rss import model_bytes
+from pagedserve.services.worker.loader import load_model
+from pagedserve.services.worker.models.quant_linear import QuantEmbedding, QuantLinear
+from tiny_models import make_tiny_model
+
+
+def test_a_gguf_load_holds_its_blocks_once_and_unmaps_the_file(tmp_path: Path) -> None:
+    folder = make_tiny_model("llama", tmp_path / "m")
+    gguf_file = quantize_checkpoint(folder, "Q4_1")
+    model = load_model(folder, TorchAttentionBackend(), quantization="gguf").model
+    quantized = [m for m in model.modules() if isinstance(m, (QuantLinear, QuantEmbedding))]
+    blocks = {m.blocks.untyped_storage().data_ptr(): m.blocks.nbytes for m in quantized}
+    dense = sum(p.nbytes for p in model.parameters())  # the norms: every linear is quantized
+    cfg = model.config
+    assert dense == (2 * cfg.num_layers + 1) * cfg.hidden_size * 4
+    # The tied head shares the embedding's blocks; nothing else holds weight bytes.
+    assert model.tied_head.blocks.data_ptr() == model.embed_tokens.blocks.data_ptr()
+    assert model_bytes(model) == sum(blocks.values()) + dense + model.rotary.inv_freq.nbytes
+    # Copied out of the file, which is then unmapped: not resident twice (file pages and a copy).
+    assert str(gguf_file) not in Path("/proc/self/maps").read_text()
+
+
+LOAD_AND_LIST = """
+import json, sys
+from pagedserve.kernels.torch_backend import TorchAttentionBackend
+from pagedserve.services.worker.loader import load_model
+load_model(sys.argv[1], TorchAttentionBackend(), quantization=sys.argv[2])
+print(json.dumps(sorted(m for m in ("sympy", "torch._dynamo", "triton") if m in sys.modules)))
+"""
+
+
+def test_loading_imports_neither_dynamo_nor_sympy(tmp_path: Path) -> None:
+    """Building on the meta device and moving to the CPU can run torch's Python references, which
+    import torch._dynamo, triton and sympy: ~200 MiB of RSS a worker never uses."""
+    folder = make_tiny_model("llama", tmp_path / "m")
+    quantize_checkpoint(folder, "Q8_0")
+    for quantization in ("none", "gguf"):
+        done = subprocess.run(
+            [sys.executable, "-c", LOAD_AND_LIST, str(folder), quantization],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert json.loads(done.stdout.strip().splitlines()[-1]) == [], quantization
