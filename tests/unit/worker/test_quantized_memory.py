@@ -11,12 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gguf_models import quantize_checkpoint
+from harness.gguf_models import quantize_checkpoint
+from harness.tiny_models import make_tiny_model
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 from pagedserve.ops.microbench.weights_rss import model_bytes
 from pagedserve.services.worker.loader import load_model
 from pagedserve.services.worker.models.quant_linear import QuantEmbedding, QuantLinear
-from tiny_models import make_tiny_model
 
 
 def test_a_gguf_load_holds_its_blocks_once_and_unmaps_the_file(tmp_path: Path) -> None:
