@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -79,3 +81,19 @@ def with_chat_template(folder: Path) -> Path:
         "{% if add_generation_prompt %}<|assistant|>{% endif %}"
     )
     return folder
+
+
+@contextmanager
+def api_with_inflight_limit(model: Path, log_dir: Path, limit: int, *api_args: str) -> Iterator[ApiServer]:
+    """A one-worker deployment whose scheduler lets each client (or user) have `limit` requests live,
+    behind one API process started with `api_args`; both stopped on exit."""
+    from harness.deployment import start
+
+    sup = start(model, workers=1, log_dir=log_dir, max_inflight_per_client=limit)
+    api = ApiServer(sup.config, log_dir / "api.log", *api_args)
+    try:
+        api.wait_healthy()
+        yield api
+    finally:
+        api.stop()
+        sup.stop()

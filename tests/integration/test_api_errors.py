@@ -11,8 +11,8 @@ import time
 import httpx
 import openai
 import pytest
-from harness.api_server import ApiServer
-from harness.deployment import deployment_config, free_ports, start
+from harness.api_server import ApiServer, api_with_inflight_limit
+from harness.deployment import deployment_config, free_ports
 
 
 def post(dep, path: str, body, *, key: str | None = "default", **kwargs) -> httpx.Response:
@@ -173,15 +173,8 @@ def test_bad_requests_do_not_disturb_a_good_one_running_beside_them(api_deployme
 @pytest.fixture(scope="module")
 def limited(tiny_model, tmp_path_factory):
     """A scheduler that lets one client (the API is one) have only 2 requests live."""
-    logs = tmp_path_factory.mktemp("api-limited")
-    sup = start(tiny_model("llama"), workers=1, log_dir=logs, max_inflight_per_client=2)
-    api = ApiServer(sup.config, logs / "api.log")
-    try:
-        api.wait_healthy()
+    with api_with_inflight_limit(tiny_model("llama"), tmp_path_factory.mktemp("api-limited"), 2) as api:
         yield api
-    finally:
-        api.stop()
-        sup.stop()
 
 
 def test_a_scheduler_refusing_for_load_is_a_429(limited):

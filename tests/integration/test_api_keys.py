@@ -11,8 +11,7 @@ import sys
 
 import httpx
 import pytest
-from harness.api_server import ApiServer
-from harness.deployment import start
+from harness.api_server import api_with_inflight_limit
 
 KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789"}
 
@@ -23,14 +22,8 @@ def keyed(tiny_model, tmp_path_factory):
     logs = tmp_path_factory.mktemp("api-keys")
     keys_file = logs / "keys.json"
     keys_file.write_text(json.dumps(KEYS))
-    sup = start(tiny_model("llama"), workers=1, log_dir=logs, max_inflight_per_client=2)
-    api = ApiServer(sup.config, logs / "api.log", "--api-keys-file", str(keys_file))
-    try:
-        api.wait_healthy()
+    with api_with_inflight_limit(tiny_model("llama"), logs, 2, "--api-keys-file", str(keys_file)) as api:
         yield api
-    finally:
-        api.stop()
-        sup.stop()
 
 
 def test_a_user_at_its_limit_gets_429_while_another_key_is_served(keyed):

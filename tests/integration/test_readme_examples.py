@@ -57,14 +57,19 @@ def blocks() -> dict[str, str]:
     return found
 
 
+def openai_client_at(api_deployment) -> dict[str, str]:
+    """The README's openai-client examples pointed at this deployment: URL, key and model name."""
+    return {
+        '"http://127.0.0.1:8000/v1"': repr(api_deployment.api.base_url),
+        'api_key="unused"': f"api_key={api_deployment.api_key!r}",
+        'model="smollm2-135m"': f"model={api_deployment.model_name!r}",
+    }
+
+
 def test_the_openai_client_example_runs(blocks, api_deployment) -> None:
     out = run_block(
         blocks["from openai import OpenAI"],
-        {
-            '"http://127.0.0.1:8000/v1"': repr(api_deployment.api.base_url),
-            'api_key="unused"': f"api_key={api_deployment.api_key!r}",
-            'model="smollm2-135m"': f"model={api_deployment.model_name!r}",
-        },
+        openai_client_at(api_deployment),
     )
     assert "prompt_tokens=" in out and "completion_tokens=" in out  # print(reply.usage)
 
@@ -73,9 +78,7 @@ def test_the_structured_output_and_tool_call_example_runs(blocks, api_deployment
     out = run_block(
         blocks["from typing import Literal"],
         {
-            '"http://127.0.0.1:8000/v1"': repr(api_deployment.api.base_url),
-            'api_key="unused"': f"api_key={api_deployment.api_key!r}",
-            'model="smollm2-135m"': f"model={api_deployment.model_name!r}",
+            **openai_client_at(api_deployment),
             # A random tiny model's tokens are short: room to close the 32-character strings.
             "max_tokens=100": "max_tokens=400",
         },
@@ -94,9 +97,7 @@ def test_the_prompt_logprobs_example_runs(blocks, api_deployment) -> None:
     out = run_block(
         blocks["import openai"],
         {
-            '"http://127.0.0.1:8000/v1"': repr(api_deployment.api.base_url),
-            'api_key="unused"': f"api_key={api_deployment.api_key!r}",
-            'model="smollm2-135m"': f"model={api_deployment.model_name!r}",
+            **openai_client_at(api_deployment),
         },
     )
     lines = out.splitlines()
