@@ -86,7 +86,7 @@ def get_backend(name: str, device: torch.device | str) -> AttentionBackend:
 
         return CppAttentionBackend()
     if name == "triton":
-        from pagedserve.kernels.triton_backend import TritonAttentionBackend
+        from pagedserve.kernels.triton.backend import TritonAttentionBackend
 
         return TritonAttentionBackend()
     raise ValueError(f"attention_backend must be one of auto, torch, cpp, triton; got {name!r}")

@@ -26,8 +26,8 @@ import triton.testing  # noqa: E402
 from pagedserve.kernels.attention import AttentionMetadata  # noqa: E402
 from pagedserve.kernels.paged_reference import TOLERANCES, make_paged_batch, reference_attention  # noqa: E402
 from pagedserve.kernels.torch_backend import TorchAttentionBackend  # noqa: E402
+from pagedserve.kernels.triton.backend import TritonAttentionBackend  # noqa: E402
 from pagedserve.kernels.triton.decode_attention import choose_num_splits, decode_attention  # noqa: E402
-from pagedserve.kernels.triton_backend import TritonAttentionBackend  # noqa: E402
 from pagedserve.ops.results import write_json
 
 # Peak HBM bandwidth in TB/s by device-name substring, most specific first (GH200 contains "H200").

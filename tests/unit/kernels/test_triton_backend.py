@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pagedserve.kernels.attention import get_backend
 from pagedserve.kernels.paged_reference import TOLERANCES, PagedBatch, make_paged_batch, reference_attention
-from pagedserve.kernels.triton_backend import TritonAttentionBackend
+from pagedserve.kernels.triton.backend import TritonAttentionBackend
 from triton_env import DEVICE, max_examples
 
 
