@@ -4,32 +4,26 @@ process and reads its result back. A missing venv or GGUF is that path's error, 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from pagedserve.ops.bench.llamacpp_server import llamacpp_venv, llamacpp_venv_ready
 from pagedserve.ops.bench.peer_process import run_peer_process
 from pagedserve.ops.bench.peers import BenchSettings, PathResult
 from pagedserve.ops.bench.workload import Workload
 
-REPO = Path(__file__).resolve().parents[2]
 PEER_SCRIPT = Path(__file__).with_name("llamacpp_peer.py")
 TIMEOUT_S = 1800
-
-
-def llamacpp_python() -> Path:
-    venv = Path(os.environ.get("LLAMACPP_VENV") or REPO / ".venv-llamacpp")
-    return venv / "bin" / "python"
 
 
 def run_llamacpp(workload: Workload, settings: BenchSettings, threads: int) -> PathResult:
     from pagedserve.services.worker.gguf_weights import gguf_source
 
-    python = llamacpp_python()
-    if not (python.parent.parent / ".llamacpp-installed").exists():  # written once its build succeeded
+    venv = llamacpp_venv()
+    if not llamacpp_venv_ready(venv):
         return PathResult(
-            "llamacpp",
-            error=f"no finished llama.cpp venv at {python.parent.parent}: run ops/peers/setup_llamacpp.sh",
+            "llamacpp", error=f"no finished llama.cpp venv at {venv}: run ops/peers/setup_llamacpp.sh"
         )
+    python = venv / "bin" / "python"
     gguf = gguf_source(settings.model_path)
     if gguf is None:
         return PathResult("llamacpp", error=f"{settings.model_path} has no GGUF file for llama.cpp to read")

@@ -30,7 +30,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def llamacpp_venv() -> Path:
+    """LLAMACPP_VENV, else .venv-llamacpp at the repo root (ops/peers/setup_llamacpp.sh's default)."""
     return Path(os.environ.get("LLAMACPP_VENV") or REPO / ".venv-llamacpp")
+
+
+def llamacpp_venv_ready(venv: Path) -> bool:
+    """Whether its build finished: ops/peers/setup_llamacpp.sh writes this stamp last."""
+    return (venv / ".llamacpp-installed").exists()
 
 
 def server_argv(python: Path, gguf: Path, port: int, threads: int, n_ctx: int) -> list[str]:

@@ -206,6 +206,7 @@ def run_llamacpp_server(
     """llama_cpp.server on the served model folder's GGUF, the same load -> its runs and how it ran."""
     from pagedserve.ops.bench.llamacpp_server import (
         llamacpp_venv,
+        llamacpp_venv_ready,
         request_extras,
         running_server,
         server_argv,
@@ -220,7 +221,7 @@ def run_llamacpp_server(
             f"bench serve --peer-llamacpp: the served model {entry.get('id')!r} has no GGUF file"
         )
     venv = llamacpp_venv()
-    if not (venv / ".llamacpp-installed").exists():
+    if not llamacpp_venv_ready(venv):
         raise SystemExit(
             f"bench serve --peer-llamacpp: no finished llama.cpp venv at {venv} (ops/peers/setup_llamacpp.sh)"
         )

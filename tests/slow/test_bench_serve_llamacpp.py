@@ -10,7 +10,13 @@ import math
 from pathlib import Path
 
 import pytest
-from pagedserve.ops.bench.llamacpp_server import llamacpp_venv, request_extras, running_server, server_argv
+from pagedserve.ops.bench.llamacpp_server import (
+    llamacpp_venv,
+    llamacpp_venv_ready,
+    request_extras,
+    running_server,
+    server_argv,
+)
 from pagedserve.ops.bench.serve_load import LoadSpec, run_load
 from pagedserve.services.checkpoint import read_checkpoint
 from pagedserve.services.worker.bundled import resolve_model
@@ -23,7 +29,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time,"]
 
 def test_llamacpp_server_runs_the_load_one_request_at_a_time(tmp_path: Path) -> None:
     venv = llamacpp_venv()
-    if not (venv / ".llamacpp-installed").exists():
+    if not llamacpp_venv_ready(venv):
         pytest.skip(f"no finished llama.cpp venv at {venv} (run ops/peers/setup_llamacpp.sh)")
     folder = Path(resolve_model("smollm2-135m"))
     argv = server_argv(venv / "bin" / "python", gguf_source(folder), 8013, 2, 2048)
