@@ -34,6 +34,7 @@ def plan_forks(parent: Request, owner: str, ops: list[list[Any]]) -> list[tuple[
             parent_id=parent.request_id,
             index=i,
             seed=child_seed(parent.seed, i),
+            tenant=parent.tenant,
             deadline=parent.deadline,
         )
         forks.append((len(ops), child))

@@ -146,7 +146,9 @@ class FrontDoor:
         tokens = tokenize_submit(submit, self.model.tokenizer, self.served_len(), self.model.vocab_size)
         self.clients.admit(client, rid, submit.stream, submit.user)
         timeout = submit.timeout_s or self.request_timeout_s
-        self.core.add_request(rid, tokens, submit.sampling, now, deadline=now + timeout)
+        # The same identity the in-flight limit counts: the user where one is named, else the connection.
+        tenant = submit.user if submit.user is not None else client.hex()
+        self.core.add_request(rid, tokens, submit.sampling, now, deadline=now + timeout, tenant=tenant)
         self.metrics.tokens.labels("prompt").inc(len(tokens))
         self.log.info(
             "request_accepted",

@@ -26,6 +26,7 @@ class Request:
     parent_id: str | None = None  # n > 1: children name the request the client submitted
     index: int = 0  # which completion of the parent this is
     seed: int | None = None  # the seed this completion samples with (children derive their own)
+    tenant: str = ""  # whose request: the user (API key name or `user` field), else the client connection
     output_token_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     finish_reason: str | None = None

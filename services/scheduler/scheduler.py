@@ -133,8 +133,10 @@ class Scheduler:
         sampling: SamplingParams,
         now: float,
         deadline: float | None = None,
+        tenant: str = "",
     ) -> None:
-        """Queue a validated request on the least-loaded worker (or until one registers)."""
+        """Queue a validated request on the least-loaded worker (or until one registers). Requests of
+        one priority are taken from their tenants in turn (WaitingQueue)."""
         if request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already live")
         req = Request(
@@ -144,6 +146,7 @@ class Scheduler:
             now,
             "",
             seed=sampling.seed,
+            tenant=tenant,
             deadline=deadline,
             fork_children=sampling.n - 1,
         )

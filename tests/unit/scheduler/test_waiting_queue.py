@@ -1,4 +1,5 @@
-"""WaitingQueue: explicit priority, FCFS within a level, aging lifts a long wait one level per aging_s."""
+"""WaitingQueue: explicit priority, tenants in turn (FCFS each) within a level, aging lifts a long wait
+one level per aging_s."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pagedserve.services.scheduler.waiting import WaitingQueue
 from pagedserve.shared.protocol.frontend import SamplingParams
 
 
-def request(rid: str, arrival: float, priority: int = 0) -> Request:
-    return Request(rid, [1, 2], SamplingParams(priority=priority), arrival, "w0")
+def request(rid: str, arrival: float, priority: int = 0, tenant: str = "") -> Request:
+    return Request(rid, [1, 2], SamplingParams(priority=priority), arrival, "w0", tenant=tenant)
 
 
 def drain(queue: WaitingQueue, now: float) -> list[str]:
@@ -69,3 +70,41 @@ def test_remove_takes_a_request_out_of_the_middle_and_counts_it():
     assert len(queue) == 2
     assert drain(queue, now=3.0) == ["r0", "r2"]
     assert len(queue) == 0
+
+
+def test_a_flooding_tenant_does_not_hold_back_another_tenants_request():
+    queue = WaitingQueue(aging_s=5.0)
+    for i in range(50):
+        queue.push(request(f"alice-{i}", i * 0.01, tenant="alice"))
+    queue.push(request("bob-0", 1.0, tenant="bob"))
+    order = drain(queue, now=1.0)
+    assert order.index("bob-0") == 1  # after alice's oldest, not after all 50
+    assert [r for r in order if r.startswith("alice")] == [f"alice-{i}" for i in range(50)]
+
+
+def test_tenants_take_turns_each_in_arrival_order():
+    queue = WaitingQueue(aging_s=5.0)
+    for i, (rid, tenant) in enumerate(
+        [("a0", "a"), ("a1", "a"), ("a2", "a"), ("b0", "b"), ("c0", "c"), ("b1", "b")]
+    ):
+        queue.push(request(rid, float(i), tenant=tenant))
+    assert drain(queue, now=6.0) == ["a0", "b0", "c0", "a1", "b1", "a2"]
+
+
+def test_a_preempted_request_goes_first_even_with_other_tenants_waiting():
+    queue = WaitingQueue(aging_s=5.0)
+    queue.push(request("a1", 1.0, tenant="a"))
+    queue.push(request("b1", 2.0, tenant="b"))
+    queue.push_front(request("b0", 0.0, tenant="b"))
+    assert drain(queue, now=3.0) == ["b0", "a1", "b1"]
+
+
+def test_removing_a_tenants_last_request_drops_it_from_the_turns():
+    queue = WaitingQueue(aging_s=5.0)
+    gone = request("b0", 1.0, tenant="b")
+    queue.push(request("a0", 0.0, tenant="a"))
+    queue.push(gone)
+    queue.push(request("a1", 2.0, tenant="a"))
+    assert queue.remove(gone) and not queue.remove(gone)
+    assert len(queue) == 2
+    assert drain(queue, now=3.0) == ["a0", "a1"]
