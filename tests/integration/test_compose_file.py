@@ -101,6 +101,17 @@ def test_cpu_workers_scale_and_restart_on_failure() -> None:
     assert {services[s]["restart"] for s in ("block-manager", "scheduler", "api")} == {"unless-stopped"}
 
 
+def test_api_processes_become_api_replicas_sharing_the_port() -> None:
+    services = rendered([], env={"PAGEDSERVE_API_PROCESSES": "3"})["services"]
+    api = services["api"]
+
+    assert api["deploy"]["replicas"] == 3
+    assert api["network_mode"] == "host" and "container_name" not in api
+    # each replica sees api_processes=3, which is what makes it bind with SO_REUSEPORT (services/api/server.py)
+    assert api["environment"]["PAGEDSERVE_API_PROCESSES"] == "3"
+    assert rendered([])["services"]["api"]["deploy"]["replicas"] == 1
+
+
 def test_gpu_worker_reserves_an_nvidia_device_on_a_cuda_image() -> None:
     worker = rendered(["gpu"])["services"]["worker-gpu"]
 
