@@ -135,7 +135,11 @@ def started(
             SupervisedWorkers(supervisor),
             workers,
             supervisor,
-            {"model": config.model, "log_dir": str(log_dir)},
+            {
+                "model": config.model,
+                "log_dir": str(log_dir),
+                "api_processes": config.api_processes if api else 0,
+            },
             config.worker_timeout_s,
             # The API server is one more supervised child once `pagedserve up` runs it.
             supervisor.api_health_url if api else None,

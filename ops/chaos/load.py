@@ -56,6 +56,7 @@ class RequestRecord:
     final_text: str | None = None  # set once the request finished
     via: str = "sdk"  # or "api": through the OpenAI-compatible HTTP API
     interrupted: int = 0  # API requests: connections broken by the API server's death, then re-sent
+    interrupted_at: list[float] = field(default_factory=list)  # time.monotonic() of each break
 
     def stream_errors(self) -> tuple[int, int]:
         """(duplicated, missing) stream tokens against the final result: (0, 0) when they agree.
@@ -155,7 +156,9 @@ async def run_load(settings: LoadSettings, outcome: LoadOutcome | None = None) -
                 except httpx.TransportError as exc:
                     # The API server died under this request (or is not back yet: connection
                     # refused, not counted): a client retries on a new connection.
-                    record.interrupted += not isinstance(exc, httpx.ConnectError)
+                    if not isinstance(exc, httpx.ConnectError):
+                        record.interrupted += 1
+                        record.interrupted_at.append(time.monotonic())
                     if time.monotonic() >= deadline:
                         finish, error = None, "api_unreachable"
                         break

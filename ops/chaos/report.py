@@ -91,9 +91,20 @@ def build_report(
             "noticed_after_s": _stats([f.noticed_at - f.at for f in mine if f.noticed_at is not None]),
             "recovered_after_s": _stats([f.recovered_at - f.at for f in mine if f.recovered_at is not None]),
         }
+    api_kills = api_kill_survival(load, faults)
+    if (
+        api_kills["streams_open"]
+        and not api_kills["streams_survived"]
+        and deployment.get("api_processes", 0) > 1
+    ):
+        failures.append(
+            f"API kills broke all {api_kills['streams_open']} open stream(s), "
+            f"though {deployment['api_processes']} API processes serve"
+        )
     return {
         "ok": not failures,
         "failures": failures,
+        "api_kills": api_kills,
         "settings": settings,
         "deployment": deployment,
         "requests": load.to_json(),
@@ -106,6 +117,25 @@ def build_report(
         "blocks": blocks,
         "timeline": timeline,
     }
+
+
+# A stream the kill broke fails within this long of the SIGKILL (its connection is reset at once).
+BROKEN_WITHIN_S = 5.0
+
+
+def api_kill_survival(load: LoadOutcome, faults: list[Fault]) -> dict[str, int]:
+    """Over every API kill: the HTTP streams open at the kill, and how many it broke. With several
+    API processes on the port, a kill should break only the streams of the process it hit."""
+    opened = broken = 0
+    for fault in (f for f in faults if f.kind == "api_kill"):
+        live = [
+            r
+            for r in load.records
+            if r.via == "api" and r.started <= fault.at and (r.ended is None or r.ended > fault.at)
+        ]
+        opened += len(live)
+        broken += sum(any(fault.at <= t < fault.at + BROKEN_WITHIN_S for t in r.interrupted_at) for r in live)
+    return {"streams_open": opened, "streams_broken": broken, "streams_survived": opened - broken}
 
 
 def _s(value: float | None, unit: str = "s", digits: int = 2) -> str:
@@ -131,6 +161,12 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
             else ""
         ),
     )
+    kills = report.get("api_kills", {})
+    if kills.get("streams_open"):
+        summary.add_row(
+            "streams at API kills",
+            f"{kills['streams_open']} open, {kills['streams_broken']} broken, {kills['streams_survived']} went on",
+        )
     summary.add_row("finished", str(req["finished"]))
     errored = ", ".join(f"{code}: {n}" for code, n in sorted(req["errored"].items())) or "none"
     summary.add_row("errored", f"{req['errored_total']} ({errored})")
