@@ -51,6 +51,9 @@ def _emulate_isa(request: dict[str, Any]) -> None:
     so torch's answers are made to say so before vllm is imported (the environment does the rest)."""
     if request.get("emulate_isa") not in ("avx2", "portable"):
         return
+    # vLLM's engine core runs in a spawned process, which imports torch afresh and would load the
+    # AVX-512 build after all: keep it in this process, where the answers below hold.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import torch
 
     for name in (
@@ -64,14 +67,35 @@ def _emulate_isa(request: dict[str, Any]) -> None:
 
 
 def _loaded_extension() -> str:
-    """Which of vLLM's CPU builds this process mapped (`_C`, `_C_AVX512`, `_C_AVX2`): read from
-    /proc/self/maps, since vLLM's import of the AVX builds fails by design once the library is in."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return "unknown"
-    names = {Path(line.split()[-1]).name.split(".")[0] for line in maps.splitlines() if "/vllm/_C" in line}
+    """Which of vLLM's CPU builds this process or its children (vLLM's engine core runs in one)
+    mapped (`_C`, `_C_AVX512`, `_C_AVX2`): read from /proc/<pid>/maps, since vLLM's import of the AVX
+    builds fails by design once the library is in. Called while the engine is alive."""
+    names: set[str] = set()
+    for pid in [os.getpid(), *_descendants(os.getpid())]:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        names |= {
+            Path(line.split()[-1]).name.split(".")[0] for line in maps.splitlines() if "/vllm/_C" in line
+        }
     return ",".join(sorted(names)) or "none"
+
+
+def _descendants(root: int) -> list[int]:
+    parent: dict[int, int] = {}
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            ppid = next(line for line in status.read_text().splitlines() if line.startswith("PPid:"))
+        except (OSError, StopIteration):
+            continue
+        parent[int(status.parent.name)] = int(ppid.split()[1])
+    found, frontier = [], [root]
+    while frontier:
+        children = [pid for pid, pp in parent.items() if pp in frontier]
+        found += children
+        frontier = children
+    return found
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
