@@ -5,9 +5,10 @@ waiting lifts it one level, so an old request overtakes newer ones of its level 
 newer ones of higher levels too. Ties go to the earlier arrival.
 
 Within a level, tenants (a request's user, else its client connection) take turns: each keeps its
-own FIFO, and after a tenant's request is taken the next tenant's oldest is next. One user who
-queues 500 requests therefore delays another user's one request by at most one admission per
-tenant, not by 500. With one tenant (the in-process engine) this is plain FCFS.
+own FIFO, and after a tenant's request is taken the next tenant's oldest is next. A tenant new to
+the level goes before those already served. One user who queues 500 requests therefore delays
+another user's newly arrived request by one admission at most, not by 500. With one tenant (the
+in-process engine) this is plain FCFS.
 
 Cost: one FIFO per (priority, tenant); a pick compares only each level's next head, so a pick costs
 O(levels), never O(queue length) or O(tenants).
@@ -22,43 +23,59 @@ from pagedserve.services.scheduler.request import Request
 
 
 class _Level:
-    """One priority: tenant -> FIFO, in turn order (the first key goes next)."""
+    """One priority: tenant -> FIFO. Tenants not served since they joined go first, in the order
+    they came (a newcomer does not wait out a round of those already served); then the served ones,
+    in turn order."""
 
-    __slots__ = ("tenants", "size")
+    __slots__ = ("fresh", "served", "size")
 
     def __init__(self) -> None:
-        self.tenants: OrderedDict[str, deque[Request]] = OrderedDict()
+        self.fresh: OrderedDict[str, deque[Request]] = OrderedDict()
+        self.served: OrderedDict[str, deque[Request]] = OrderedDict()
         self.size = 0
 
+    def _next(self) -> OrderedDict[str, deque[Request]]:
+        return self.fresh if self.fresh else self.served
+
+    def _fifo(self, tenant: str) -> deque[Request] | None:
+        fifo = self.fresh.get(tenant)
+        return fifo if fifo is not None else self.served.get(tenant)
+
     def head(self) -> Request:
-        return next(iter(self.tenants.values()))[0]
+        return next(iter(self._next().values()))[0]
 
     def push(self, request: Request) -> None:
-        self.tenants.setdefault(request.tenant, deque()).append(request)
+        fifo = self._fifo(request.tenant)
+        if fifo is None:
+            fifo = self.fresh[request.tenant] = deque()
+        fifo.append(request)
         self.size += 1
 
     def push_front(self, request: Request) -> None:
-        self.tenants.setdefault(request.tenant, deque()).appendleft(request)
-        self.tenants.move_to_end(request.tenant, last=False)
+        # A preempted request goes first: its tenant moves to the very front.
+        fifo = self.served.pop(request.tenant, None) or self.fresh.pop(request.tenant, None) or deque()
+        fifo.appendleft(request)
+        self.fresh[request.tenant] = fifo
+        self.fresh.move_to_end(request.tenant, last=False)
         self.size += 1
 
     def pop_head(self) -> Request:
-        tenant, fifo = next(iter(self.tenants.items()))
+        turns = self._next()
+        tenant, fifo = next(iter(turns.items()))
         request = fifo.popleft()
+        del turns[tenant]
         if fifo:
-            self.tenants.move_to_end(tenant)  # its turn is over
-        else:
-            del self.tenants[tenant]
+            self.served[tenant] = fifo  # its turn is over: to the back
         self.size -= 1
         return request
 
     def remove(self, request: Request) -> bool:
-        fifo = self.tenants.get(request.tenant)
+        fifo = self._fifo(request.tenant)
         if fifo is None or request not in fifo:
             return False
         fifo.remove(request)
         if not fifo:
-            del self.tenants[request.tenant]
+            self.fresh.pop(request.tenant, None) or self.served.pop(request.tenant, None)
         self.size -= 1
         return True
 
@@ -74,8 +91,9 @@ class WaitingQueue:
 
     def __iter__(self):
         for level in self._levels.values():
-            for fifo in level.tenants.values():
-                yield from fifo
+            for turns in (level.fresh, level.served):
+                for fifo in turns.values():
+                    yield from fifo
 
     def push(self, request: Request) -> None:
         self._levels.setdefault(request.sampling.priority, _Level()).push(request)

@@ -20,17 +20,19 @@ def test_one_users_backlog_does_not_starve_another_user(tiny_model, tmp_path):
     finally:
         sup.stop()
     assert sorted(finished) == sorted([f"alice-{i}" for i in range(ALICE_REQUESTS)] + ["bob-0"])
-    # alice-0 runs and alice-1 had its turn before bob arrived in the turns; then it is bob's.
+    # bob arrives while alice-0 runs: he is next (1); under first-come-first-served he is last (8).
+    # 2 allows one more of alice's to have been admitted already when his request landed.
     assert finished.index("bob-0") <= 2, finished
     assert [r for r in finished if r.startswith("alice")] == [f"alice-{i}" for i in range(ALICE_REQUESTS)]
 
 
 async def finish_order(endpoint: str) -> list[str]:
     finished: list[str] = []
+    alice_started = asyncio.Event()
     async with AsyncClient(endpoint, timeout_s=120) as client:
 
         async def one(rid: str, user: str) -> None:
-            await client.generate(
+            stream = client.stream(
                 prompt_token_ids=[5, 6, 7, 8],
                 request_id=rid,
                 user=user,
@@ -38,9 +40,12 @@ async def finish_order(endpoint: str) -> list[str]:
                 temperature=0.0,
                 ignore_eos=True,
             )
+            async for _ in stream:
+                alice_started.set()
             finished.append(rid)
 
         alice = [asyncio.create_task(one(f"alice-{i}", "alice")) for i in range(ALICE_REQUESTS)]
-        await asyncio.sleep(0.2)  # all of alice's are queued before bob's arrives
+        # alice's first runs (the rest were sent with it, so they queue): only now does bob ask.
+        await alice_started.wait()
         await asyncio.gather(one("bob-0", "bob"), *alice)
     return finished

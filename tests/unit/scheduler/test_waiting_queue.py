@@ -82,6 +82,16 @@ def test_a_flooding_tenant_does_not_hold_back_another_tenants_request():
     assert [r for r in order if r.startswith("alice")] == [f"alice-{i}" for i in range(50)]
 
 
+def test_a_tenant_arriving_late_goes_before_tenants_already_served():
+    queue = WaitingQueue(aging_s=5.0)
+    for i in range(5):
+        queue.push(request(f"alice-{i}", float(i), tenant="alice"))
+    queue.pop(queue.peek(5.0))  # alice-0 admitted
+    queue.pop(queue.peek(5.0))  # alice-1 admitted: nobody else was waiting
+    queue.push(request("bob-0", 6.0, tenant="bob"))
+    assert drain(queue, now=7.0)[0] == "bob-0"
+
+
 def test_tenants_take_turns_each_in_arrival_order():
     queue = WaitingQueue(aging_s=5.0)
     for i, (rid, tenant) in enumerate(
