@@ -187,6 +187,7 @@ def run(dep: Deployment, args: argparse.Namespace, console: Console) -> dict[str
         dep.api_health,
         in_flight=lambda: len(load_state.live),
         restarts=dep.restarts if dep.supervisor is not None else None,
+        service_pids=dep.target.services,
     ).start()
     injector = FaultInjector(
         dep.target,

@@ -130,6 +130,7 @@ class DeploymentWatch:
         in_flight: Callable[[], int] = lambda: 0,
         restarts: Callable[[], dict[str, int]] | None = None,
         poll_s: float = POLL_S,
+        service_pids: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.scheduler_ops = scheduler_ops
         self.block_manager_ops = block_manager_ops
@@ -138,6 +139,9 @@ class DeploymentWatch:
         self.in_flight = in_flight
         self.restarts = restarts
         self.poll_s = poll_s
+        # With several API processes /health stays up through a kill (the others answer): the killed
+        # one's pid, replaced by the supervisor, is what shows it was missed and is back.
+        self.service_pids = service_pids
         self.faults: list[Fault] = []
         self.errors: list[str] = []  # ticks that failed (reported; the watch goes on)
         self.timeline = Timeline()
@@ -217,14 +221,21 @@ class DeploymentWatch:
                 self._bm_instance = instance
         else:
             instance = self._bm_instance
-        api_up = None
-        if self.api_health is not None and any(f.kind == "api_kill" for f in pending):
-            api_up = answers(self.api_health)
+        api_up = pids = None
+        if any(f.kind == "api_kill" for f in pending):
+            api_up = None if self.api_health is None else answers(self.api_health)
+            pids = None if self.service_pids is None else self.service_pids()
         for fault in pending:
-            if fault.noticed_at is None and _noticed(fault, state, ready, lost, api_up, instance):
+            replaced = pids is not None and pids.get(fault.target) not in (None, fault.pid)
+            if fault.noticed_at is None and (
+                _noticed(fault, state, ready, lost, api_up, instance)
+                or (fault.kind == "api_kill" and replaced)
+            ):
                 fault.noticed_at = now
             if fault.pending_resume or fault.noticed_at is None and not fault.kind.startswith("worker_pause"):
                 continue  # a kill is recovered from only after it was seen; a pause may pass unseen
+            if fault.kind == "api_kill" and pids is not None and not replaced:
+                continue  # the port may answer from another API process: the killed one is not back yet
             if _recovered(fault, state, ready, pool_ids(dump) if dump else None, self.workers, api_up):
                 fault.recovered_at = time.monotonic()
 
