@@ -50,6 +50,10 @@ def deployment(tiny_model, tmp_path_factory):
         lease_ttl_s=TTL,
         lease_renew_interval_s=0.4,
         reap_interval_s=3600.0,
+        # Steps of 20 ms: the page polls about once a second, and the tiny model's real steps
+        # (under 1 ms on a fast CPU) finished the whole load between two polls. The view shows
+        # blocks and requests, which the simulated worker moves exactly as a real one.
+        simulate_step_ms=20.0,
     )
     yield sup
     sup.stop()
