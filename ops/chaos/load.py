@@ -55,8 +55,8 @@ class RequestRecord:
     final_tokens: list[int] | None = None  # SDK requests; an API request has text only
     final_text: str | None = None  # set once the request finished
     via: str = "sdk"  # or "api": through the OpenAI-compatible HTTP API
-    interrupted: int = 0  # API requests: connections broken by the API server's death, then re-sent
-    interrupted_at: list[float] = field(default_factory=list)  # time.monotonic() of each break
+    # API requests: time.monotonic() of each connection broken by the API server's death (then re-sent)
+    interrupted_at: list[float] = field(default_factory=list)
 
     def stream_errors(self) -> tuple[int, int]:
         """(duplicated, missing) stream tokens against the final result: (0, 0) when they agree.
@@ -99,7 +99,7 @@ class LoadOutcome:
             "wall_s": round(self.wall_s, 3),
             "tokens_per_s": round(self.completion_tokens / self.wall_s, 1) if self.wall_s else 0.0,
             "via_api": sum(r.via == "api" for r in self.records),
-            "api_interrupted": sum(r.interrupted for r in self.records),
+            "api_interrupted": sum(len(r.interrupted_at) for r in self.records),
         }
 
 
@@ -157,7 +157,6 @@ async def run_load(settings: LoadSettings, outcome: LoadOutcome | None = None) -
                     # The API server died under this request (or is not back yet: connection
                     # refused, not counted): a client retries on a new connection.
                     if not isinstance(exc, httpx.ConnectError):
-                        record.interrupted += 1
                         record.interrupted_at.append(time.monotonic())
                     if time.monotonic() >= deadline:
                         finish, error = None, "api_unreachable"

@@ -226,17 +226,15 @@ class DeploymentWatch:
             api_up = None if self.api_health is None else answers(self.api_health)
             pids = None if self.service_pids is None else self.service_pids()
         for fault in pending:
-            replaced = pids is not None and pids.get(fault.target) not in (None, fault.pid)
-            if fault.noticed_at is None and (
-                _noticed(fault, state, ready, lost, api_up, instance)
-                or (fault.kind == "api_kill" and replaced)
-            ):
+            # None: no pid to judge by (an attached deployment's API is judged by /health alone).
+            replaced = None if pids is None else pids.get(fault.target) not in (None, fault.pid)
+            if fault.noticed_at is None and _noticed(fault, state, ready, lost, api_up, instance, replaced):
                 fault.noticed_at = now
             if fault.pending_resume or fault.noticed_at is None and not fault.kind.startswith("worker_pause"):
                 continue  # a kill is recovered from only after it was seen; a pause may pass unseen
-            if fault.kind == "api_kill" and pids is not None and not replaced:
-                continue  # the port may answer from another API process: the killed one is not back yet
-            if _recovered(fault, state, ready, pool_ids(dump) if dump else None, self.workers, api_up):
+            if _recovered(
+                fault, state, ready, pool_ids(dump) if dump else None, self.workers, api_up, replaced
+            ):
                 fault.recovered_at = time.monotonic()
 
     def _sample(self, now: float, ready: list[str] | None, dump: dict[str, Any] | None) -> None:
@@ -265,9 +263,10 @@ def _noticed(
     lost: float | None,
     api_up: bool | None,
     bm_instance: str | None,
+    api_replaced: bool | None = None,
 ) -> bool:
-    if fault.kind == "api_kill":
-        return api_up is False
+    if fault.kind == "api_kill":  # the port down, or the killed process replaced (others may answer)
+        return api_up is False or bool(api_replaced)
     if fault.kind == "scheduler_kill":
         return state is None
     if fault.kind == "block_manager_kill":  # gone, replaced, or the scheduler says it is down
@@ -287,9 +286,10 @@ def _recovered(
     pools: list[str] | None,
     workers: int,
     api_up: bool | None,
+    api_replaced: bool | None = None,
 ) -> bool:
-    if fault.kind == "api_kill":
-        return bool(api_up)
+    if fault.kind == "api_kill":  # the port answers, and not only from another API process
+        return bool(api_up) and api_replaced is not False
     if state is None or ready is None or pools is None:
         return False
     if not fault.is_worker:  # every worker ready before the kill is ready again, with its pool

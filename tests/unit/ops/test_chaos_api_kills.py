@@ -14,7 +14,6 @@ def api_kill(at: float) -> Fault:
 def stream(rid: str, started: float, ended: float | None, broken_at: list[float] = ()) -> RequestRecord:
     record = RequestRecord(rid, "p", started, ended=ended, via="api")
     record.interrupted_at = list(broken_at)
-    record.interrupted = len(broken_at)
     return record
 
 
