@@ -70,8 +70,11 @@ def _loaded_extension() -> str:
     """Which of vLLM's CPU builds this process or its children (vLLM's engine core runs in one)
     mapped (`_C`, `_C_AVX512`, `_C_AVX2`): read from /proc/<pid>/maps, since vLLM's import of the AVX
     builds fails by design once the library is in. Called while the engine is alive."""
+    import psutil  # one of vLLM's own requirements, so in its venv
+
+    me = psutil.Process()
     names: set[str] = set()
-    for pid in [os.getpid(), *_descendants(os.getpid())]:
+    for pid in [me.pid, *(child.pid for child in me.children(recursive=True))]:
         try:
             maps = Path(f"/proc/{pid}/maps").read_text()
         except OSError:
@@ -80,22 +83,6 @@ def _loaded_extension() -> str:
             Path(line.split()[-1]).name.split(".")[0] for line in maps.splitlines() if "/vllm/_C" in line
         }
     return ",".join(sorted(names)) or "none"
-
-
-def _descendants(root: int) -> list[int]:
-    parent: dict[int, int] = {}
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            ppid = next(line for line in status.read_text().splitlines() if line.startswith("PPid:"))
-        except (OSError, StopIteration):
-            continue
-        parent[int(status.parent.name)] = int(ppid.split()[1])
-    found, frontier = [], [root]
-    while frontier:
-        children = [pid for pid, pp in parent.items() if pp in frontier]
-        found += children
-        frontier = children
-    return found
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:

@@ -53,7 +53,7 @@ class _Level:
 
     def push_front(self, request: Request) -> None:
         # A preempted request goes first: its tenant moves to the very front.
-        fifo = self.served.pop(request.tenant, None) or self.fresh.pop(request.tenant, None) or deque()
+        fifo = self.served.pop(request.tenant, None) or self.fresh.pop(request.tenant, deque())
         fifo.appendleft(request)
         self.fresh[request.tenant] = fifo
         self.fresh.move_to_end(request.tenant, last=False)
@@ -75,7 +75,7 @@ class _Level:
             return False
         fifo.remove(request)
         if not fifo:
-            self.fresh.pop(request.tenant, None) or self.served.pop(request.tenant, None)
+            del (self.fresh if request.tenant in self.fresh else self.served)[request.tenant]
         self.size -= 1
         return True
 
