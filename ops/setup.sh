@@ -15,14 +15,16 @@ fi
 
 # Tools the tests of the live view and the alert rules drive: Debian's chromium + chromium-driver
 # (the browser test) and prometheus (promtool checks the rules), tmux (`pagedserve top` in a real
-# terminal). Tried only as root with apt, never fatal: without them those tests skip, naming what is missing.
+# terminal), and on x86 the ARM64 cross compiler (the kernels' portable path is compile-checked for
+# aarch64). Tried only as root with apt, never fatal: without them those tests skip, naming what is missing.
 want_debs=""
 command -v chromium >/dev/null 2>&1 || want_debs="$want_debs chromium"
 command -v chromedriver >/dev/null 2>&1 || want_debs="$want_debs chromium-driver"
 command -v promtool >/dev/null 2>&1 || want_debs="$want_debs prometheus"
 command -v tmux >/dev/null 2>&1 || want_debs="$want_debs tmux"
+[ "$(uname -m)" != x86_64 ] || command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 || want_debs="$want_debs g++-aarch64-linux-gnu"
 if [ -n "$want_debs" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "setup: installing$want_debs (apt; the browser, promtool and tmux tests need them)" >&2
+  echo "setup: installing$want_debs (apt; the browser, promtool, tmux and ARM64 build tests need them)" >&2
   # A failure here only means those tests skip.
   { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $want_debs >/dev/null 2>&1 \
       || { apt-get update >/dev/null 2>&1 \

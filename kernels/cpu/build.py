@@ -186,9 +186,12 @@ def _load_or_build(extension: Extension, isa: str, directory: Path) -> None:
     (directory / OK_MARKER).write_text("ok\n")
 
 
-def compile_check(extension: Extension, isa: str) -> None:
+def compile_check(extension: Extension, isa: str, cxx: str | None = None, syntax_only: bool = False) -> None:
     """Compile `extension` for `isa` without linking or loading it: how a path this CPU cannot execute
-    (AVX-512 code on an AVX2 machine) is still proven to build. KernelBuildError with the first error."""
+    (AVX-512 code on an AVX2 machine) is still proven to build. `cxx` names another compiler (a cross
+    compiler: the portable path for ARM64); `syntax_only` stops after parsing and template
+    instantiation, which is where a foreign architecture's missing intrinsics show. KernelBuildError
+    with the first error."""
     import subprocess
     import tempfile
 
@@ -196,13 +199,19 @@ def compile_check(extension: Extension, isa: str) -> None:
 
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     includes = [f"-isystem{path}" for path in include_paths()]
+    compiler = cxx or os.environ.get("CXX", "c++")
     for source in extension.sources:
         with tempfile.TemporaryDirectory() as scratch:
+            output = (
+                ["-fsyntax-only"] if syntax_only else ["-c", "-fPIC", "-o", str(Path(scratch) / "check.o")]
+            )
             argv = [
-                os.environ.get("CXX", "c++"), "-c", "-fPIC", "-o", str(Path(scratch) / "check.o"),
+                compiler, *output,
                 *includes, f"-I{HERE}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_API_INCLUDE_EXTENSION_H",
                 f"-DTORCH_EXTENSION_NAME={library_name(extension, isa)}", *build_flags(extension, isa), str(source),
             ]  # fmt: skip
             done = subprocess.run(argv, capture_output=True, text=True)
         if done.returncode != 0:
-            raise KernelBuildError(f"{extension.name} [{isa}] does not compile: {_reason(done.stderr)}")
+            raise KernelBuildError(
+                f"{extension.name} [{isa}] does not compile with {compiler}: {_reason(done.stderr)}"
+            )

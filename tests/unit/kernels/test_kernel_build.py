@@ -4,6 +4,7 @@ failure included; a lock that dies with its holder."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -139,3 +140,24 @@ UNRUNNABLE = [(e, isa) for e in EXTENSIONS for isa in ISAS if isa not in runnabl
 @pytest.mark.parametrize(("extension", "isa"), UNRUNNABLE, ids=[f"{e.name}-{isa}" for e, isa in UNRUNNABLE])
 def test_every_path_compiles_even_where_this_cpu_cannot_run_it(extension, isa):
     compile_check(extension, isa)
+
+
+# ARM64 (Graviton, Ampere) runs the portable path; no ARM machine is at hand, so Debian's cross
+# compiler checks that every op's portable source, with torch's headers (ATen's NEON Vectorized),
+# parses and instantiates for aarch64: no x86 intrinsic, no x86-only header. ops/setup.sh installs it.
+ARM64_CXX = shutil.which("aarch64-linux-gnu-g++")
+
+
+@pytest.mark.skipif(ARM64_CXX is None, reason="no aarch64-linux-gnu-g++ (Debian's g++-aarch64-linux-gnu)")
+@pytest.mark.parametrize("extension", EXTENSIONS, ids=[e.name for e in EXTENSIONS])
+def test_the_portable_path_compiles_for_arm64(extension):
+    compile_check(extension, "portable", cxx=ARM64_CXX, syntax_only=True)
+
+
+def test_a_portable_source_with_x86_intrinsics_fails_the_arm64_check(tmp_path):
+    if ARM64_CXX is None:
+        pytest.skip("no aarch64-linux-gnu-g++ (Debian's g++-aarch64-linux-gnu)")
+    source = tmp_path / "x86_only.cpp"
+    source.write_text("#include <immintrin.h>\nint f() { return _mm_cvtsi128_si32(_mm_set1_epi32(1)); }\n")
+    with pytest.raises(KernelBuildError, match=r"x86_only \[portable\] does not compile"):
+        compile_check(Extension("x86_only", (source,)), "portable", cxx=ARM64_CXX, syntax_only=True)
