@@ -73,10 +73,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--peer-llamacpp",
         action="store_true",
-        help="then start llama.cpp's server (llama_cpp.server from LLAMACPP_VENV) on the served model's GGUF "
-        "and run the same load against it (ops/bench/llamacpp_server.py)",
+        help="then start llama.cpp's server (llama-server from LLAMACPP_VENV, else llama_cpp.server) on the "
+        "served model's GGUF and run the same load against it (ops/bench/llamacpp_server.py)",
     )
     ap.add_argument("--llamacpp-port", type=int, default=8012)
+    ap.add_argument(
+        "--llamacpp-parallel",
+        type=int,
+        default=64,
+        help="llama-server's slots at most (it gets as many as the load has requests in flight, up to this)",
+    )
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's threads")
     args = ap.parse_args(argv)
     if args.max_concurrency is not None and args.max_concurrency < 1:
@@ -203,8 +209,10 @@ def run_rates(
 def run_llamacpp_server(
     args: argparse.Namespace, entry: dict[str, Any], prompts: list[list[int]], output_lens: list[int]
 ) -> dict[str, Any]:
-    """llama_cpp.server on the served model folder's GGUF, the same load -> its runs and how it ran."""
+    """llama.cpp's server on the served model folder's GGUF, the same load -> its runs and how it ran."""
     from pagedserve.ops.bench.llamacpp_server import (
+        llama_server_argv,
+        llama_server_binary,
         llamacpp_venv,
         llamacpp_venv_ready,
         request_extras,
@@ -225,18 +233,31 @@ def run_llamacpp_server(
         raise SystemExit(
             f"bench serve --peer-llamacpp: no finished llama.cpp venv at {venv} (ops/peers/setup_llamacpp.sh)"
         )
-    tokenizer = load_tokenizer(folder)
-    texts = [tokenizer.decode(p) for p in prompts]  # it takes text only; re-tokenized, lengths shift a little
-    n_ctx = -(-max(len(p) + n for p, n in zip(prompts, output_lens, strict=True)) * 2 // 256) * 256
-    argv = server_argv(venv / "bin" / "python", gguf, args.llamacpp_port, args.threads, max(n_ctx, 2048))
+    longest = max(len(p) + n for p, n in zip(prompts, output_lens, strict=True))
     base_url = f"http://127.0.0.1:{args.llamacpp_port}/v1"
+    binary = llama_server_binary(venv)
+    load: dict[str, Any] = {}
+    if binary is not None:
+        # Slots for every request the load can have in flight, each with room for the longest.
+        parallel = min(args.max_concurrency or len(prompts), args.llamacpp_parallel)
+        slot_ctx = -(-(longest + 16) // 256) * 256
+        argv = llama_server_argv(binary, gguf, args.llamacpp_port, args.threads, slot_ctx, parallel)
+        server = {"server": "llama-server", "parallel": parallel, "slot_ctx": slot_ctx}
+    else:
+        tokenizer = load_tokenizer(folder)
+        # It takes text only; re-tokenized, lengths shift a little.
+        load["prompt_texts"] = [tokenizer.decode(p) for p in prompts]
+        load["extra_body"] = request_extras(list(read_checkpoint(folder).eos_token_ids))
+        n_ctx = max(-(-longest * 2 // 256) * 256, 2048)
+        argv = server_argv(venv / "bin" / "python", gguf, args.llamacpp_port, args.threads, n_ctx)
+        server = {"server": "llama_cpp.server", "parallel": 1}
+    print(
+        f"bench serve: peer {server['server']} ({server['parallel']} at once) on {gguf.name}", file=sys.stderr
+    )
     with running_server(argv, base_url, args.out.with_name(args.out.stem + "-llamacpp-server.log")):
         peer_model = _server_model(base_url, None)["id"]
-        extra = request_extras(list(read_checkpoint(folder).eos_token_ids))
-        runs = run_rates(
-            args, base_url, peer_model, prompts, output_lens, prompt_texts=texts, extra_body=extra
-        )
-    return {"argv": argv, "gguf": gguf.name, "base_url": base_url, "runs": runs}
+        runs = run_rates(args, base_url, peer_model, prompts, output_lens, **load)
+    return {"argv": argv, "gguf": gguf.name, "base_url": base_url, **server, "runs": runs}
 
 
 def format_run(run: dict[str, Any]) -> str:

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from pagedserve.ops.bench.llamacpp_server import (
     compare,
+    llama_server_argv,
+    llama_server_binary,
     request_extras,
     running_server,
     server_argv,
@@ -24,6 +26,25 @@ def test_server_argv_names_the_gguf_threads_and_keeps_streams_uninterrupted() ->
     assert (flags["--port"], flags["--n_threads"], flags["--n_threads_batch"]) == ("8012", "2", "2")
     assert flags["--n_ctx"] == "4096"
     assert flags["--interrupt_requests"] == "False"  # else a queued request cuts the streaming one
+
+
+def test_llama_server_argv_gives_each_slot_its_own_kv_stream_and_the_whole_context() -> None:
+    argv = llama_server_argv(Path("/v/bin/llama-server"), Path("/m/x.gguf"), 8012, 2, 768, 64)
+    assert argv[0] == "/v/bin/llama-server"
+    assert argv[-3:] == ["--no-kv-unified", "--cont-batching", "--no-webui"]
+    flags = dict(zip(argv[1:-3:2], argv[2:-3:2], strict=True))
+    assert flags["--model"] == "/m/x.gguf"
+    assert (flags["--host"], flags["--port"]) == ("127.0.0.1", "8012")
+    assert (flags["--threads"], flags["--threads-batch"]) == ("2", "2")
+    # --ctx-size is shared out among the slots: 64 slots of 768 tokens.
+    assert (flags["--parallel"], flags["--ctx-size"]) == ("64", str(64 * 768))
+
+
+def test_llama_server_is_used_only_where_the_venv_has_it(tmp_path: Path) -> None:
+    assert llama_server_binary(tmp_path) is None
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "llama-server").write_text("")
+    assert llama_server_binary(tmp_path) == tmp_path / "bin" / "llama-server"
 
 
 def test_eos_is_biased_away_for_every_eos_id() -> None:
