@@ -1,0 +1,288 @@
+"""GPTQ / AWQ / compressed-tensors checkpoints, written in the test in each format's layout
+(tests/harness/quantized_checkpoints.py), repacked at load into the kernel's GGML blocks.
+
+References are the formats' own dequantization, written in the harness from their specs
+(weight = scale * (q - zero) over the test's own codes), never the code under test.
+
+Tolerances:
+- One linear through the kernel against x @ W_deq^T: the same 1e-5 of sum |x| |W| as
+  tests/unit/kernels/test_quant_linear.py (float32 summation order), plus for Q4_1 the rounding of
+  m = -scale * zero to fp16: at most half an fp16 ulp of |m| per weight, 2^-11 |m| (+ 2^-25 for
+  fp16 subnormals), summed over |x|. Q4_0 and Q8_0 hold the checkpoint's weights exactly.
+- A whole model, greedy: against the same folder loaded with --quantization none (the format's
+  dequantization in float32). The two differ by summation order and, for Q4_1, by the m rounding
+  (a relative 2^-11 shift of each group's offset), so a token may flip where the top two logits are
+  that close: every prompt's first token must match and at least 11 of 12 prompts token for token.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from harness.greedy_reference import random_prompts
+from harness.quantized_checkpoints import (
+    awq_tensors,
+    ct_tensors,
+    dequantize,
+    gptq_tensors,
+    quantize_checkpoint_as,
+    rtn,
+)
+from harness.tiny_models import make_tiny_model
+from pagedserve.kernels.torch_backend import TorchAttentionBackend
+from pagedserve.services.worker.checkpoint_quant import (
+    Scheme,
+    kernel_type,
+    parse_scheme,
+    read_linear,
+    to_blocks,
+)
+from pagedserve.services.worker.loader import load_model
+from pagedserve.services.worker.models.quant_linear import QuantLinear, quant_ops
+
+from pagedserve import LLM, SamplingParams
+
+# (id, scheme, quantizer args, writer, expected kernel type)
+LINEAR_CASES = [
+    ("gptq-4bit-asym-g128", Scheme("gptq", 4, 128, "gptq"), (4, 128, False), "gptq", "Q4_1"),
+    ("gptq_v2-4bit-sym-g32", Scheme("gptq", 4, 32, "gptq_v2"), (4, 32, True), "gptq_v2", "Q4_0"),
+    ("gptq-8bit-sym-channel", Scheme("gptq", 8, -1, "gptq"), (8, -1, True), "gptq", "Q8_0"),
+    ("awq-4bit-g64", Scheme("awq", 4, 64, "gemm"), (4, 64, False), "awq", "Q4_1"),
+    (
+        "ct-pack-4bit-sym-g128",
+        Scheme("compressed-tensors", 4, 128, "pack-quantized"),
+        (4, 128, True),
+        "ct-packed",
+        "Q4_0",
+    ),
+    (
+        "ct-pack-4bit-asym-g32",
+        Scheme("compressed-tensors", 4, 32, "pack-quantized"),
+        (4, 32, False),
+        "ct-packed",
+        "Q4_1",
+    ),
+    (
+        "ct-int8-sym-channel",
+        Scheme("compressed-tensors", 8, -1, "int-quantized"),
+        (8, -1, True),
+        "ct-int",
+        "Q8_0",
+    ),
+]
+
+
+def _write(qz, writer: str, sym: bool) -> dict[str, torch.Tensor]:
+    if writer in ("gptq", "gptq_v2"):
+        return gptq_tensors(qz, classic=writer == "gptq")
+    if writer == "awq":
+        return awq_tensors(qz)
+    return ct_tensors(qz, packed=writer == "ct-packed", sym=sym)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "args", "writer", "type_name"), [c[1:] for c in LINEAR_CASES], ids=[c[0] for c in LINEAR_CASES]
+)
+@pytest.mark.parametrize("rows", [1, 5])
+def test_repacked_linear_matches_the_formats_dequantization(scheme, args, writer, type_name, rows) -> None:
+    bits, group_size, sym = args
+    n, k = 40, 256
+    rng = np.random.default_rng(7)
+    dense = (rng.standard_normal((n, k)) * 0.1 + rng.standard_normal((n, 1)) * 0.05).astype(np.float32)
+    scale_dtype = "bfloat16" if scheme.method == "compressed-tensors" else np.float16
+    qz = rtn(dense, bits, group_size, sym, scale_dtype)
+    w_deq = torch.from_numpy(dequantize(qz))
+    weight = read_linear(scheme, _write(qz, writer, sym), "layer")
+    assert kernel_type(weight) == (type_name, "")
+    blocks = to_blocks(weight, type_name, scheme.method)
+    assert blocks.type_name == type_name and blocks.source == scheme.method
+    assert (blocks.out_features, blocks.in_features) == (n, k)
+
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    bias = torch.randn(n)
+    out = quant_ops().quant_linear(x, blocks.blocks, blocks.type_id, bias)
+    expected = x @ w_deq.T + bias
+    bound = 1e-5 * (x.abs() @ w_deq.abs().T + bias.abs())
+    if type_name == "Q4_1":
+        m = torch.from_numpy(np.abs(qz.scales * qz.zeros)[:, qz.g_idx]).float()
+        bound += x.abs() @ (m * 2.0**-11 + 2.0**-25).T
+    assert ((out - expected).abs() <= bound).all(), (out - expected).abs().max()
+
+
+def test_dequantize_is_the_formats_definition() -> None:
+    """IntWeight.dequantize (the --quantization none path) equals the spec's, for every layout."""
+    rng = np.random.default_rng(1)
+    dense = (rng.standard_normal((24, 128)) * 0.1).astype(np.float32)
+    for _, scheme, (bits, group_size, sym), writer, _ in LINEAR_CASES:
+        if group_size > 128:
+            continue
+        scale_dtype = "bfloat16" if scheme.method == "compressed-tensors" else np.float16
+        qz = rtn(dense, bits, group_size, sym, scale_dtype)
+        got = read_linear(scheme, _write(qz, writer, sym), "layer").dequantize()
+        assert torch.equal(got, torch.from_numpy(dequantize(qz))), writer
+
+
+def _greedy(folder: Path, quantization: str, prompts: list[list[int]]) -> tuple[list[list[int]], dict]:
+    llm = LLM(str(folder), num_blocks=256, quantization=quantization)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    return [o.token_ids for o in llm.generate(prompts, params)], llm.runner.runtime
+
+
+MODEL_CASES = [
+    # (id, arch, config overrides, method, quantize_checkpoint_as kwargs, expected weights prefix)
+    ("llama-gptq-4bit-asym", "llama", {}, "gptq", {"bits": 4, "group_size": 32}, "gptq Q4_1x"),
+    ("qwen2-awq", "qwen2", {}, "awq", {"bits": 4, "group_size": 64}, "awq Q4_1x"),  # qkv bias kept
+    (
+        "qwen3-ct-pack-sym",
+        "qwen3",
+        {},
+        "compressed-tensors",
+        {"bits": 4, "group_size": 32, "sym": True, "fmt": "pack-quantized"},
+        "compressed-tensors Q4_0x",
+    ),
+    (
+        "mistral-ct-int8",
+        "mistral",
+        {},
+        "compressed-tensors",
+        {"bits": 8, "group_size": -1, "sym": True, "fmt": "int-quantized"},
+        "compressed-tensors Q8_0x",
+    ),
+    (
+        "llama-gptq_v2-8bit-g128",
+        "llama",
+        {"hidden_size": 128, "intermediate_size": 256},
+        "gptq",
+        {"bits": 8, "group_size": 128, "sym": True, "fmt": "gptq_v2"},
+        "gptq Q8_0x",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("arch", "overrides", "method", "kwargs", "weights"),
+    [c[1:] for c in MODEL_CASES],
+    ids=[c[0] for c in MODEL_CASES],
+)
+def test_model_greedy_matches_the_dequantized_reference(
+    tmp_path: Path, arch, overrides, method, kwargs, weights
+) -> None:
+    folder = make_tiny_model(arch, tmp_path / arch, **overrides)
+    reference = quantize_checkpoint_as(folder, method, **kwargs)
+
+    quantized = load_model(folder, TorchAttentionBackend(), quantization=method).model
+    for layer in quantized.layers:
+        for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+            assert isinstance(layer.get_submodule(name), QuantLinear), name
+    assert not isinstance(quantized.embed_tokens, QuantLinear)
+    # The dense load is the formats' dequantization, exactly (the harness's, not ours).
+    dense = load_model(folder, TorchAttentionBackend(), quantization="none").model
+    rows = dense._shard_rows("qkv_proj", 1)
+    k_ref = reference["model.layers.1.self_attn.k_proj.weight"]
+    assert torch.equal(dense.layers[1].self_attn.qkv_proj.weight[rows], k_ref)
+    assert torch.equal(dense.layers[0].mlp.down_proj.weight, reference["model.layers.0.mlp.down_proj.weight"])
+
+    prompts = random_prompts(12, seed=3, max_len=40)
+    got, runtime = _greedy(folder, "auto", prompts)
+    expected, dense_runtime = _greedy(folder, "none", prompts)
+    assert runtime["weights"].startswith(weights) and runtime["weights"].endswith("+ float32"), runtime
+    assert dense_runtime["weights"] == "float32"
+    assert [g[0] for g in got] == [e[0] for e in expected]
+    same = sum(g == e for g, e in zip(got, expected, strict=True))
+    assert same >= 11, f"{same}/12 prompts matched token for token"
+
+
+def test_biased_projection_is_quantized_with_its_bias(tmp_path: Path) -> None:
+    folder = make_tiny_model("qwen2", tmp_path / "m")
+    quantize_checkpoint_as(folder, "gptq", bits=4, group_size=32, sym=True)  # Q4_0: the weights exactly
+    quantized = load_model(folder, TorchAttentionBackend(), quantization="gptq").model
+    dense = load_model(folder, TorchAttentionBackend(), quantization="none").model
+    qkv_q, qkv_d = quantized.layers[0].self_attn.qkv_proj, dense.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv_q, QuantLinear) and qkv_q.weight_type == "Q4_0"
+    assert torch.equal(qkv_q.bias, qkv_d.bias) and qkv_d.bias.abs().min() > 0
+    x = torch.randn(3, qkv_d.in_features)
+    with torch.inference_mode():
+        torch.testing.assert_close(qkv_q(x), qkv_d(x), rtol=1e-4, atol=1e-4)
+
+
+def test_desc_act_with_a_permuted_g_idx_is_refused_or_dequantized(tmp_path: Path) -> None:
+    folder = make_tiny_model("llama", tmp_path / "m")
+    reference = quantize_checkpoint_as(folder, "gptq", bits=4, group_size=32, desc_act_permuted=True)
+    with pytest.raises(ValueError, match=r"--quantization gptq: model\.layers\.\d+\..*desc_act: its g_idx"):
+        load_model(folder, TorchAttentionBackend(), quantization="gptq")
+    # auto: dequantized (exactly, the permuted groups honoured), nothing left quantized
+    model = load_model(folder, TorchAttentionBackend(), quantization="auto").model
+    assert not any(isinstance(m, QuantLinear) for m in model.modules())
+    assert torch.equal(model.layers[2].mlp.down_proj.weight, reference["model.layers.2.mlp.down_proj.weight"])
+
+
+def test_asymmetric_int8_is_refused_or_dequantized(tmp_path: Path) -> None:
+    folder = make_tiny_model("llama", tmp_path / "m")
+    quantize_checkpoint_as(folder, "gptq", bits=8, group_size=32, sym=False, fmt="gptq_v2")
+    with pytest.raises(ValueError, match="asymmetric int8"):
+        load_model(folder, TorchAttentionBackend(), quantization="gptq")
+    model = load_model(folder, TorchAttentionBackend(), quantization="auto").model
+    assert not any(isinstance(m, QuantLinear) for m in model.modules())
+
+
+def test_unsupported_fields_are_named() -> None:
+    gptq = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}
+    with pytest.raises(ValueError, match=r"gptq: quantization_config\.bits=3: only 4 and 8"):
+        parse_scheme({"quantization_config": {**gptq, "bits": 3}})
+    with pytest.raises(ValueError, match=r"checkpoint_format='marlin'"):
+        parse_scheme({"quantization_config": {**gptq, "checkpoint_format": "marlin"}})
+    with pytest.raises(ValueError, match=r"awq: quantization_config\.version='gemv'"):
+        parse_scheme(
+            {"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}}
+        )
+    ct = {
+        "quant_method": "compressed-tensors",
+        "format": "int-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
+                "input_activations": {"num_bits": 8, "type": "int", "dynamic": True, "strategy": "token"},
+            }
+        },
+    }
+    with pytest.raises(ValueError, match=r"config_groups\.group_0\.input_activations"):
+        parse_scheme({"quantization_config": ct})
+    with pytest.raises(ValueError, match=r"format='float-quantized'"):
+        parse_scheme({"quantization_config": {**ct, "format": "float-quantized"}})
+    assert parse_scheme({"quantization_config": {"quant_method": "bitsandbytes"}}) is None
+    assert parse_scheme({}) is None
+
+
+def test_unsupported_bits_in_a_folder_is_refused_at_load(tmp_path: Path) -> None:
+    folder = make_tiny_model("llama", tmp_path / "m")
+    quantize_checkpoint_as(folder, "gptq", bits=4, group_size=32)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"]["bits"] = 3
+    (folder / "config.json").write_text(json.dumps(config))
+    for quantization in ("auto", "none", "gptq"):
+        with pytest.raises(ValueError, match=r"quantization_config\.bits=3"):
+            load_model(folder, TorchAttentionBackend(), quantization=quantization)
+
+
+def test_explicit_format_on_another_folder_is_refused(tmp_path: Path) -> None:
+    plain = make_tiny_model("llama", tmp_path / "plain")
+    with pytest.raises(
+        ValueError, match="--quantization gptq: the checkpoint's config.json has no quantization_config"
+    ):
+        load_model(plain, TorchAttentionBackend(), quantization="gptq")
+    awq = make_tiny_model("llama", tmp_path / "awq")
+    quantize_checkpoint_as(awq, "awq", bits=4, group_size=32)
+    with pytest.raises(ValueError, match="--quantization gptq: .* quantization_config.quant_method 'awq'"):
+        load_model(awq, TorchAttentionBackend(), quantization="gptq")
+    with pytest.raises(ValueError, match="--quantization gguf: .* has no GGUF weights"):
+        load_model(awq, TorchAttentionBackend(), quantization="gguf")
+    with pytest.raises(ValueError, match="--quantization awq: quantized weights run on the CPU with float32"):
+        load_model(awq, TorchAttentionBackend(), quantization="awq", dtype="bfloat16")
+    # auto on a worker that cannot run the kernel: dense, dequantized
+    model = load_model(awq, TorchAttentionBackend(), quantization="auto", dtype="bfloat16").model
+    assert not any(isinstance(m, QuantLinear) for m in model.modules())
