@@ -181,15 +181,21 @@ class IntWeight:
         return self.scales.float()[:, g] * (self.codes.int() - self.zeros[:, g]).float()
 
 
+def _values(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """int32 words [rows, cols] -> uint8 [rows, cols, 32 / bits]: each word's values, lowest bits first.
+    Byte arithmetic on the words' little-endian bytes (as every CPU we build for stores them)."""
+    data = packed.contiguous().view(torch.int32).unsqueeze(-1).view(torch.uint8)  # [rows, cols, 4]
+    if bits == 8:
+        return data
+    return torch.stack((data & 0xF, data >> 4), dim=-1).flatten(-2)  # 4 bits: [rows, cols, 8]
+
+
 def _unpack(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     """int32 words -> their 32 / bits values (lowest bits first) laid out consecutively along `dim`."""
-    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
-    mask = (1 << bits) - 1
+    values = _values(packed, bits)
     if dim == 0:
-        values = (packed.int()[:, None, :] >> shifts[None, :, None]) & mask  # [rows, per, cols]
-        return values.reshape(-1, packed.shape[1]).to(torch.uint8)
-    values = (packed.int()[:, :, None] >> shifts[None, None, :]) & mask  # [rows, cols, per]
-    return values.reshape(packed.shape[0], -1).to(torch.uint8)
+        return values.permute(0, 2, 1).reshape(-1, packed.shape[1])
+    return values.reshape(packed.shape[0], -1)
 
 
 def _g_idx(g_idx: torch.Tensor | None, in_features: int, group_size: int, name: str) -> torch.Tensor | None:
@@ -226,7 +232,10 @@ def _group_count(in_features: int, group_size: int, name: str) -> int:
 
 def _read_gptq(scheme: Scheme, t: dict[str, torch.Tensor], module: str) -> IntWeight:
     bits, per = scheme.bits, 32 // scheme.bits
-    codes = _unpack(t["qweight"], bits, dim=0).T.contiguous()  # [out, in]
+    # [in / per, out]: value i of word (r, o) is input r * per + i of output o; the words transposed
+    # (a quarter or an eighth of the bytes of the codes) then unpacked are the codes [out, in]
+    words = t["qweight"].T.contiguous()
+    codes = _values(words, bits).reshape(words.shape[0], -1)
     out, in_features = codes.shape
     group_size = in_features if scheme.group_size == -1 else scheme.group_size
     groups = t["scales"].shape[0]
@@ -246,17 +255,17 @@ def _read_gptq(scheme: Scheme, t: dict[str, torch.Tensor], module: str) -> IntWe
 
 
 def _read_awq(scheme: Scheme, t: dict[str, torch.Tensor], module: str) -> IntWeight:
-    def columns(packed: torch.Tensor) -> torch.Tensor:  # [rows, out / 8] -> [rows, out], AWQ's order undone
-        values = _unpack(packed, 4, dim=1).reshape(packed.shape[0], -1, 8)
-        return values[:, :, list(_AWQ_COLUMNS)].reshape(packed.shape[0], -1)
+    def columns(packed: torch.Tensor) -> torch.Tensor:  # [rows, out / 8] -> [out, rows], AWQ's order undone
+        values = _values(packed, 4)[:, :, list(_AWQ_COLUMNS)]  # [rows, out / 8, 8]
+        return values.permute(1, 2, 0).reshape(-1, packed.shape[0])
 
-    codes = columns(t["qweight"]).T.contiguous()  # [out, in]
+    codes = columns(t["qweight"])  # [out, in]
     out, in_features = codes.shape
     group_size = in_features if scheme.group_size == -1 else scheme.group_size
     groups = _group_count(in_features, group_size, module)
     _expect(f"{module}.scales", t["scales"], (groups, out))
     _expect(f"{module}.qzeros", t["qzeros"], (groups, out // 8))
-    zeros = columns(t["qzeros"]).T.int().contiguous()
+    zeros = columns(t["qzeros"]).int()
     return IntWeight(codes, t["scales"].T.contiguous(), zeros, 4, group_size)
 
 
@@ -327,20 +336,20 @@ def to_blocks(w: IntWeight, type_name: str, source: str) -> QuantTensor:
     scale = w.scales.float().repeat_interleave(w.group_size // GROUP, dim=1)  # [out, blocks]
     codes = w.codes.view(out, blocks, GROUP)
 
-    def fp16_bytes(x: torch.Tensor) -> torch.Tensor:
-        return x.half().unsqueeze(-1).contiguous().view(torch.uint8)  # [out, blocks, 2], little-endian
-
+    sizes = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+    if type_name not in sizes:
+        raise ValueError(f"no repack into {type_name}")
+    data = torch.empty(out, blocks, sizes[type_name], dtype=torch.uint8)
+    # fp16 values as their two little-endian bytes, [out, blocks, 2]
+    data[:, :, 0:2] = scale.half().unsqueeze(-1).view(torch.uint8)
     if type_name == "Q8_0":
-        body = (codes.int() - 128).to(torch.int8).view(torch.uint8)
-        parts = [fp16_bytes(scale), body]
+        torch.sub(codes, 128, out=data[:, :, 2:])  # uint8 wraps: code - 128 as int8's two's complement
     else:
-        body = codes[:, :, :16] | (codes[:, :, 16:] << 4)  # codes 0-15 low nibbles, 16-31 high
-        if type_name == "Q4_0":
-            parts = [fp16_bytes(scale), body]
-        elif type_name == "Q4_1":
+        if type_name == "Q4_1":
             zero = w.zeros.float().repeat_interleave(w.group_size // GROUP, dim=1)
-            parts = [fp16_bytes(scale), fp16_bytes(-scale * zero), body]
-        else:
-            raise ValueError(f"no repack into {type_name}")
-    data = torch.cat(parts, dim=-1).reshape(out, -1)
+            data[:, :, 2:4] = (-scale * zero).half().unsqueeze(-1).view(torch.uint8)
+        body = data[:, :, -16:]
+        torch.bitwise_left_shift(codes[:, :, 16:], 4, out=body)  # codes 0-15 low nibbles, 16-31 high
+        body |= codes[:, :, :16]
+    data = data.reshape(out, -1)
     return QuantTensor(type_name, data, in_features, source)
