@@ -187,6 +187,23 @@ def read_quantized_linears(folder: Path, scheme: Scheme) -> tuple[dict[str, IntW
     return weights, names
 
 
+def _zero_biases(model: LlamaForCausalLM, folder: Path, modules: set[str]) -> set[str]:
+    """Bias tensors of quantized linears the model has no bias for, all zeros (AutoGPTQ writes them
+    for every linear; vLLM skips them too); a nonzero one is left for the loader to refuse."""
+    params = {name for name, _ in model.named_parameters()}
+    found: set[str] = set()
+    for file in checkpoint_files(folder):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                module, _, suffix = name.rpartition(".")
+                if suffix != "bias" or module not in modules:
+                    continue
+                target = model.checkpoint_target(name)
+                if target is not None and target[0] not in params and not f.get_tensor(name).any():
+                    found.add(name)
+    return found
+
+
 def _checkpoint_quantized(
     model: LlamaForCausalLM, folder: Path, scheme: Scheme, keep: bool, *, strict: bool
 ) -> tuple[set[str], Iterator[tuple[str, torch.Tensor]]]:
@@ -197,6 +214,7 @@ def _checkpoint_quantized(
     from pagedserve.services.worker.models.quant_install import install_quantized
 
     weights, stored = read_quantized_linears(folder, scheme)
+    stored |= _zero_biases(model, folder, {name.removesuffix(".weight") for name in weights})
     installed: set[str] = set()
     if keep:
         types, reasons = {}, {}

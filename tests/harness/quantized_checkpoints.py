@@ -156,12 +156,14 @@ def quantize_checkpoint_as(
     sym: bool = False,
     fmt: str = "",
     desc_act_permuted: bool = False,
+    zero_biases: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Rewrite folder's decoder linears as `method` (gptq: fmt "gptq" or "gptq_v2"; compressed-tensors:
     fmt "pack-quantized" or "int-quantized") and add its quantization_config -> {`<module>.weight`:
     the format's own dequantization of it, float32} for the references. The embedding, the LM head,
     norms and biases stay dense, as these formats' tools leave them.
-    desc_act_permuted: GPTQ's act-order (desc_act) with a g_idx that is not i // group_size."""
+    desc_act_permuted: GPTQ's act-order (desc_act) with a g_idx that is not i // group_size.
+    zero_biases: a zero `bias` beside every quantized linear that has none, as AutoGPTQ writes."""
     from safetensors.torch import load_file, save_file
 
     config = json.loads((folder / "config.json").read_text())
@@ -190,6 +192,8 @@ def quantize_checkpoint_as(
             else:
                 parts = ct_tensors(qz, packed=fmt == "pack-quantized", sym=sym)
             rewritten.update({f"{module}.{k}": v for k, v in parts.items()})
+            if zero_biases and f"{module}.bias" not in tensors:
+                rewritten[f"{module}.bias"] = torch.zeros(weight.shape[0], dtype=torch.float16)
         save_file(rewritten, file, metadata={"format": "pt"})
     config["quantization_config"] = quantization_config(method, bits, group_size, sym, fmt, desc_act_permuted)
     (folder / "config.json").write_text(json.dumps(config, indent=2))

@@ -209,6 +209,23 @@ def test_biased_projection_is_quantized_with_its_bias(tmp_path: Path) -> None:
         torch.testing.assert_close(qkv_q(x), qkv_d(x), rtol=1e-4, atol=1e-4)
 
 
+def test_autogptq_zero_biases_are_skipped(tmp_path: Path) -> None:
+    folder = make_tiny_model("llama", tmp_path / "m")
+    quantize_checkpoint_as(folder, "gptq", bits=4, group_size=32, zero_biases=True)
+    for quantization in ("gptq", "none"):
+        model = load_model(folder, TorchAttentionBackend(), quantization=quantization).model
+        assert model.layers[0].self_attn.qkv_proj.bias is None
+    # A nonzero one on a model without biases is not silently dropped.
+    from safetensors.torch import load_file, save_file
+
+    file = folder / "model.safetensors"
+    tensors = load_file(file)
+    tensors["model.layers.0.self_attn.q_proj.bias"][0] = 1.0
+    save_file(tensors, file, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="unexpected tensors: model.layers.0.self_attn.q_proj.bias"):
+        load_model(folder, TorchAttentionBackend(), quantization="gptq")
+
+
 def test_desc_act_with_a_permuted_g_idx_is_refused_or_dequantized(tmp_path: Path) -> None:
     folder = make_tiny_model("llama", tmp_path / "m")
     reference = quantize_checkpoint_as(folder, "gptq", bits=4, group_size=32, desc_act_permuted=True)
