@@ -9,10 +9,14 @@ Tolerances:
   tests/unit/kernels/test_quant_linear.py (float32 summation order), plus for Q4_1 the rounding of
   m = -scale * zero to fp16: at most half an fp16 ulp of |m| per weight, 2^-11 |m| (+ 2^-25 for
   fp16 subnormals), summed over |x|. Q4_0 and Q8_0 hold the checkpoint's weights exactly.
-- A whole model, greedy: against the same folder loaded with --quantization none (the format's
-  dequantization in float32). The two differ by summation order and, for Q4_1, by the m rounding
-  (a relative 2^-11 shift of each group's offset), so a token may flip where the top two logits are
-  that close: every prompt's first token must match and at least 11 of 12 prompts token for token.
+- A whole model, greedy, 12 prompts of 12 tokens: against the same folder loaded with
+  --quantization none (the format's dequantization in float32). Q4_0 and Q8_0 differ from it only by
+  summation order: the chosen tokens' logprobs moved by at most 1.3e-5 (measured on the three such
+  models below). Q4_1 adds the m rounding, on these tiny random models' large weights (init range
+  0.2): logprobs moved by up to 1.6e-2 (measured on the two). So while the tokens agree, the chosen
+  token's logprob must agree within `drift` (1e-3 for the exact formats, ~75x the measured; 5e-2
+  for Q4_1, ~3x), and a prompt may leave the reference only at a step where the reference's top two
+  logprobs are within `drift` of each other (a near tie), never elsewhere.
 """
 
 from __future__ import annotations
@@ -126,10 +130,18 @@ def test_dequantize_is_the_formats_definition() -> None:
         assert torch.equal(got, torch.from_numpy(dequantize(qz))), writer
 
 
-def _greedy(folder: Path, quantization: str, prompts: list[list[int]]) -> tuple[list[list[int]], dict]:
+def _greedy(folder: Path, quantization: str, prompts: list[list[int]]) -> tuple[list, dict]:
+    """-> (per prompt, per step: (token, its logprob, the runner-up's logprob)), the runtime."""
     llm = LLM(str(folder), num_blocks=256, quantization=quantization)
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    return [o.token_ids for o in llm.generate(prompts, params)], llm.runner.runtime
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
+    steps = [
+        [
+            (token, top[0][1], top[1][1])
+            for token, (_, top) in zip(o.token_ids, o.outputs[0].logprobs, strict=True)
+        ]
+        for o in llm.generate(prompts, params)
+    ]
+    return steps, llm.runner.runtime
 
 
 MODEL_CASES = [
@@ -191,9 +203,15 @@ def test_model_greedy_matches_the_dequantized_reference(
     expected, dense_runtime = _greedy(folder, "none", prompts)
     assert runtime["weights"].startswith(weights) and runtime["weights"].endswith("+ float32"), runtime
     assert dense_runtime["weights"] == "float32"
-    assert [g[0] for g in got] == [e[0] for e in expected]
-    same = sum(g == e for g, e in zip(got, expected, strict=True))
-    assert same >= 11, f"{same}/12 prompts matched token for token"
+    drift = 5e-2 if "Q4_1" in weights else 1e-3
+    for i, (ours, ref) in enumerate(zip(got, expected, strict=True)):
+        for step, ((token, logprob, _), (ref_token, ref_logprob, ref_second)) in enumerate(
+            zip(ours, ref, strict=True)
+        ):
+            if token != ref_token:
+                assert ref_logprob - ref_second < drift, f"prompt {i} left the reference at step {step}"
+                break
+            assert abs(logprob - ref_logprob) < drift, f"prompt {i} step {step}: {logprob} vs {ref_logprob}"
 
 
 def test_biased_projection_is_quantized_with_its_bias(tmp_path: Path) -> None:
