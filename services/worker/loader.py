@@ -188,8 +188,9 @@ def read_quantized_linears(folder: Path, scheme: Scheme) -> tuple[dict[str, IntW
 
 
 def _zero_biases(model: LlamaForCausalLM, folder: Path, modules: set[str]) -> set[str]:
-    """Bias tensors of quantized linears the model has no bias for, all zeros (AutoGPTQ writes them
-    for every linear; vLLM skips them too); a nonzero one is left for the loader to refuse."""
+    """Bias tensors of quantized linears the model has no bias for, all zeros (GPTQ checkpoints may
+    carry them; vLLM skips GPTQ's extra biases whatever their values); a nonzero one is left for the
+    loader to refuse as unexpected."""
     params = {name for name, _ in model.named_parameters()}
     found: set[str] = set()
     for file in checkpoint_files(folder):

@@ -163,7 +163,7 @@ def quantize_checkpoint_as(
     the format's own dequantization of it, float32} for the references. The embedding, the LM head,
     norms and biases stay dense, as these formats' tools leave them.
     desc_act_permuted: GPTQ's act-order (desc_act) with a g_idx that is not i // group_size.
-    zero_biases: a zero `bias` beside every quantized linear that has none, as AutoGPTQ writes."""
+    zero_biases: a zero `bias` beside every quantized linear that has none, as some GPTQ checkpoints carry."""
     from safetensors.torch import load_file, save_file
 
     config = json.loads((folder / "config.json").read_text())

@@ -77,6 +77,13 @@ LINEAR_CASES = [
         "ct-int",
         "Q8_0",
     ),
+    (
+        "ct-int4-asym-g32",
+        Scheme("compressed-tensors", 4, 32, "int-quantized"),
+        (4, 32, False),
+        "ct-int",
+        "Q4_1",
+    ),
 ]
 
 
@@ -227,7 +234,7 @@ def test_biased_projection_is_quantized_with_its_bias(tmp_path: Path) -> None:
         torch.testing.assert_close(qkv_q(x), qkv_d(x), rtol=1e-4, atol=1e-4)
 
 
-def test_autogptq_zero_biases_are_skipped(tmp_path: Path) -> None:
+def test_gptq_zero_biases_are_skipped(tmp_path: Path) -> None:
     folder = make_tiny_model("llama", tmp_path / "m")
     quantize_checkpoint_as(folder, "gptq", bits=4, group_size=32, zero_biases=True)
     for quantization in ("gptq", "none"):
