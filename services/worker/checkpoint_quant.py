@@ -17,7 +17,7 @@ step for zeros up to 16). Anything else (asymmetric int8, a group or an in_featu
 multiple of 32, a desc_act input order) has no block form: `kernel_type` says why, and the loader
 uses `dequantize` instead. Tensors in, tensors out: the loader reads the files.
 
-The layouts (checked against AutoGPTQ/GPTQModel, AutoAWQ and compressed-tensors' own code):
+The layouts (read back equal from AutoGPTQ's, AutoAWQ's and compressed-tensors' own packers):
   GPTQ  qweight int32 [in / (32 / bits), out], packed along the input, lowest bits first; qzeros
         int32 [groups, out / (32 / bits)] packed along the output; scales fp16 [groups, out]; g_idx
         int32 [in]. checkpoint_format "gptq" (the classic one) stores zero - 1, "gptq_v2" the zero.
