@@ -87,10 +87,9 @@ def load_model(
     model_class, config = resolve(checkpoint.config)
     device = torch.device(device)
     gguf_file = quantized_source(folder, quantization, dtype, device)
-    scheme = parse_scheme(checkpoint.config)
-    keep = gguf_file is None and keeps_checkpoint_quantized(
-        checkpoint.config, scheme, quantization, dtype, device
-    )
+    quant_config = {"quantization_config": quantization_config(folder, checkpoint.config)}
+    scheme = parse_scheme(quant_config)
+    keep = gguf_file is None and keeps_checkpoint_quantized(quant_config, scheme, quantization, dtype, device)
     # Built on the meta device: no memory and no random init for weights about to be overwritten.
     with torch.device("meta"):
         model = model_class(config, backend).to(dtype=torch_dtype(dtype))
@@ -145,6 +144,22 @@ def quantized_source(folder: Path, quantization: str, dtype: str, device: torch.
     return None
 
 
+# Older exports keep the quantization config beside config.json: AutoGPTQ's file, AutoAWQ's.
+_QUANT_CONFIG_FILES = {"quantize_config.json": "gptq", "quant_config.json": "awq"}
+
+
+def quantization_config(folder: Path, config: dict) -> dict | None:
+    """config.json's quantization_config, else that of an older export's file beside it (its
+    quant_method, where the file has none, is the tool's that writes that file)."""
+    if config.get("quantization_config") is not None:
+        return config["quantization_config"]
+    for name, method in _QUANT_CONFIG_FILES.items():
+        file = folder / name
+        if file.is_file():
+            return {"quant_method": method, **json.loads(file.read_text())}
+    return None
+
+
 def keeps_checkpoint_quantized(
     config: dict, scheme: Scheme | None, quantization: str, dtype: str, device: torch.device
 ) -> bool:
@@ -155,7 +170,9 @@ def keeps_checkpoint_quantized(
             qc = config.get("quantization_config")
             method = qc.get("quant_method") if isinstance(qc, dict) else None
             found = (
-                "no quantization_config" if method is None else f"quantization_config.quant_method {method!r}"
+                "no quantization_config (nor a quantize_config.json or quant_config.json beside it)"
+                if method is None
+                else f"quantization_config.quant_method {method!r}"
             )
             raise ValueError(f"--quantization {quantization}: the checkpoint's config.json has {found}")
         reason = _kernel_unavailable(dtype, device)

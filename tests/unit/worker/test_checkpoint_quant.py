@@ -251,6 +251,20 @@ def test_gptq_zero_biases_are_skipped(tmp_path: Path) -> None:
         load_model(folder, TorchAttentionBackend(), quantization="gptq")
 
 
+def test_quantize_config_json_beside_config_json(tmp_path: Path) -> None:
+    """Older AutoGPTQ exports: the settings in quantize_config.json, no quant_method, no
+    quantization_config in config.json."""
+    folder = make_tiny_model("llama", tmp_path / "m")
+    quantize_checkpoint_as(folder, "gptq", bits=4, group_size=32, sym=True)
+    config = json.loads((folder / "config.json").read_text())
+    settings = config.pop("quantization_config")
+    del settings["quant_method"]
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "quantize_config.json").write_text(json.dumps(settings))
+    model = load_model(folder, TorchAttentionBackend(), quantization="gptq").model
+    assert isinstance(model.layers[0].mlp.down_proj, QuantLinear)
+
+
 def test_desc_act_with_a_permuted_g_idx_is_refused_or_dequantized(tmp_path: Path) -> None:
     folder = make_tiny_model("llama", tmp_path / "m")
     reference = quantize_checkpoint_as(folder, "gptq", bits=4, group_size=32, desc_act_permuted=True)
