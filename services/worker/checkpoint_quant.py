@@ -217,11 +217,23 @@ def _expect(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> None:
 
 def read_linear(scheme: Scheme, tensors: dict[str, torch.Tensor], module: str) -> IntWeight:
     """One linear's tensors (by suffix, from `scheme.suffixes`) -> its IntWeight. `module` names it in errors."""
+    for suffix in ("qweight", "qzeros", "weight_packed"):
+        if suffix in tensors and tensors[suffix].dtype != torch.int32:
+            raise ValueError(f"{module}.{suffix} is {tensors[suffix].dtype}; packed words are int32")
+    missing = [s for s in _required(scheme) if s not in tensors]
+    if missing:
+        raise ValueError(f"{module} lacks {', '.join(f'{module}.{s}' for s in missing)}")
     if scheme.method == "gptq":
         return _read_gptq(scheme, tensors, module)
     if scheme.method == "awq":
         return _read_awq(scheme, tensors, module)
     return _read_compressed_tensors(scheme, tensors, module)
+
+
+def _required(scheme: Scheme) -> tuple[str, ...]:
+    if scheme.method in ("gptq", "awq"):
+        return ("qweight", "qzeros", "scales")
+    return ("weight_packed" if scheme.layout == "pack-quantized" else "weight", "weight_scale")
 
 
 def _group_count(in_features: int, group_size: int, name: str) -> int:

@@ -314,6 +314,18 @@ def test_unsupported_fields_are_named() -> None:
     assert parse_scheme({}) is None
 
 
+def test_malformed_tensors_are_named() -> None:
+    qz = rtn(np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32), 4, 32, sym=False)
+    tensors = gptq_tensors(qz)
+    scheme = Scheme("gptq", 4, 32, "gptq")
+    with pytest.raises(ValueError, match=r"layer\.qweight is torch\.int64; packed words are int32"):
+        read_linear(scheme, {**tensors, "qweight": tensors["qweight"].long()}, "layer")
+    with pytest.raises(ValueError, match=r"layer lacks layer\.qzeros"):
+        read_linear(scheme, {k: v for k, v in tensors.items() if k != "qzeros"}, "layer")
+    with pytest.raises(ValueError, match=r"layer\.scales: shape \(2, 8\), expected \(2, 16\)"):
+        read_linear(scheme, {**tensors, "scales": tensors["scales"][:, :8]}, "layer")
+
+
 def test_unsupported_bits_in_a_folder_is_refused_at_load(tmp_path: Path) -> None:
     folder = make_tiny_model("llama", tmp_path / "m")
     quantize_checkpoint_as(folder, "gptq", bits=4, group_size=32)
