@@ -157,13 +157,15 @@ def quantize_checkpoint_as(
     fmt: str = "",
     desc_act_permuted: bool = False,
     zero_biases: bool = False,
+    lm_head: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Rewrite folder's decoder linears as `method` (gptq: fmt "gptq" or "gptq_v2"; compressed-tensors:
     fmt "pack-quantized" or "int-quantized") and add its quantization_config -> {`<module>.weight`:
     the format's own dequantization of it, float32} for the references. The embedding, the LM head,
     norms and biases stay dense, as these formats' tools leave them.
     desc_act_permuted: GPTQ's act-order (desc_act) with a g_idx that is not i // group_size.
-    zero_biases: a zero `bias` beside every quantized linear that has none, as some GPTQ checkpoints carry."""
+    zero_biases: a zero `bias` beside every quantized linear that has none, as some GPTQ checkpoints carry.
+    lm_head: quantize an untied LM head too (GPTQModel's lm_head option)."""
     from safetensors.torch import load_file, save_file
 
     config = json.loads((folder / "config.json").read_text())
@@ -173,7 +175,8 @@ def quantize_checkpoint_as(
         rewritten: dict[str, torch.Tensor] = {}
         for name, tensor in tensors.items():
             module = name.removesuffix(".weight")
-            if not (name.endswith(".weight") and module.split(".", 3)[-1] in PROJECTIONS):
+            projection = name.endswith(".weight") and module.split(".", 3)[-1] in PROJECTIONS
+            if not (projection or (lm_head and name == "lm_head.weight")):
                 rewritten[name] = tensor
                 continue
             weight = tensor.float().numpy()

@@ -234,6 +234,19 @@ def test_biased_projection_is_quantized_with_its_bias(tmp_path: Path) -> None:
         torch.testing.assert_close(qkv_q(x), qkv_d(x), rtol=1e-4, atol=1e-4)
 
 
+def test_quantized_lm_head(tmp_path: Path) -> None:
+    folder = make_tiny_model("qwen2", tmp_path / "m")  # untied head
+    quantize_checkpoint_as(folder, "gptq", bits=4, group_size=32, sym=True, lm_head=True)
+    quantized = load_model(folder, TorchAttentionBackend(), quantization="gptq").model
+    dense = load_model(folder, TorchAttentionBackend(), quantization="none").model
+    assert isinstance(quantized.lm_head, QuantLinear) and quantized.lm_head.weight_type == "Q4_0"
+    hidden = torch.randn(4, dense.config.hidden_size)
+    with torch.inference_mode():
+        torch.testing.assert_close(
+            quantized.compute_logits(hidden), dense.compute_logits(hidden), rtol=1e-4, atol=1e-4
+        )
+
+
 def test_gptq_zero_biases_are_skipped(tmp_path: Path) -> None:
     folder = make_tiny_model("llama", tmp_path / "m")
     quantize_checkpoint_as(folder, "gptq", bits=4, group_size=32, zero_biases=True)
