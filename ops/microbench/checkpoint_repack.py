@@ -64,7 +64,7 @@ def main() -> None:
         weights = sum(out * k for out, k in SHAPES)
         print(
             f"{method:20s} {weights / 1e6:.0f}M weights -> Q4_1 in {min(times):.2f} s "
-            f"(min of {args.repeats}; {torch.get_num_threads()} threads)"
+            f"(min of {args.repeats}; all: {' '.join(f'{t:.2f}' for t in times)}; {torch.get_num_threads()} threads)"
         )
 
 

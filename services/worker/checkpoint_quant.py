@@ -170,15 +170,15 @@ class IntWeight:
     def shape(self) -> tuple[int, int]:
         return tuple(self.codes.shape)  # type: ignore[return-value]
 
-    def group_of_input(self) -> torch.Tensor:
-        if self.g_idx is not None:
-            return self.g_idx
-        return torch.arange(self.codes.shape[1]) // self.group_size
-
     def dequantize(self) -> torch.Tensor:
         """The float32 [out, in] weight, exactly as the format defines it."""
-        g = self.group_of_input()
-        return self.scales.float()[:, g] * (self.codes.int() - self.zeros[:, g]).float()
+        if self.g_idx is not None:
+            g = self.g_idx
+            return self.scales.float()[:, g] * (self.codes.int() - self.zeros[:, g]).float()
+        out, in_features = self.shape
+        groups = self.codes.reshape(out, in_features // self.group_size, self.group_size)
+        weight = (groups.float() - self.zeros.float()[:, :, None]) * self.scales.float()[:, :, None]
+        return weight.reshape(out, in_features)
 
 
 def _values(packed: torch.Tensor, bits: int) -> torch.Tensor:
