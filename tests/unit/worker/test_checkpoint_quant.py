@@ -224,7 +224,9 @@ def test_model_greedy_matches_the_dequantized_reference(
 def test_biased_projection_is_quantized_with_its_bias(tmp_path: Path) -> None:
     folder = make_tiny_model("qwen2", tmp_path / "m")
     quantize_checkpoint_as(folder, "gptq", bits=4, group_size=32, sym=True)  # Q4_0: the weights exactly
+    threads = torch.get_num_threads()
     quantized = load_model(folder, TorchAttentionBackend(), quantization="gptq").model
+    assert torch.get_num_threads() == threads  # the load's one-thread repack gives them back
     dense = load_model(folder, TorchAttentionBackend(), quantization="none").model
     qkv_q, qkv_d = quantized.layers[0].self_attn.qkv_proj, dense.layers[0].self_attn.qkv_proj
     assert isinstance(qkv_q, QuantLinear) and qkv_q.weight_type == "Q4_0"
