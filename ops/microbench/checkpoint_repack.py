@@ -5,7 +5,8 @@
 The linears of a SmolLM2-135M-shaped model (30 layers; q/o 576x576, k/v 192x576, gate/up 1536x576,
 down 576x1536: 106M weights) as random stored tensors of each format, asymmetric (so Q4_1, the most
 work), through read_linear + kernel_type + to_blocks: the repack core alone, not the file reads or
-the install's row concatenation. Prints the minimum over --repeats per format.
+the install's row concatenation. Prints the minimum over --repeats per format, and every repeat.
+The loader runs the repack on one torch thread: OMP_NUM_THREADS=1 measures what it does.
 """
 
 from __future__ import annotations
