@@ -125,6 +125,12 @@ def _compressed_tensors_scheme(qc: dict[str, Any]) -> Scheme:
             f"compressed-tensors: quantization_config.format={fmt!r}: only pack-quantized, "
             "int-quantized and naive-quantized (integer weights) are supported"
         )
+    status = qc.get("quantization_status", "compressed")
+    if status != "compressed":
+        raise ValueError(
+            f"compressed-tensors: quantization_status={status!r}: only a compressed checkpoint's "
+            "weights are stored quantized"
+        )
     groups = qc.get("config_groups") or {}
     weights = [g.get("weights") for g in groups.values()]
     if not weights or any(w is None for w in weights) or any(w != weights[0] for w in weights):

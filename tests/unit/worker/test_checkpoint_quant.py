@@ -323,6 +323,8 @@ def test_unsupported_fields_are_named() -> None:
     }
     with pytest.raises(ValueError, match=r"config_groups\.group_0\.input_activations"):
         parse_scheme({"quantization_config": ct})
+    with pytest.raises(ValueError, match=r"quantization_status='frozen'"):
+        parse_scheme({"quantization_config": {**ct, "quantization_status": "frozen"}})
     with pytest.raises(ValueError, match=r"format='float-quantized'"):
         parse_scheme({"quantization_config": {**ct, "format": "float-quantized"}})
     assert parse_scheme({"quantization_config": {"quant_method": "bitsandbytes"}}) is None
