@@ -13,8 +13,9 @@ layouts. Each is read here into one form (`IntWeight`: codes and zeros unsigned,
 d is the checkpoint's scale as fp16: exact for GPTQ's and AWQ's fp16 scales and for bfloat16 scales
 in fp16's normal range, one rounding for float32 ones. m = -scale * zero rounded to fp16 moves each
 weight of the block by the same amount, at most 2^-11 of |scale * zero| (under 1% of a quantization
-step for zeros up to 16). Anything else (asymmetric int8, a group or an in_features that is not a
-multiple of 32, a desc_act input order) has no block form: `kernel_type` says why, and the loader
+step for zeros up to 16). A desc_act weight (GPTQ's act-order g_idx) has its input columns sorted by
+group and the layer reads its inputs in that order. Anything else (asymmetric int8, a group or an
+in_features that is not a multiple of 32, a g_idx with unequal groups) has no block form: `kernel_type` says why, and the loader
 uses `dequantize` instead. Tensors in, tensors out: the loader reads the files.
 
 The layouts (read back equal from AutoGPTQ's, AutoAWQ's and compressed-tensors' own packers):
@@ -328,7 +329,9 @@ def kernel_type(w: IntWeight) -> tuple[str | None, str]:
     """-> (the GGML type this weight repacks to, "") or (None, why it cannot)."""
     out, in_features = w.shape
     if w.g_idx is not None:
-        return None, "desc_act: its g_idx orders the inputs by activation, not in contiguous groups"
+        sizes = torch.bincount(w.g_idx)
+        if not (sizes == w.group_size).all():
+            return None, "desc_act: its g_idx puts unequal numbers of inputs in its groups"
     if in_features % GROUP:
         return None, f"in_features {in_features} is not a multiple of {GROUP}"
     if w.group_size % GROUP:
@@ -348,11 +351,16 @@ def kernel_type(w: IntWeight) -> tuple[str | None, str]:
 
 def to_blocks(w: IntWeight, type_name: str, source: str) -> QuantTensor:
     """The weight as `type_name` blocks (kernel_type's answer, or Q4_1 for a Q4_0 weight: exact,
-    m = -8 d); `source` names the checkpoint format in the runtime's weight listing."""
+    m = -8 d); `source` names the checkpoint format in the runtime's weight listing.
+
+    A desc_act weight (a g_idx) has its input columns sorted by group, which makes its groups
+    contiguous; the QuantTensor's `input_order` then says which input each column reads (the layer
+    gathers x's columns in that order first: y = x[:, order] W[:, order]^T, the same sum)."""
     out, in_features = w.shape
     blocks = in_features // GROUP
     scale = w.scales.float().repeat_interleave(w.group_size // GROUP, dim=1)  # [out, blocks]
-    codes = w.codes.view(out, blocks, GROUP)
+    order = None if w.g_idx is None else torch.argsort(w.g_idx, stable=True)
+    codes = (w.codes if order is None else w.codes[:, order]).reshape(out, blocks, GROUP)
 
     sizes = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
     if type_name not in sizes:
@@ -370,4 +378,4 @@ def to_blocks(w: IntWeight, type_name: str, source: str) -> QuantTensor:
         torch.bitwise_left_shift(codes[:, :, 16:], 4, out=body)  # codes 0-15 low nibbles, 16-31 high
         body |= codes[:, :, :16]
     data = data.reshape(out, -1)
-    return QuantTensor(type_name, data, in_features, source)
+    return QuantTensor(type_name, data, in_features, source, order)

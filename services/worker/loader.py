@@ -266,10 +266,14 @@ def _checkpoint_quantized(
         if strict and left:
             raise ValueError(
                 f"--quantization {scheme.method}: {len(left)} quantized linears cannot stay quantized "
-                f"(a fused projection's other part is dense, or the model has no such module): {_some(left)}"
+                "(a fused projection's other part is dense, or its parts read their inputs in different desc_act "
+                f"orders, or the model has no such module): {_some(left)}"
             )
         if left:
-            why = sorted({reasons[n] or "a fused projection's other part has no kernel format" for n in left})
+            fused_reason = (
+                "a fused projection's parts: one has no kernel format or their desc_act orders differ"
+            )
+            why = sorted({reasons[n] or fused_reason for n in left})
             log.info(
                 "quantized linears dequantized to dense", method=scheme.method, count=len(left), reasons=why
             )

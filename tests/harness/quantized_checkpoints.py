@@ -18,6 +18,7 @@ definition, weight = scale * (q - zero), for the tests' references:
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,7 +156,7 @@ def quantize_checkpoint_as(
     group_size: int = 32,
     sym: bool = False,
     fmt: str = "",
-    desc_act_permuted: bool = False,
+    desc_act_permuted: bool | str = False,
     zero_biases: bool = False,
     lm_head: bool = False,
 ) -> dict[str, torch.Tensor]:
@@ -163,7 +164,9 @@ def quantize_checkpoint_as(
     fmt "pack-quantized" or "int-quantized") and add its quantization_config -> {`<module>.weight`:
     the format's own dequantization of it, float32} for the references. The embedding, the LM head,
     norms and biases stay dense, as these formats' tools leave them.
-    desc_act_permuted: GPTQ's act-order (desc_act) with a g_idx that is not i // group_size.
+    desc_act_permuted: GPTQ's act-order (desc_act) with a g_idx that is not i // group_size; "shared":
+    projections of one input (q/k/v, gate/up) in one order, as GPTQ's act-order gives them (their
+    inputs' statistics are the same); True: each its own order.
     zero_biases: a zero `bias` beside every quantized linear that has none, as some GPTQ checkpoints carry.
     lm_head: quantize an untied LM head too (GPTQModel's lm_head option)."""
     from safetensors.torch import load_file, save_file
@@ -182,7 +185,7 @@ def quantize_checkpoint_as(
             weight = tensor.float().numpy()
             g_idx = None
             if desc_act_permuted:  # act-order: groups of inputs taken in a shuffled order
-                perm = np.random.default_rng(len(name)).permutation(weight.shape[1])
+                perm = act_order(name, weight.shape[1], shared=desc_act_permuted == "shared")
                 g_idx = np.empty(weight.shape[1], np.int64)
                 g_idx[perm] = np.arange(weight.shape[1]) // group_size
             scale_dtype = "bfloat16" if method == "compressed-tensors" else np.float16
@@ -198,9 +201,27 @@ def quantize_checkpoint_as(
             if zero_biases and f"{module}.bias" not in tensors:
                 rewritten[f"{module}.bias"] = torch.zeros(weight.shape[0], dtype=torch.float16)
         save_file(rewritten, file, metadata={"format": "pt"})
-    config["quantization_config"] = quantization_config(method, bits, group_size, sym, fmt, desc_act_permuted)
+    config["quantization_config"] = quantization_config(
+        method, bits, group_size, sym, fmt, bool(desc_act_permuted)
+    )
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return reference
+
+
+def act_order(name: str, inputs: int, shared: bool) -> np.ndarray:
+    """A made-up activation order of a projection's inputs (GPTQ sorts them by the Hessian's diagonal),
+    seeded by its name, or by its layer and input where `shared`."""
+    key = name
+    if shared:
+        for part, group in (
+            ("q_proj", "qkv"),
+            ("k_proj", "qkv"),
+            ("v_proj", "qkv"),
+            ("gate_proj", "mlp"),
+            ("up_proj", "mlp"),
+        ):
+            key = key.replace(part, group)
+    return np.random.default_rng(zlib.crc32(key.encode())).permutation(inputs)
 
 
 def quantization_config(method: str, bits: int, group_size: int, sym: bool, fmt: str, desc_act: bool) -> dict:

@@ -39,9 +39,13 @@ def install_quantized(
             parts = [tensors.get(n) for n in names]
             if not all(isinstance(p, QuantTensor) for p in parts) or len({p.type_name for p in parts}) != 1:
                 continue
+            if not _same_order([p.input_order for p in parts]):
+                continue  # parts that read their inputs in different orders cannot share one input
             # A copy either way: the parts may be views of the mapped GGUF file (read_gguf).
             blocks = torch.cat([p.blocks for p in parts])
-            weight = QuantTensor(parts[0].type_name, blocks, parts[0].in_features, parts[0].source)
+            weight = QuantTensor(
+                parts[0].type_name, blocks, parts[0].in_features, parts[0].source, parts[0].input_order
+            )
             if (weight.out_features, weight.in_features) != (child.out_features, child.in_features):
                 raise ValueError(
                     f"quantized tensors {', '.join(names)} make a [{weight.out_features} x {weight.in_features}] "
@@ -61,3 +65,9 @@ def install_quantized(
         if model.lm_head is None:
             model.tied_head = model.embed_tokens.as_linear()
     return installed
+
+
+def _same_order(orders: list[torch.Tensor | None]) -> bool:
+    if all(o is None for o in orders):
+        return True
+    return all(o is not None for o in orders) and all(torch.equal(o, orders[0]) for o in orders)

@@ -27,6 +27,9 @@ class QuantTensor:
     blocks: torch.Tensor
     in_features: int
     source: str = "gguf"
+    # Column j of the blocks multiplies input input_order[j] (GPTQ's desc_act, sorted into groups);
+    # None: input j.
+    input_order: torch.Tensor | None = None
 
     @property
     def type_id(self) -> int:
@@ -56,6 +59,7 @@ class QuantLinear(nn.Module):
         self.out_features, self.in_features = weight.out_features, weight.in_features
         self.blocks = weight.blocks.contiguous()
         self.type_id = weight.type_id
+        self.input_order = weight.input_order
         if isinstance(bias, nn.Parameter):
             self.bias = bias
         else:
@@ -63,6 +67,8 @@ class QuantLinear(nn.Module):
         self.ops = ops or quant_ops()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_order is not None:
+            x = x.index_select(-1, self.input_order)
         return self.ops.quant_linear(x, self.blocks, self.type_id, self.bias)
 
     def extra_repr(self) -> str:

@@ -84,6 +84,8 @@ LINEAR_CASES = [
         "ct-int",
         "Q4_1",
     ),
+    ("gptq-4bit-asym-g64-desc_act", Scheme("gptq", 4, 64, "gptq"), (4, 64, False, True), "gptq", "Q4_1"),
+    ("gptq-8bit-sym-g32-desc_act", Scheme("gptq", 8, 32, "gptq_v2"), (8, 32, True, True), "gptq_v2", "Q8_0"),
 ]
 
 
@@ -100,12 +102,17 @@ def _write(qz, writer: str, sym: bool) -> dict[str, torch.Tensor]:
 )
 @pytest.mark.parametrize("rows", [1, 5])
 def test_repacked_linear_matches_the_formats_dequantization(scheme, args, writer, type_name, rows) -> None:
-    bits, group_size, sym = args
+    bits, group_size, sym, *act_order = args
     n, k = 40, 256
     rng = np.random.default_rng(7)
     dense = (rng.standard_normal((n, k)) * 0.1 + rng.standard_normal((n, 1)) * 0.05).astype(np.float32)
     scale_dtype = "bfloat16" if scheme.method == "compressed-tensors" else np.float16
-    qz = rtn(dense, bits, group_size, sym, scale_dtype)
+    g_idx = None
+    if act_order:  # GPTQ's desc_act: input perm[j] in group j // group_size
+        perm = rng.permutation(k)
+        g_idx = np.empty(k, np.int64)
+        g_idx[perm] = np.arange(k) // group_size
+    qz = rtn(dense, bits, group_size, sym, scale_dtype, g_idx)
     w_deq = torch.from_numpy(dequantize(qz))
     weight = read_linear(scheme, _write(qz, writer, sym), "layer")
     assert kernel_type(weight) == (type_name, "")
@@ -115,7 +122,9 @@ def test_repacked_linear_matches_the_formats_dequantization(scheme, args, writer
 
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     bias = torch.randn(n)
-    out = quant_ops().quant_linear(x, blocks.blocks, blocks.type_id, bias)
+    assert (blocks.input_order is not None) == bool(act_order)
+    with torch.inference_mode():
+        out = QuantLinear(blocks, bias, quant_ops())(x)  # the layer: it gathers a desc_act weight's inputs
     expected = x @ w_deq.T + bias
     bound = 1e-5 * (x.abs() @ w_deq.abs().T + bias.abs())
     if type_name == "Q4_1":
@@ -128,7 +137,7 @@ def test_dequantize_is_the_formats_definition() -> None:
     """IntWeight.dequantize (the --quantization none path) equals the spec's, for every layout."""
     rng = np.random.default_rng(1)
     dense = (rng.standard_normal((24, 128)) * 0.1).astype(np.float32)
-    for _, scheme, (bits, group_size, sym), writer, _ in LINEAR_CASES:
+    for _, scheme, (bits, group_size, sym, *_), writer, _ in LINEAR_CASES:
         if group_size > 128:
             continue
         scale_dtype = "bfloat16" if scheme.method == "compressed-tensors" else np.float16
@@ -152,6 +161,14 @@ def _greedy(folder: Path, quantization: str, prompts: list[list[int]]) -> tuple[
 
 
 MODEL_CASES = [
+    (
+        "llama-gptq-desc_act",
+        "llama",
+        {},
+        "gptq",
+        {"bits": 4, "group_size": 32, "sym": True, "desc_act_permuted": "shared"},
+        "gptq Q4_0x",
+    ),
     # (id, arch, config overrides, method, quantize_checkpoint_as kwargs, expected weights prefix)
     ("llama-gptq-4bit-asym", "llama", {}, "gptq", {"bits": 4, "group_size": 32}, "gptq Q4_1x"),
     ("qwen2-awq", "qwen2", {}, "awq", {"bits": 4, "group_size": 64}, "awq Q4_1x"),  # qkv bias kept
@@ -280,15 +297,28 @@ def test_quantize_config_json_beside_config_json(tmp_path: Path) -> None:
     assert isinstance(model.layers[0].mlp.down_proj, QuantLinear)
 
 
-def test_desc_act_with_a_permuted_g_idx_is_refused_or_dequantized(tmp_path: Path) -> None:
+def test_desc_act_fused_parts_in_different_orders_are_refused_or_dense(tmp_path: Path) -> None:
+    """q/k/v (or gate/up) whose act-orders differ cannot share one gathered input: refused under
+    --quantization gptq naming desc_act, dense under auto (the rest stays quantized)."""
     folder = make_tiny_model("llama", tmp_path / "m")
     reference = quantize_checkpoint_as(folder, "gptq", bits=4, group_size=32, desc_act_permuted=True)
-    with pytest.raises(ValueError, match=r"--quantization gptq: model\.layers\.\d+\..*desc_act: its g_idx"):
+    with pytest.raises(ValueError, match=r"--quantization gptq: .*desc_act"):
         load_model(folder, TorchAttentionBackend(), quantization="gptq")
-    # auto: dequantized (exactly, the permuted groups honoured), nothing left quantized
     model = load_model(folder, TorchAttentionBackend(), quantization="auto").model
-    assert not any(isinstance(m, QuantLinear) for m in model.modules())
-    assert torch.equal(model.layers[2].mlp.down_proj.weight, reference["model.layers.2.mlp.down_proj.weight"])
+    layer = model.layers[2]
+    assert isinstance(layer.mlp.down_proj, QuantLinear) and layer.mlp.down_proj.input_order is not None
+    assert not isinstance(layer.mlp.gate_up_proj, QuantLinear)
+    gate = layer.mlp.gate_up_proj.weight[: model.config.intermediate_size]
+    assert torch.equal(gate, reference["model.layers.2.mlp.gate_proj.weight"])  # dequantized exactly
+
+
+def test_desc_act_with_unequal_groups_has_no_block_form() -> None:
+    rng = np.random.default_rng(2)
+    g_idx = np.sort(rng.integers(0, 4, 128))  # four groups of unequal sizes
+    qz = rtn((rng.standard_normal((16, 128)) * 0.1).astype(np.float32), 4, 32, False, g_idx=g_idx)
+    weight = read_linear(Scheme("gptq", 4, 32, "gptq"), gptq_tensors(qz), "layer")
+    assert kernel_type(weight) == (None, "desc_act: its g_idx puts unequal numbers of inputs in its groups")
+    assert torch.equal(weight.dequantize(), torch.from_numpy(dequantize(qz)))
 
 
 def test_asymmetric_int8_is_refused_or_dequantized(tmp_path: Path) -> None:
