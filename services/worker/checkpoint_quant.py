@@ -15,8 +15,9 @@ in fp16's normal range, one rounding for float32 ones. m = -scale * zero rounded
 weight of the block by the same amount, at most 2^-11 of |scale * zero| (under 1% of a quantization
 step for zeros up to 16). A desc_act weight (GPTQ's act-order g_idx) has its input columns sorted by
 group and the layer reads its inputs in that order. Anything else (asymmetric int8, a group or an
-in_features that is not a multiple of 32, a g_idx with unequal groups) has no block form: `kernel_type` says why, and the loader
-uses `dequantize` instead. Tensors in, tensors out: the loader reads the files.
+in_features that is not a multiple of 32, a g_idx with unequal groups) has no block form:
+`kernel_type` says why, and the loader uses `dequantize` instead. Tensors in, tensors out: the
+loader reads the files.
 
 The layouts (read back equal from AutoGPTQ's, AutoAWQ's and compressed-tensors' own packers):
   GPTQ  qweight int32 [in / (32 / bits), out], packed along the input, lowest bits first; qzeros

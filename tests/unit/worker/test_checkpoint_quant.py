@@ -11,7 +11,7 @@ Tolerances:
   fp16 subnormals), summed over |x|. Q4_0 and Q8_0 hold the checkpoint's weights exactly.
 - A whole model, greedy, 12 prompts of 12 tokens: against the same folder loaded with
   --quantization none (the format's dequantization in float32). Q4_0 and Q8_0 differ from it only by
-  summation order: the chosen tokens' logprobs moved by at most 1.3e-5 (measured on the three such
+  summation order: the chosen tokens' logprobs moved by at most 1.3e-5 (measured on the four such
   models below). Q4_1 adds the m rounding, on these tiny random models' large weights (init range
   0.2): logprobs moved by up to 1.6e-2 (measured on the two). So while the tokens agree, the chosen
   token's logprob must agree within `drift` (1e-3 for the exact formats, ~75x the measured; 5e-2
