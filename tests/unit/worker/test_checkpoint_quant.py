@@ -266,6 +266,18 @@ def test_quantized_lm_head(tmp_path: Path) -> None:
         )
 
 
+def test_sharded_checkpoint(tmp_path: Path) -> None:
+    folder = make_tiny_model("llama", tmp_path / "m", max_shard_size="40KB")
+    assert len(list(folder.glob("*.safetensors"))) > 2
+    reference = quantize_checkpoint_as(folder, "awq", bits=4, group_size=32)
+    model = load_model(folder, TorchAttentionBackend(), quantization="awq").model
+    assert all(isinstance(layer.mlp.gate_up_proj, QuantLinear) for layer in model.layers)
+    dense = load_model(folder, TorchAttentionBackend(), quantization="none").model
+    assert torch.equal(
+        dense.layers[2].self_attn.o_proj.weight, reference["model.layers.2.self_attn.o_proj.weight"]
+    )
+
+
 def test_gptq_zero_biases_are_skipped(tmp_path: Path) -> None:
     folder = make_tiny_model("llama", tmp_path / "m")
     quantize_checkpoint_as(folder, "gptq", bits=4, group_size=32, zero_biases=True)
