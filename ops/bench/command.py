@@ -62,9 +62,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--quantization",
         default="none",
-        choices=["auto", "none", "gguf"],
+        choices=["auto", "none", "gguf", "gptq", "awq", "compressed-tensors"],
         help="pagedserve's weights: gguf/auto keep the checkpoint's GGUF types (the bundled model: Q4_1), "
-        "none dequantizes to --dtype",
+        "gptq/awq/compressed-tensors/auto keep such a checkpoint's int4/int8 linears quantized "
+        "(repacked to Q4_0/Q4_1/Q8_0), none dequantizes to --dtype",
     )
     ap.add_argument(
         "--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: all cores)"

@@ -262,8 +262,14 @@ class ModelRunner:
 
 def weights_kind(model: torch.nn.Module, dtype: str) -> str:
     """The weight types in use: `gguf Q4_1x210 Q8_0x1 + float32` (quantized linears and embedding by
-    type, then the dense rest) or the dtype alone."""
+    source format and type, e.g. `gptq Q4_1x14` for GPTQ repacked to Q4_1, then the dense rest) or
+    the dtype alone."""
     types = weight_types(model)
     if not types:
         return dtype
-    return "gguf " + " ".join(f"{t}x{n}" for t, n in sorted(types.items())) + f" + {dtype}"
+    sources = sorted({source for source, _ in types})
+    listed = [
+        source + " " + " ".join(f"{t}x{n}" for (s, t), n in sorted(types.items()) if s == source)
+        for source in sources
+    ]
+    return " ".join(listed) + f" + {dtype}"

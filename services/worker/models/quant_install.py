@@ -14,16 +14,20 @@ from pagedserve.services.worker.models.quant_linear import QuantEmbedding, Quant
 from torch import nn
 
 
-def install_quantized(model: nn.Module, tensors: dict[str, QuantTensor]) -> set[str]:
-    """Replace what the GGUF holds quantized; -> the checkpoint names now held that way (the loader
-    skips them in the folder)."""
+def install_quantized(
+    model: nn.Module, tensors: dict[str, QuantTensor], *, keep_bias: bool = False
+) -> set[str]:
+    """Replace what `tensors` holds quantized (a GGUF's, or a GPTQ/AWQ/compressed-tensors checkpoint's
+    repacked); -> the checkpoint names now held that way (the loader skips them in the folder).
+    keep_bias: a projection with a bias is quantized too, its bias a float32 parameter the loader
+    fills (the kernel adds it); else it stays dense."""
     ops = quant_ops()
     installed: set[str] = set()
     split = {v: k for k, v in model.fused_projections.items()}  # (fused, shard) -> checkpoint part
 
     for module_name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
-            if not isinstance(child, nn.Linear) or child.bias is not None:
+            if not isinstance(child, nn.Linear) or (child.bias is not None and not keep_bias):
                 continue
             path = f"{module_name}.{child_name}" if module_name else child_name
             prefix = "" if path == "lm_head" else "model."
@@ -35,15 +39,22 @@ def install_quantized(model: nn.Module, tensors: dict[str, QuantTensor]) -> set[
             parts = [tensors.get(n) for n in names]
             if not all(isinstance(p, QuantTensor) for p in parts) or len({p.type_name for p in parts}) != 1:
                 continue
+            if not _same_order([p.input_order for p in parts]):
+                continue  # parts that read their inputs in different orders cannot share one input
             # A copy either way: the parts may be views of the mapped GGUF file (read_gguf).
             blocks = torch.cat([p.blocks for p in parts])
-            weight = QuantTensor(parts[0].type_name, blocks, parts[0].in_features)
+            weight = QuantTensor(
+                parts[0].type_name, blocks, parts[0].in_features, parts[0].source, parts[0].input_order
+            )
             if (weight.out_features, weight.in_features) != (child.out_features, child.in_features):
                 raise ValueError(
-                    f"GGUF tensors {', '.join(names)} make a [{weight.out_features} x {weight.in_features}] "
+                    f"quantized tensors {', '.join(names)} make a [{weight.out_features} x {weight.in_features}] "
                     f"weight, the model's {path} is [{child.out_features} x {child.in_features}]"
                 )
-            setattr(module, child_name, QuantLinear(weight, None, ops))
+            bias = None
+            if child.bias is not None:
+                bias = nn.Parameter(torch.empty(child.out_features, device="meta"), requires_grad=False)
+            setattr(module, child_name, QuantLinear(weight, bias, ops))
             installed.update(names)
 
     embedding = tensors.get("model.embed_tokens.weight")
@@ -54,3 +65,9 @@ def install_quantized(model: nn.Module, tensors: dict[str, QuantTensor]) -> set[
         if model.lm_head is None:
             model.tied_head = model.embed_tokens.as_linear()
     return installed
+
+
+def _same_order(orders: list[torch.Tensor | None]) -> bool:
+    if all(o is None for o in orders):
+        return True
+    return all(o is not None for o in orders) and all(torch.equal(o, orders[0]) for o in orders)

@@ -20,11 +20,16 @@ KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12}
 
 @dataclass(frozen=True, slots=True)
 class QuantTensor:
-    """One GGUF weight as stored: `blocks` [rows, row_bytes] uint8 of type `type_name`."""
+    """One weight in GGML blocks: `blocks` [rows, row_bytes] uint8 of type `type_name`. `source`: the
+    checkpoint format it came from (a GGUF as stored, or a GPTQ/AWQ/compressed-tensors repack)."""
 
     type_name: str
     blocks: torch.Tensor
     in_features: int
+    source: str = "gguf"
+    # Column j of the blocks multiplies input input_order[j] (GPTQ's desc_act, sorted into groups);
+    # None: input j.
+    input_order: torch.Tensor | None = None
 
     @property
     def type_id(self) -> int:
@@ -47,15 +52,23 @@ class QuantLinear(nn.Module):
     """y = x W^T + b, W decoded block by block inside the kernel. float32 activations in and out."""
 
     def __init__(self, weight: QuantTensor, bias: torch.Tensor | None = None, ops=None) -> None:
+        """bias: a tensor is copied as float32; an nn.Parameter (float32, e.g. on the meta device) stays a
+        parameter, for the loader to fill like any other."""
         super().__init__()
-        self.weight_type = weight.type_name
+        self.weight_type, self.source = weight.type_name, weight.source
         self.out_features, self.in_features = weight.out_features, weight.in_features
         self.blocks = weight.blocks.contiguous()
         self.type_id = weight.type_id
-        self.bias = None if bias is None else bias.detach().float().contiguous()
+        self.input_order = weight.input_order
+        if isinstance(bias, nn.Parameter):
+            self.bias = bias
+        else:
+            self.bias = None if bias is None else bias.detach().float().contiguous()
         self.ops = ops or quant_ops()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_order is not None:
+            x = x.index_select(-1, self.input_order)
         return self.ops.quant_linear(x, self.blocks, self.type_id, self.bias)
 
     def extra_repr(self) -> str:
@@ -67,7 +80,7 @@ class QuantEmbedding(nn.Module):
 
     def __init__(self, weight: QuantTensor, ops=None) -> None:
         super().__init__()
-        self.weight_type = weight.type_name
+        self.weight_type, self.source = weight.type_name, weight.source
         self.num_embeddings, self.embedding_dim = weight.out_features, weight.in_features
         self.blocks = weight.blocks.contiguous()
         self.type_id = weight.type_id
@@ -78,17 +91,19 @@ class QuantEmbedding(nn.Module):
 
     def as_linear(self) -> QuantLinear:
         """The tied LM head over the same blocks (no copy)."""
-        weight = QuantTensor(self.weight_type, self.blocks, self.embedding_dim)
+        weight = QuantTensor(self.weight_type, self.blocks, self.embedding_dim, self.source)
         return QuantLinear(weight, None, self.ops)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, weights={self.weight_type}"
 
 
-def weight_types(module: nn.Module) -> dict[str, int]:
-    """Type name -> how many quantized linears/embeddings under `module` hold it (start log, runtime)."""
-    counts: dict[str, int] = {}
+def weight_types(module: nn.Module) -> dict[tuple[str, str], int]:
+    """(source, type name) -> how many quantized linears/embeddings under `module` hold it (start log,
+    runtime): ("gguf", "Q4_1") for a GGUF's stored blocks, ("gptq", "Q4_1") for GPTQ repacked to Q4_1."""
+    counts: dict[tuple[str, str], int] = {}
     for m in module.modules():
         if isinstance(m, (QuantLinear, QuantEmbedding)):
-            counts[m.weight_type] = counts.get(m.weight_type, 0) + 1
+            key = (m.source, m.weight_type)
+            counts[key] = counts.get(key, 0) + 1
     return counts

@@ -81,7 +81,10 @@ def test_gguf_without_a_gguf_is_refused_and_auto_loads_dense(tmp_path: Path) -> 
         load_model(folder, TorchAttentionBackend(), quantization="gguf")
     model = load_model(folder, TorchAttentionBackend(), quantization="auto").model
     assert not any(isinstance(m, (QuantLinear, QuantEmbedding)) for m in model.modules())
-    with pytest.raises(ValueError, match="quantization must be one of auto, none, gguf; got 'int3'"):
+    with pytest.raises(
+        ValueError,
+        match="quantization must be one of auto, none, gguf, gptq, awq, compressed-tensors; got 'int3'",
+    ):
         load_model(folder, TorchAttentionBackend(), quantization="int3")
 
 
