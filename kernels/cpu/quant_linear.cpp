@@ -34,7 +34,9 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -49,7 +51,11 @@ enum Type : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12 };
 inline float half_at(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+  return _cvtsh_ss(bits);  // F16C: one instruction, where c10's conversion is a dozen integer ops
+#else
   return c10::detail::fp16_ieee_to_fp32_value(bits);
+#endif
 }
 
 // Weights per block and bytes per block of each type.
@@ -102,7 +108,37 @@ inline float code_at(const Group& grp, int64_t i) {
   return static_cast<float>(i < 16 ? (grp.codes[i] & 0xF) : (grp.codes[i - 16] >> 4));
 }
 
-#if defined(CPU_CAPABILITY_AVX2)
+#if defined(CPU_CAPABILITY_AVX512)
+
+// Decodes a group 16 weights at a time, in registers (the avx2 Decoder at twice the width).
+template <int64_t T>
+struct Decoder {
+  __m512 a, b;
+  const uint8_t* codes;
+  int shift;
+  Decoder(const uint8_t* row, int64_t g) {
+    const Group grp = group_at<T>(row, g);
+    a = _mm512_set1_ps(grp.a);
+    b = _mm512_set1_ps(grp.b);
+    codes = grp.codes;
+    shift = grp.shift;
+  }
+  inline Vec chunk(int64_t c) const {
+    __m512i q;
+    if constexpr (T == Q8_0) {
+      q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * c)));
+    } else {
+      // Q4_0/Q4_1: chunk 0 is the low nibbles of bytes 0-15, chunk 1 their high nibbles.
+      const uint8_t* bytes = T == Q4_K ? codes + 16 * c : codes;
+      const int s = T == Q4_K ? shift : static_cast<int>(4 * c);
+      q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+      q = _mm512_and_si512(_mm512_srl_epi32(q, _mm_cvtsi32_si128(s)), _mm512_set1_epi32(0xF));
+    }
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), a, b);
+  }
+};
+
+#elif defined(CPU_CAPABILITY_AVX2)
 
 // Decodes a group 8 weights at a time, in registers.
 template <int64_t T>
@@ -217,6 +253,351 @@ void linear_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t
   });
 }
 
+// ---------------------------------------------------------------------------------------------------
+// The integer path (large row counts): each activation row is quantized once per call to int8 per
+// 32-element block, q = round(x * 127 / max|x|), scale sx = max|x| / 127 (llama.cpp's Q8_0/Q8_1 of the
+// activations). Per weight group and row: an integer dot product of the group's codes with the row's
+// int8 block, then sum += a * sx * dot + b * sx * sum(q) in float. The b term (the groups' offsets) is a
+// float dot product over groups, done once per (row, output) after the main loop.
+
+// The activation rows, quantized. Groups are padded to a multiple of 16 with zeros (codes, scales, sums),
+// so a pair of groups (avx512) or a vector of per-group sums never reads past a row.
+struct QuantX {
+  std::vector<int8_t> q;    // [M][Gp * 32]
+  std::vector<float> sx8;   // [M][Gp * 8]: each group's scale, 8 copies (one per int32 lane of its dot)
+  std::vector<float> sxs;   // [M][Gp]: scale * the sum of the group's codes
+  int64_t G, Gp;
+};
+
+inline int64_t padded_groups(int64_t G) { return (G + 15) / 16 * 16; }
+
+QuantX quantize_x(const float* x, int64_t M, int64_t K) {
+  QuantX xq;
+  xq.G = K / kGroup;
+  xq.Gp = padded_groups(xq.G);
+  xq.q.assign(M * xq.Gp * kGroup, 0);
+  xq.sx8.assign(M * xq.Gp * 8, 0.0f);
+  xq.sxs.assign(M * xq.Gp, 0.0f);
+  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / K), [&](int64_t begin, int64_t end) {
+    alignas(64) float scaled[kGroup];
+    for (int64_t m = begin; m < end; ++m) {
+      for (int64_t g = 0; g < xq.G; ++g) {
+        const float* xs = x + m * K + g * kGroup;
+        Vec amax(0.0f);
+        for (int64_t c = 0; c < kChunks; ++c) amax = at::vec::maximum(amax, Vec::loadu(xs + c * kLanes).abs());
+        alignas(64) float lanes[kLanes];
+        amax.store(lanes);
+        float mx = 0.0f;
+        for (int64_t i = 0; i < kLanes; ++i) mx = std::max(mx, lanes[i]);
+        const float d = mx / 127.0f, id = mx > 0.0f ? 127.0f / mx : 0.0f;
+        for (int64_t c = 0; c < kChunks; ++c) (Vec::loadu(xs + c * kLanes) * Vec(id)).round().store(scaled + c * kLanes);
+        int8_t* q = xq.q.data() + (m * xq.Gp + g) * kGroup;
+        int sum = 0;
+        for (int64_t i = 0; i < kGroup; ++i) {
+          const int v = static_cast<int>(scaled[i]);
+          q[i] = static_cast<int8_t>(v);
+          sum += v;
+        }
+        for (int i = 0; i < 8; ++i) xq.sx8[(m * xq.Gp + g) * 8 + i] = d;
+        xq.sxs[m * xq.Gp + g] = d * static_cast<float>(sum);
+      }
+    }
+  });
+  return xq;
+}
+
+// How each path feeds Q8_0's signed codes to an unsigned-by-signed byte product: avx512 with VNNI adds
+// 128 (code ^ 0x80, unsigned) and takes 128 * a * sx * sum(q) back through the b term; the others take
+// |code| and move its sign onto the activation (vpsignb / a masked negate), b = 0.
+enum class Q8 { kSigned, kOffset };
+
+// One weight row's per-group a (8 copies, like sx8) and b, padded like QuantX.
+template <int64_t T, Q8 q8>
+void weight_scales(const uint8_t* row, int64_t G, float* a8, float* b) {
+  for (int64_t g = 0; g < G; ++g) {
+    const Group grp = group_at<T>(row, g);
+    for (int i = 0; i < 8; ++i) a8[g * 8 + i] = grp.a;
+    b[g] = T == Q8_0 ? (q8 == Q8::kOffset ? -128.0f * grp.a : 0.0f) : grp.b;
+  }
+  std::fill(a8 + G * 8, a8 + padded_groups(G) * 8, 0.0f);
+  std::fill(b + G, b + padded_groups(G), 0.0f);
+}
+
+// sum_g b[g] * sxs[g] over padded groups (a multiple of 16: whole vectors).
+inline float offset_term(const float* b, const float* sxs, int64_t Gp) {
+  Vec acc(0.0f);
+  for (int64_t g = 0; g < Gp; g += kLanes) acc = at::vec::fmadd(Vec::loadu(b + g), Vec::loadu(sxs + g), acc);
+  return sum_lanes(acc);
+}
+
+// Whether the b term is needed: every format but Q8_0 has an offset; Q8_0 only through the +128 trick.
+template <int64_t T, Q8 q8>
+constexpr bool has_offset() { return T != Q8_0 || q8 == Q8::kOffset; }
+
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+
+// The lane sums of 8 vectors at once, as one vector: a tree of hadds instead of 8 separate reductions.
+inline __m256 sum8(const __m256* v) {
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+// out[i][j] = the lane sum of v[i * NT + j] (+ bias[j]), for a tile's MT x NT accumulators.
+template <int MT, int NT>
+inline void store_sums(__m256* v, const float* bias, float* out, int64_t out_stride) {
+  constexpr int n = MT * NT, padded = (n + 7) / 8 * 8;
+  for (int k = n; k < padded; ++k) v[k] = _mm256_setzero_ps();
+  alignas(32) float sums[padded];
+  for (int k = 0; k < padded; k += 8) _mm256_store_ps(sums + k, sum8(v + k));
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) out[i * out_stride + j] = sums[i * NT + j] + (bias ? bias[j] : 0.0f);
+}
+
+#endif
+
+#if defined(CPU_CAPABILITY_AVX512)
+
+// Groups g and g+1 (g even; g+1 only where `pair`) as 64 unsigned (Q8_0: signed, or offset) bytes in
+// code order: bytes 0-31 group g, 32-63 group g+1, matching the activations' layout.
+template <int64_t T, Q8 q8>
+inline __m512i codes_pair(const uint8_t* row, int64_t g, bool pair) {
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  if constexpr (T == Q8_0) {
+    const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + g * 34 + 2));
+    const __m256i c1 = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + (g + 1) * 34 + 2))
+                            : _mm256_setzero_si256();
+    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
+    return q8 == Q8::kOffset ? _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80))) : w;
+  } else if constexpr (T == Q4_K) {
+    // Groups 2k and 2k+1 of a super-block share 32 bytes: low nibbles, high nibbles.
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + (g / 8) * 144 + 16 + 16 * (g % 8)));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, nib)),
+                              _mm256_and_si256(_mm256_srli_epi16(v, 4), nib), 1);
+  } else {
+    constexpr int64_t off = T == Q4_0 ? 2 : 4, bb = block_bytes(T);
+    const __m128i c0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * bb + off));
+    const __m128i c1 = pair ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + (g + 1) * bb + off))
+                            : _mm_setzero_si128();
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(c0), c1, 1);
+    // [g lo, g+1 lo, g hi, g+1 hi] in 128-bit lanes, then lanes 0 2 1 3: each group's low nibbles
+    // (codes 0-15) before its high ones (16-31).
+    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, nib)),
+                                         _mm256_and_si256(_mm256_srli_epi16(v, 4), nib), 1);
+    return _mm512_shuffle_i64x2(w, w, _MM_SHUFFLE(3, 1, 2, 0));
+  }
+}
+
+// 16 int32 lanes, each the sum of 4 products of unsigned w bytes by signed x bytes.
+template <bool VNNI>
+inline __m512i dot_u8s8(__m512i w, __m512i x) {
+  if constexpr (VNNI) {
+    // vpdpbusd by inline assembly: the avx512 build names no VNNI flag (it must load on every AVX-512
+    // CPU), and this is only reached where the CPU has avx512_vnni (checked at run time).
+    __m512i acc = _mm512_setzero_si512();
+    asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
+    return acc;
+  } else {
+    // maddubs: pairs of products summed to int16 (at most 2 * 15 * 127, or 2 * 128 * 127 for |Q8_0|)
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1));
+  }
+}
+
+template <int64_t T, int MT, int NT, bool VNNI>
+inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_stride, const float* a8,
+                     const float* bsc, const float* bias, float* out, int64_t out_stride) {
+  constexpr Q8 q8 = VNNI ? Q8::kOffset : Q8::kSigned;
+  constexpr bool sign_x = T == Q8_0 && q8 == Q8::kSigned;
+  const int64_t G = xq.G, Gp = xq.Gp;
+  __m512 acc[MT][NT];
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t g = 0; g < G; g += 2) {
+    __m512i wc[NT];
+    __mmask64 neg[NT];
+    __m512 a[NT];
+    for (int j = 0; j < NT; ++j) {
+      wc[j] = codes_pair<T, q8>(w + j * w_stride, g, g + 1 < G);
+      if constexpr (sign_x) {
+        neg[j] = _mm512_movepi8_mask(wc[j]);
+        wc[j] = _mm512_abs_epi8(wc[j]);
+      }
+      a[j] = _mm512_loadu_ps(a8 + j * Gp * 8 + g * 8);
+    }
+    for (int i = 0; i < MT; ++i) {
+      const __m512i x = _mm512_loadu_si512(xq.q.data() + ((m0 + i) * Gp + g) * kGroup);
+      const __m512 sx = _mm512_loadu_ps(xq.sx8.data() + ((m0 + i) * Gp + g) * 8);
+      for (int j = 0; j < NT; ++j) {
+        const __m512i xj = sign_x ? _mm512_mask_sub_epi8(x, neg[j], zero, x) : x;
+        const __m512 dot = _mm512_cvtepi32_ps(dot_u8s8<VNNI>(wc[j], xj));
+        acc[i][j] = _mm512_fmadd_ps(dot, _mm512_mul_ps(a[j], sx), acc[i][j]);
+      }
+    }
+  }
+  // The b term joins the accumulators lane by lane (only their total matters), then one tree reduction.
+  __m256 halves[(MT * NT + 7) / 8 * 8];
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) {
+      __m512 v = acc[i][j];
+      if constexpr (has_offset<T, q8>())
+        for (int64_t g = 0; g < Gp; g += 16)
+          v = _mm512_fmadd_ps(_mm512_loadu_ps(bsc + j * Gp + g), _mm512_loadu_ps(xq.sxs.data() + (m0 + i) * Gp + g), v);
+      halves[i * NT + j] = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    }
+  store_sums<MT, NT>(halves, bias, out, out_stride);
+}
+
+#elif defined(CPU_CAPABILITY_AVX2)
+
+// Group g's 32 codes as unsigned bytes in code order (Q8_0: the signed codes as stored).
+template <int64_t T>
+inline __m256i codes_group(const uint8_t* row, int64_t g) {
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  if constexpr (T == Q8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + g * 34 + 2));
+  } else if constexpr (T == Q4_K) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + (g / 8) * 144 + 16 + 32 * ((g % 8) / 2)));
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(static_cast<int>(4 * (g % 2)))), nib);
+  } else {
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * block_bytes(T) + (T == Q4_0 ? 2 : 4)));
+    return _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(c), _mm_srli_epi16(c, 4), 1), nib);
+  }
+}
+
+// maddubs + madd (AVX2 has no VNNI on the EPYC Zen 3 this path serves): 8 int32 lanes of 4 products.
+template <int64_t T, int MT, int NT, bool VNNI>
+inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_stride, const float* a8,
+                     const float* bsc, const float* bias, float* out, int64_t out_stride) {
+  const int64_t G = xq.G, Gp = xq.Gp;
+  __m256 acc[MT][NT];
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < G; ++g) {
+    __m256i wc[NT], wabs[NT];
+    __m256 a[NT];
+    for (int j = 0; j < NT; ++j) {
+      wc[j] = codes_group<T>(w + j * w_stride, g);
+      wabs[j] = T == Q8_0 ? _mm256_abs_epi8(wc[j]) : wc[j];
+      a[j] = _mm256_loadu_ps(a8 + j * Gp * 8 + g * 8);
+    }
+    for (int i = 0; i < MT; ++i) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q.data() + ((m0 + i) * Gp + g) * kGroup));
+      const __m256 sx = _mm256_loadu_ps(xq.sx8.data() + ((m0 + i) * Gp + g) * 8);
+      for (int j = 0; j < NT; ++j) {
+        const __m256i xj = T == Q8_0 ? _mm256_sign_epi8(x, wc[j]) : x;
+        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[j], xj), ones);
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(a[j], sx), acc[i][j]);
+      }
+    }
+  }
+  __m256 sums[(MT * NT + 7) / 8 * 8];
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) {
+      __m256 v = acc[i][j];
+      if constexpr (T != Q8_0)
+        for (int64_t g = 0; g < Gp; g += 8)
+          v = _mm256_fmadd_ps(_mm256_loadu_ps(bsc + j * Gp + g), _mm256_loadu_ps(xq.sxs.data() + (m0 + i) * Gp + g), v);
+      sums[i * NT + j] = v;
+    }
+  store_sums<MT, NT>(sums, bias, out, out_stride);
+}
+
+#else
+
+// Plain C++ (no intrinsics): the compiler vectorizes the 32-product integer dot where it can.
+template <int64_t T, int MT, int NT, bool VNNI>
+inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_stride, const float* a8,
+                     const float* bsc, const float* bias, float* out, int64_t out_stride) {
+  const int64_t G = xq.G, Gp = xq.Gp;
+  float acc[MT][NT] = {};
+  int16_t codes[NT][kGroup];
+  for (int64_t g = 0; g < G; ++g) {
+    for (int j = 0; j < NT; ++j) {
+      const Group grp = group_at<T>(w + j * w_stride, g);
+      for (int64_t k = 0; k < kGroup; ++k) codes[j][k] = static_cast<int16_t>(code_at<T>(grp, k));
+    }
+    for (int i = 0; i < MT; ++i) {
+      const int8_t* x = xq.q.data() + ((m0 + i) * Gp + g) * kGroup;
+      const float sx = xq.sx8[((m0 + i) * Gp + g) * 8];
+      for (int j = 0; j < NT; ++j) {
+        int32_t dot = 0;
+        for (int64_t k = 0; k < kGroup; ++k) dot += static_cast<int32_t>(codes[j][k]) * x[k];
+        acc[i][j] += a8[j * Gp * 8 + g * 8] * sx * static_cast<float>(dot);
+      }
+    }
+  }
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) {
+      float s = acc[i][j] + (bias ? bias[j] : 0.0f);
+      if constexpr (T != Q8_0) s += offset_term(bsc + j * Gp, xq.sxs.data() + (m0 + i) * Gp, Gp);
+      out[i * out_stride + j] = s;
+    }
+}
+
+#endif
+
+// Which Q8_0 form each path's int_tile reads its b from (see Q8).
+template <bool VNNI>
+constexpr Q8 q8_form() {
+#if defined(CPU_CAPABILITY_AVX512)
+  return VNNI ? Q8::kOffset : Q8::kSigned;
+#else
+  return Q8::kSigned;
+#endif
+}
+
+template <int64_t T, int NT, bool VNNI>
+inline void int_rows(const QuantX& xq, int64_t M, const uint8_t* w, int64_t w_stride, const float* a8,
+                     const float* bsc, const float* bias, float* out, int64_t N) {
+  int64_t m = 0;
+#if defined(CPU_CAPABILITY_AVX512)
+  // 8 rows a tile (16 accumulators of the 32 registers): each decoded pair of groups serves 8 rows.
+  for (; m + 8 <= M; m += 8) int_tile<T, 8, NT, VNNI>(xq, m, w, w_stride, a8, bsc, bias, out + m * N, N);
+#endif
+  for (; m + 4 <= M; m += 4) int_tile<T, 4, NT, VNNI>(xq, m, w, w_stride, a8, bsc, bias, out + m * N, N);
+  switch (M - m) {
+    case 3: int_tile<T, 3, NT, VNNI>(xq, m, w, w_stride, a8, bsc, bias, out + m * N, N); break;
+    case 2: int_tile<T, 2, NT, VNNI>(xq, m, w, w_stride, a8, bsc, bias, out + m * N, N); break;
+    case 1: int_tile<T, 1, NT, VNNI>(xq, m, w, w_stride, a8, bsc, bias, out + m * N, N); break;
+    default: break;
+  }
+}
+
+template <int64_t T, bool VNNI>
+void linear_int_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w_stride, const float* bias,
+                     float* out, int64_t N) {
+  constexpr Q8 q8 = q8_form<VNNI>();
+  const QuantX xq = quantize_x(x, M, K);
+  const int64_t Gp = xq.Gp;
+  const int64_t pairs = (N + 1) / 2;
+  at::parallel_for(0, pairs, (grain(M, K) + 1) / 2, [&](int64_t begin, int64_t end) {
+    std::vector<float> a8(2 * Gp * 8), bsc(2 * Gp);
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n = 2 * p;
+      const int nt = n + 1 < N ? 2 : 1;
+      for (int j = 0; j < nt; ++j)
+        weight_scales<T, q8>(w + (n + j) * w_stride, xq.G, a8.data() + j * Gp * 8, bsc.data() + j * Gp);
+      const float* b = bias ? bias + n : nullptr;
+      if (nt == 2)
+        int_rows<T, 2, VNNI>(xq, M, w + n * w_stride, w_stride, a8.data(), bsc.data(), b, out + n, N);
+      else
+        int_rows<T, 1, VNNI>(xq, M, w + n * w_stride, w_stride, a8.data(), bsc.data(), b, out + n, N);
+    }
+  });
+}
+
+// Whether this CPU runs vpdpbusd (avx512 path only; the build itself never assumes it).
+inline bool cpu_has_vnni() {
+#if defined(CPU_CAPABILITY_AVX512)
+  static const bool has = __builtin_cpu_supports("avx512vnni");
+  return has;
+#else
+  return false;
+#endif
+}
+
 void check_weight(const at::Tensor& qweight, int64_t type, int64_t K) {
   TORCH_CHECK(type == Q4_0 || type == Q4_1 || type == Q8_0 || type == Q4_K,
               "quant_linear: GGML type ", type, " is not supported (Q4_0=2, Q4_1=3, Q8_0=8, Q4_K=12)");
@@ -229,8 +610,27 @@ void check_weight(const at::Tensor& qweight, int64_t type, int64_t K) {
               qweight.size(1));
 }
 
+// Rows from which `mode` 1 runs the integer path (measured: see the header comment).
+constexpr int64_t kIntRows = 8;
+
+template <int64_t T>
+void linear_dispatch(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t stride, const float* bias,
+                     float* out, int64_t N, int64_t mode) {
+  const bool integer = mode == 2 || mode == 3 || (mode == 1 && M >= kIntRows);
+  if (!integer)
+    linear_impl<T>(x, M, K, w, stride, bias, out, N);
+  else if (mode != 3 && cpu_has_vnni())
+    linear_int_impl<T, true>(x, M, K, w, stride, bias, out, N);
+  else
+    linear_int_impl<T, false>(x, M, K, w, stride, bias, out, N);
+}
+
+// mode: 0 float32 activations (the default: results within float rounding of the dequantized
+// reference), 1 int8 activations from kIntRows rows on (float below), 2 int8 activations at any row
+// count, 3 int8 activations without VNNI (avx512's maddubs form, which the tests run on a VNNI CPU too).
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, int64_t type,
-                        const c10::optional<at::Tensor>& bias) {
+                        const c10::optional<at::Tensor>& bias, int64_t mode) {
+  TORCH_CHECK(mode >= 0 && mode <= 3, "quant_linear: mode must be 0-3, got ", mode);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "quant_linear: x must be 2-D float32");
   const at::Tensor xc = x.contiguous();
   const int64_t M = xc.size(0), K = xc.size(1), N = qweight.size(0);
@@ -246,10 +646,10 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, int64_t 
   const uint8_t* w = qweight.data_ptr<uint8_t>();
   const int64_t stride = qweight.size(1);
   switch (type) {
-    case Q4_0: linear_impl<Q4_0>(xc.data_ptr<float>(), M, K, w, stride, bp, out.data_ptr<float>(), N); break;
-    case Q4_1: linear_impl<Q4_1>(xc.data_ptr<float>(), M, K, w, stride, bp, out.data_ptr<float>(), N); break;
-    case Q8_0: linear_impl<Q8_0>(xc.data_ptr<float>(), M, K, w, stride, bp, out.data_ptr<float>(), N); break;
-    case Q4_K: linear_impl<Q4_K>(xc.data_ptr<float>(), M, K, w, stride, bp, out.data_ptr<float>(), N); break;
+    case Q4_0: linear_dispatch<Q4_0>(xc.data_ptr<float>(), M, K, w, stride, bp, out.data_ptr<float>(), N, mode); break;
+    case Q4_1: linear_dispatch<Q4_1>(xc.data_ptr<float>(), M, K, w, stride, bp, out.data_ptr<float>(), N, mode); break;
+    case Q8_0: linear_dispatch<Q8_0>(xc.data_ptr<float>(), M, K, w, stride, bp, out.data_ptr<float>(), N, mode); break;
+    case Q4_K: linear_dispatch<Q4_K>(xc.data_ptr<float>(), M, K, w, stride, bp, out.data_ptr<float>(), N, mode); break;
     default: break;
   }
   return out;
@@ -291,7 +691,7 @@ at::Tensor quant_rows(const at::Tensor& qweight, int64_t type, const at::Tensor&
 }  // namespace
 
 PAGEDSERVE_TORCH_LIBRARY(m) {
-  m.def("quant_linear(Tensor x, Tensor qweight, int type, Tensor? bias) -> Tensor");
+  m.def("quant_linear(Tensor x, Tensor qweight, int type, Tensor? bias, int mode=0) -> Tensor");
   m.def("quant_rows(Tensor qweight, int type, Tensor ids, int in_features) -> Tensor");
 }
 

@@ -2,11 +2,13 @@
 alternatives, at each row count.
 
     .venv/bin/python -m pagedserve.ops.microbench.quant_linear_ab [--rows 1 4 8 64] [--repeats 10]
-        [--threads 2] [--isa avx2]
+        [--threads 2] [--isa avx512 avx2 portable] [--modes float int] [--variants gguf fp32]
 
 SmolLM2-135M's shapes (30 layers of q/k/v, o, gate/up, down at Q4_1, the tied LM head at Q8_0, as
 the bundled GGUF stores them) with random weights. Variants, run alternately in one process:
-  gguf       quant_linear.cpp on the GGUF blocks (what the worker runs)
+  gguf       quant_linear.cpp on the GGUF blocks (what the worker runs); with several --isa paths,
+             one variant per path (gguf-avx512, gguf-avx2...), so the paths are compared in one process;
+             with several --modes (float int8 int int-novnni), one per mode too (gguf-avx512-int...)
   fp32       oneDNN's packed float32 GEMM on the dequantized weights (today's worker)
   int8pack   torch's _weight_int8pack_mm (int8, one scale per output row) after a repack
   int4pack   torch's _weight_int4pack_mm_for_cpu (4-bit, groups of 32) after a repack
@@ -23,8 +25,12 @@ import gguf
 import numpy as np
 import torch
 from pagedserve.kernels.cpu.build import QUANT_LINEAR, load_extension
+from pagedserve.kernels.cpu.isa import cpu_model
 from pagedserve.services.worker.models.packed_linear import PackedLinear
 
+# quant_linear's `mode`: float32 activations (the default), int8 activations from the kernel's row
+# threshold, int8 activations at every row count (VNNI where the CPU has it), the same without VNNI.
+MODES = {"float": 0, "int8": 1, "int": 2, "int-novnni": 3}
 HIDDEN, INTER, QKV, VOCAB, LAYERS = 576, 1536, 960, 49152, 30
 
 
@@ -41,11 +47,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 64])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--isa", default="avx2")
+    parser.add_argument("--isa", nargs="+", default=["avx2"])
+    parser.add_argument("--modes", nargs="+", default=["float"], choices=list(MODES))
     parser.add_argument("--variants", nargs="+", default=["gguf", "fp32", "int8pack", "int4pack"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    ops = load_extension(QUANT_LINEAR, args.isa)
+    paths = {isa: load_extension(QUANT_LINEAR, isa) for isa in args.isa}
     rng = np.random.default_rng(0)
     distinct = {}
     for n, k, qt in set(shapes()):
@@ -59,7 +66,16 @@ def main() -> None:
     steps = {}
     if "gguf" in args.variants:
         ws = [(s[1], distinct[s][0], int(s[2])) for s in shapes()]
-        steps["gguf"] = lambda xs, ws=ws: [ops.quant_linear(xs[k], q, t, None) for k, q, t in ws]
+        for isa, ops in paths.items():
+            for mode in args.modes:
+                name = (
+                    "gguf"
+                    + (f"-{isa}" if len(paths) > 1 else "")
+                    + (f"-{mode}" if len(args.modes) > 1 else "")
+                )
+                steps[name] = lambda xs, ws=ws, ops=ops, m=MODES[mode]: [
+                    ops.quant_linear(xs[k], q, t, None, m) for k, q, t in ws
+                ]
     if "fp32" in args.variants:
         packed = {s: PackedLinear(distinct[s][1], None) for s in distinct}
         ws = [(s[1], packed[s]) for s in shapes()]
@@ -91,7 +107,9 @@ def main() -> None:
         steps["int4pack"] = lambda xs, ws=ws: [
             torch.ops.aten._weight_int4pack_mm_for_cpu(xs[k], w, 32, sz) for k, w, sz in ws
         ]
-    print(f"threads={args.threads} isa={args.isa}; ms per step (min / median of {args.repeats})")
+    print(
+        f"{cpu_model()}; threads={args.threads} isa={' '.join(args.isa)}; ms per step (min / median of {args.repeats})"
+    )
     for rows in args.rows:
         xs = {k: torch.randn(rows, k) for k in (HIDDEN, INTER)}
         times = {name: [] for name in steps}

@@ -2,11 +2,19 @@
 reference: the `gguf` package's own dequantizer (an independent reading of the formats), then a float32
 matmul.
 
-Tolerance: the kernel and the reference compute the same sum of K products in float32 in different
-orders, so they differ by rounding; each output is held to 1e-5 of the sum of the magnitudes of its
-products (|x| @ |W|^T), which bounds that rounding for K up to several thousand (K * 2^-24 ~ 3e-5 at
-K = 512 in the worst case, far less on average). Embedding rows are decoded exactly (one multiply of
-fp16 scale by a small integer code, exact in float32, and one add).
+Tolerance, float32 activations (mode 0, the default; mode 1 below its integer threshold): the kernel
+and the reference compute the same sum of K products in float32 in different orders, so they differ
+by rounding; each output is held to 1e-5 of the sum of the magnitudes of its products (|x| @ |W|^T),
+which bounds that rounding for K up to several thousand (K * 2^-24 ~ 3e-5 at K = 512 in the worst
+case, far less on average). Embedding rows are decoded exactly (one multiply of fp16 scale by a small
+integer code, exact in float32, and one add).
+
+Tolerance, int8 activations (modes 2 and 3, and mode 1 from the kernel's threshold on; llama.cpp
+quantizes activations the same way): each 32-element block of a row becomes q = round(x * 127 / m),
+m = max|x| over the block, so each x moves by at most half a step, m / 254. An output then moves by at
+most sum over blocks of (m_block / 254) * sum |w| over the block: (blockmax(|x|) / 254) @ |W|^T, about
+1/127 of the block max per block (the same rounding bound as above added, and 0.1% on the step for the
+float rounding of the scale and its reciprocal). The integer dot products themselves are exact.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from harness.gguf_models import quantize
 from pagedserve.kernels.cpu.build import QUANT_LINEAR, load_extension
 
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12}
+INT_ROWS = 8  # quant_linear.cpp's kIntRows: from this many rows mode 1 runs int8 activations
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +47,15 @@ def weights(type_name: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor
     return torch.from_numpy(blocks), torch.from_numpy(reference)
 
 
+FLOAT, INT_FROM_THRESHOLD, INT, INT_NO_VNNI = 0, 1, 2, 3  # quant_linear's mode (0 is the default)
+
+
+def blockmax(x: torch.Tensor) -> torch.Tensor:
+    """Each element's 32-block max |x|, the scale its int8 quantization is relative to."""
+    rows, k = x.shape
+    return x.abs().view(rows, k // 32, 32).amax(-1, keepdim=True).expand(rows, k // 32, 32).reshape(rows, k)
+
+
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 13, 64])
 def test_linear_matches_the_dequantized_float32_reference(ops: Any, type_name: str, rows: int) -> None:
@@ -45,11 +63,51 @@ def test_linear_matches_the_dequantized_float32_reference(ops: Any, type_name: s
     blocks, reference = weights(type_name, n, k)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     bias = torch.randn(n)
-    out = ops.quant_linear(x, blocks, TYPES[type_name], bias)
+    out = ops.quant_linear(x, blocks, TYPES[type_name], bias, FLOAT)
     expected = x @ reference.T + bias
     bound = 1e-5 * (x.abs() @ reference.abs().T + bias.abs())
     assert out.shape == (rows, n) and out.dtype == torch.float32
     assert ((out - expected).abs() <= bound).all(), (out - expected).abs().max()
+
+
+@pytest.mark.parametrize(
+    "mode", [INT, INT_NO_VNNI, INT_FROM_THRESHOLD], ids=["int", "int-novnni", "threshold"]
+)
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize(
+    ("rows", "k"), [(1, 512), (3, 512), (8, 512), (13, 512), (64, 512), (9, 96), (16, 1024)]
+)
+def test_int8_activations_stay_within_the_quantization_bound(
+    ops: Any, mode: int, type_name: str, rows: int, k: int
+) -> None:
+    if type_name == "Q4_K" and k % 256:
+        k = 256  # Q4_K's super-blocks are 256 wide
+    n = 37
+    blocks, reference = weights(type_name, n, k, seed=k)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * torch.rand(k) * 3
+    x[0, :32] = 0.0  # an all-zero block: scale 0, codes 0
+    bias = torch.randn(n)
+    out = ops.quant_linear(x, blocks, TYPES[type_name], bias, mode)
+    expected = x @ reference.T + bias
+    magnitude = x.abs() @ reference.abs().T + bias.abs()
+    bound = (blockmax(x) / 254 * 1.001) @ reference.abs().T + 1e-5 * magnitude
+    err = (out - expected).abs()
+    assert (err <= bound).all(), (err / bound).max()
+    # and the bound is not vacuous: the error is well under 1% of the products' magnitude
+    assert (err <= 0.01 * magnitude).all()
+
+
+def test_mode_1_switches_to_int8_activations_at_the_threshold(ops: Any) -> None:
+    blocks, _ = weights("Q4_1", 8, 256)
+    x = torch.randn(64, 256)
+    for rows in (1, 7, 8, 64):
+        float_out = ops.quant_linear(x[:rows], blocks, 3, None, FLOAT)
+        int_out = ops.quant_linear(x[:rows], blocks, 3, None, INT)
+        assert torch.equal(ops.quant_linear(x[:rows], blocks, 3, None), float_out)  # the default: float
+        switched = ops.quant_linear(x[:rows], blocks, 3, None, INT_FROM_THRESHOLD)
+        assert torch.equal(switched, float_out if rows < INT_ROWS else int_out), rows
+    with pytest.raises(RuntimeError, match="mode must be 0-3"):
+        ops.quant_linear(x, blocks, 3, None, 4)
 
 
 @pytest.mark.parametrize("type_name", TYPES)
