@@ -3,13 +3,14 @@
     .venv/bin/python -m pagedserve.ops.microbench.step_profile [--dtype float32 bfloat16] [--batch 64]
                                                                [--backend torch cpp] [--steps 12]
                                                                [--prepack on off] [--fused-ops on off]
-                                                               [--no-breakdown]
+                                                               [--quantization none gguf] [--no-breakdown]
 
 A ModelRunner on the bundled SmolLM2-135M holds `--batch` requests whose contexts are spread like the
 bench workload's (16-256 prompt tokens plus what they generated), samples at temperature 0.6, and runs
 decode steps. Wall time per step is the median of un-profiled steps; the breakdown comes from one
 torch.profiler pass over a few more steps. Variants (dtype x backend x prepacked weights or not x
-fused C++ layer ops or the plain torch ones) are interleaved step by step in one process, so a
+fused C++ layer ops or the plain torch ones x the bundled GGUF's weights dequantized or kept in their
+stored types) are interleaved step by step in one process, so a
 shared, noisy machine moves them alike.
 """
 
@@ -45,7 +46,15 @@ CATEGORIES = {
     "pagedserve_ops::fused_add_rms_norm": "norms, adds, SiLU (C++ fused)",
     "pagedserve_ops::silu_and_mul": "norms, adds, SiLU (C++ fused)",
 }
+# Ops whose namespace carries the ISA path (pagedserve_quant_linear_avx2::...): matched by their name.
+SUFFIXES = {"::quant_linear": "linears (incl. LM head)", "::quant_rows": "embedding rows (quantized)"}
 LABELS = ("sample", "pack_batch")
+
+
+def category(name: str) -> str | None:
+    if name in CATEGORIES:
+        return CATEGORIES[name]
+    return next((c for suffix, c in SUFFIXES.items() if name.endswith(suffix)), None)
 
 
 class Variant:
@@ -58,8 +67,10 @@ class Variant:
         seed: int,
         prepack: bool = True,
         fused_ops: bool = True,
+        quantization: str = "none",
     ) -> None:
         self.name = f"{dtype}/{backend}" + ("" if prepack else "/dense")
+        self.name += "" if quantization == "none" else f"/{quantization}"
         path = resolve_model("smollm2-135m")
         rng = random.Random(seed)
         self.prompt_lens = [rng.randint(16, 256) for _ in range(batch)]
@@ -72,6 +83,7 @@ class Variant:
             num_blocks=batch * blocks_each + 1,
             attention_backend=backend,
             prepack_weights=prepack,
+            quantization=quantization,
         )
         if prepack and self.runner.num_prepacked:
             self.name += "/prepacked"
@@ -137,8 +149,8 @@ def breakdown(variant: Variant, steps: int) -> dict[str, float]:
     for event in prof.key_averages():
         name = event.key
         ms = event.cpu_time_total / 1e3 / steps
-        if name in CATEGORIES:
-            totals[CATEGORIES[name]] = totals.get(CATEGORIES[name], 0.0) + ms
+        if (kind := category(name)) is not None:
+            totals[kind] = totals.get(kind, 0.0) + ms
         elif name in LABELS:
             totals[name] = ms
     # Ops that are nobody's child: their sum against the wall is the time spent in Python between them.
@@ -147,7 +159,8 @@ def breakdown(variant: Variant, steps: int) -> dict[str, float]:
             top_level += event.cpu_time_total / 1e3 / steps
     totals["step wall"] = wall * 1e3 / steps
     totals["python between ops"] = max(0.0, totals["step wall"] - top_level)
-    accounted = sum(v for k, v in totals.items() if k in CATEGORIES.values() or k == "sample")
+    kinds = {*CATEGORIES.values(), *SUFFIXES.values()}
+    accounted = sum(v for k, v in totals.items() if k in kinds or k == "sample")
     totals["other ops"] = max(0.0, top_level - accounted - totals.get("pack_batch", 0.0))
     return totals
 
@@ -166,6 +179,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--prepack", nargs="+", choices=["on", "off"], default=["on"])
     ap.add_argument("--fused-ops", nargs="+", choices=["on", "off"], default=["on"])
+    ap.add_argument(
+        "--quantization", nargs="+", choices=["none", "gguf"], default=["none"], help="the GGUF's weights"
+    )
     ap.add_argument("--no-breakdown", action="store_true", help="step times only, no profiled pass")
     ap.add_argument("--out", type=Path, default=None, help="write the step times and breakdowns as JSON")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -174,11 +190,12 @@ def main() -> None:
     load_start = os.getloadavg()
     print(f"load average at start: {load_start}")
     variants = [
-        Variant(d, b, args.batch, args.block_size, 0, prepack=p == "on", fused_ops=f == "on")
+        Variant(d, b, args.batch, args.block_size, 0, prepack=p == "on", fused_ops=f == "on", quantization=q)
         for d in args.dtype
         for b in args.backend
         for p in args.prepack
         for f in args.fused_ops
+        for q in args.quantization
     ]
     for v in variants:
         v.decode()  # warm-up
