@@ -1,6 +1,6 @@
 // Linear layers and embedding lookups over GGUF-quantized weights, kept in their stored blocks.
 //
-//   quant_linear(x [M, K] float32, qweight [N, row_bytes] uint8, int type, bias?) -> [M, N] float32
+//   quant_linear(x [M, K] float32, qweight [N, row_bytes] uint8, int type, bias?, int mode=0) -> [M, N] float32
 //   quant_rows(qweight [N, row_bytes] uint8, int type, ids [T] int64, int K) -> [T, K] float32
 //
 // `qweight` is the GGUF tensor's bytes as stored, one row of blocks per output feature; `type` is the
@@ -15,18 +15,41 @@
 //                                                                  a = d sc[g], b = -dmin mn[g]
 // Decoding is memory-bandwidth bound: a step reads every weight once, so Q4_1 reads 0.625 bytes a
 // weight where float32 reads 4. The weights are decoded inside the dot products and never written
-// back out: each group's 32 codes become float lanes, are multiplied into the accumulators of up to
-// four input rows at once (read once, used by every row of the tile) and dropped.
+// back out.
+//
+// mode 0 (the default), float32 activations: each group's 32 codes become float lanes, are multiplied
+// into the accumulators of up to four input rows at once (read once, used by every row of the tile)
+// and dropped. Sums are float32 in lane order per group of lanes, then the lanes: not the order of a
+// float32 GEMM over the dequantized weights, so results differ from that reference by rounding (~1e-6
+// relative of the row's magnitude; tests/unit/kernels/test_quant_linear.py states the bound).
+//
+// modes 1-3, int8 activations (1: from kIntRows = 8 rows on, float below; 2: always; 3: always,
+// without VNNI): each activation row is quantized once per call to int8 per 32-block (scale max|x|/127,
+// and the block's code sum for the formats with an offset b), then per weight group an integer dot
+// product of its codes with the row's int8 block, and a * sx * dot + b * sx * sum(q) in float. This is
+// what llama.cpp does (its Q8_0/Q8_1 activations), so it is the fair comparison with it; it moves each
+// output by up to (max|x| of each block / 254) * sum|w| of the block (~0.5% relative on the tiny
+// models' linears), which flips greedy near-ties: on the bundled SmolLM2 3 of 8 16-token greedy
+// outputs stayed equal to the float32 reference's where the float path holds 7 of 8. So it is opt-in
+// (the worker: PAGEDSERVE_QUANT_ACTIVATIONS=int8). At 64 rows the compute-bound step has fewer
+// instructions per product: 4 per 64 multiply-adds (vpdpbusd, cvt, scale mul, FMA) against the float
+// path's 4 FMAs per 64 plus the per-tile decode (widen, shift, mask, cvt, FMA per 16 codes).
 //
 // One source, three ISA paths (kernels/cpu/isa.py), over ATen's at::vec::Vectorized<float>:
-//   avx2      each 8 codes widen from bytes to 32-bit lanes (vpmovzx/sx), nibbles by shift and mask,
-//             converted and scaled in registers (one FMA), fp16 scales by F16C.
-//   portable, avx512  each group decodes into a 32-float buffer on the stack (L1, 128 bytes) which
-//             the Vectorized FMAs then read; the compiler vectorizes the decode where it can.
-//             avx512 is compile-checked here (this EPYC has no AVX-512), not tuned.
-// Sums are float32 in lane order per group of lanes, then the lanes: not the order of a float32
-// GEMM over the dequantized weights, so results differ from that reference by rounding (~1e-6
-// relative of the row's magnitude; tests/unit/kernels/test_quant_linear.py states the bound).
+//   avx512    float: each 16 codes widen from bytes to 32-bit lanes (vpmovzx/sx), nibbles by shift and
+//             mask, converted and scaled in registers (one FMA). Until Dec 2026 this path decoded
+//             each group into a stack buffer and was 5-6x slower than avx2 on an AVX-512 Xeon.
+//             int8: two groups per 512-bit register, vpdpbusd (by inline assembly, where the CPU has
+//             avx512_vnni: checked at run time, since the build names no VNNI flag; else
+//             vpmaddubsw + vpmaddwd); Q8_0's signed codes +128 under VNNI (the 128 * sum(q) comes
+//             back through b), |code| and the sign moved onto x without it. 8 rows x 2 outputs a tile.
+//   avx2      float: the same 8 codes at a time. int8: one group per 256-bit register, vpmaddubsw +
+//             vpmaddwd (no VNNI needed: the EPYC Zen 3 has none), Q8_0 by vpsignb. 4 x 2 a tile.
+//   portable  float: each group decodes into a 32-float buffer on the stack which the Vectorized FMAs
+//             read. int8: a plain C++ integer dot per group (no intrinsics; the compiler vectorizes).
+// Every path reads fp16 scales with F16C where it has it (x86 paths), c10's conversion otherwise.
+// Measured on an Intel Xeon with AVX-512/VNNI (2 shared cores, busy; 1 thread, min of 5,
+// ops/microbench/quant_linear_ab.py): see docs/cpu-performance.md.
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/Half.h>
