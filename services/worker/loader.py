@@ -20,7 +20,7 @@ from pagedserve.services.worker.models.registry import ModelConfig, resolve
 from pagedserve.services.worker.quantized_load import (
     QUANTIZATIONS,
     install_checkpoint_quantized,
-    keepsinstall_checkpoint_quantized,
+    keeps_checkpoint_quantized,
     one_thread,
     quantization_config,
     quantized_source,
@@ -98,9 +98,7 @@ def load_model(
     gguf_file = quantized_source(folder, quantization, dtype, device)
     quant_config = {"quantization_config": quantization_config(folder, checkpoint.config)}
     scheme = parse_scheme(quant_config)
-    keep = gguf_file is None and keepsinstall_checkpoint_quantized(
-        quant_config, scheme, quantization, dtype, device
-    )
+    keep = gguf_file is None and keeps_checkpoint_quantized(quant_config, scheme, quantization, dtype, device)
     # Built on the meta device: no memory and no random init for weights about to be overwritten.
     with torch.device("meta"):
         model = model_class(config, backend).to(dtype=torch_dtype(dtype))

@@ -78,7 +78,7 @@ def quantization_config(folder: Path, config: dict) -> dict | None:
     return None
 
 
-def keepsinstall_checkpoint_quantized(
+def keeps_checkpoint_quantized(
     config: dict, scheme: Scheme | None, quantization: str, dtype: str, device: torch.device
 ) -> bool:
     """Whether this load keeps a GPTQ/AWQ/compressed-tensors checkpoint's linears quantized (see
