@@ -22,9 +22,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pagedserve.ops.results import write_json
+from pagedserve.shared.config import ServeConfig
 
 PEERS = ("pagedserve", "hf-static", "hf-continuous", "vllm", "llamacpp")
 # vLLM and llama.cpp need their own venvs (ops/peers/setup_vllm.sh, ops/peers/setup_llamacpp.sh), so
@@ -62,7 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--quantization",
         default="none",
-        choices=["auto", "none", "gguf", "gptq", "awq", "compressed-tensors"],
+        choices=get_args(ServeConfig.model_fields["quantization"].annotation),  # the workers' own list
         help="pagedserve's weights: gguf/auto keep the checkpoint's GGUF types (the bundled model: Q4_1), "
         "gptq/awq/compressed-tensors/auto keep such a checkpoint's int4/int8 linears quantized "
         "(repacked to Q4_0/Q4_1/Q8_0), none dequantizes to --dtype",
