@@ -7,8 +7,10 @@
 Workloads (seeded, prompts of random token ids, EOS ignored so every output has its length):
 `random` = --num-prompts prompts of --input-len tokens, each generating --output-len (vllm bench
 serve's random dataset: 64 x 128/128 by default); `bench` = `pagedserve bench`'s workload (lengths
-uniform in --min-len..--max-len). Reports request and output throughput and mean / p50 / p90 / p99
-of TTFT, TPOT, inter-token latency and end-to-end latency per rate; writes JSON and a PNG beside it.
+uniform in --min-len..--max-len). Each rate draws prompts of its own (seeds seed, seed + 1, ...: no
+rate finds the last one's prompts in a prefix cache), and a peer gets the same ones. Reports request
+and output throughput and mean / p50 / p90 / p99 of TTFT, TPOT, inter-token latency and end-to-end
+latency per rate; writes JSON and a PNG beside it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,15 +111,28 @@ def _vocab_size(entry: dict[str, Any]) -> int:
     raise SystemExit(f"bench serve: cannot tell the vocabulary of {entry.get('id')!r}; pass --vocab-size")
 
 
-def workload(args: argparse.Namespace, vocab_size: int) -> tuple[list[list[int]], list[int]]:
+def workload(
+    args: argparse.Namespace, vocab_size: int, seed: int | None = None
+) -> tuple[list[list[int]], list[int]]:
+    seed = args.seed if seed is None else seed
     if args.workload == "bench":
-        w = make_workload(
-            args.num_prompts, vocab_size, seed=args.seed, min_len=args.min_len, max_len=args.max_len
-        )
+        w = make_workload(args.num_prompts, vocab_size, seed=seed, min_len=args.min_len, max_len=args.max_len)
         return w.prompts, w.output_lens
-    rng = random.Random(args.seed)
+    rng = random.Random(seed)
     prompts = [[rng.randrange(vocab_size) for _ in range(args.input_len)] for _ in range(args.num_prompts)]
     return prompts, [args.output_len] * args.num_prompts
+
+
+Workloads = list[tuple[list[list[int]], list[int]]]
+
+
+def rate_workloads(args: argparse.Namespace, vocab_size: int) -> Workloads:
+    """One workload per --request-rate, the i-th seeded --seed + i: fresh prompts at every rate. With
+    one prompt set for all rates, a server's prefix cache (our block manager's, llama-server's slots,
+    which keep each slot's last prompt and pick the slot sharing the longest prefix) serves a later
+    rate's prompts from the KV an earlier rate left behind: no prefill, and a figure of a cache hit.
+    Every server of one invocation gets the same prompts at the same rate."""
+    return [workload(args, vocab_size, args.seed + i) for i in range(len(args.request_rate))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,18 +143,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench serve: no model list at {args.base_url}/models: {exc}", file=sys.stderr)
         return 2
     model = args.model or entry["id"]
-    prompts, output_lens = workload(args, args.vocab_size or _vocab_size(entry))
+    workloads = rate_workloads(args, args.vocab_size or _vocab_size(entry))
     load_at_start = list(os.getloadavg())
-    runs = run_rates(args, args.base_url, model, prompts, output_lens)
+    runs = run_rates(args, args.base_url, model, workloads)
     report = {
         "label": args.label,
         "base_url": args.base_url,
         "model": model,
         "workload": {
             "kind": args.workload,
-            "num_prompts": len(prompts),
-            "input_tokens": sum(len(p) for p in prompts),
-            "output_tokens": sum(output_lens),
+            "num_prompts": args.num_prompts,
+            # per rate, in the order of "runs": rate i draws its prompts with seed + i
+            "input_tokens": [sum(len(p) for p in prompts) for prompts, _ in workloads],
+            "output_tokens": [sum(lens) for _, lens in workloads],
             "seed": args.seed,
             **(
                 {"input_len": args.input_len, "output_len": args.output_len}
@@ -159,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.peer_llamacpp:
         from pagedserve.ops.bench.llamacpp_server import compare, write_compare_chart
 
-        report["llamacpp"] = run_llamacpp_server(args, entry, prompts, output_lens)
+        report["llamacpp"] = run_llamacpp_server(args, entry, workloads)
         report["comparison"] = compare(report, report["llamacpp"])
         runs = runs + report["llamacpp"]["runs"]
         chart = args.out.with_name(args.out.stem + "-vs-llamacpp.png")
@@ -177,13 +194,13 @@ def run_rates(
     args: argparse.Namespace,
     base_url: str,
     model: str,
-    prompts: list[list[int]],
-    output_lens: list[int],
-    **extra,
+    workloads: Workloads,
+    extra_for: Callable[[list[list[int]]], dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The load at every --request-rate against one server -> a summary per rate."""
+    """The load at every --request-rate against one server, rate i with workloads[i] -> a summary per
+    rate. extra_for(prompts): LoadSpec fields a text-only server needs for those prompts."""
     runs = []
-    for rate in args.request_rate:
+    for rate, (prompts, output_lens) in zip(args.request_rate, workloads, strict=True):
         spec = LoadSpec(
             base_url,
             model,
@@ -193,7 +210,7 @@ def run_rates(
             args.max_concurrency,
             args.seed,
             args.api_key,
-            **extra,
+            **(extra_for(prompts) if extra_for else {}),
         )
         bar = tqdm(
             total=len(prompts), desc=f"rate {rate:g}/s", unit="req", disable=args.no_progress, file=sys.stderr
@@ -207,7 +224,7 @@ def run_rates(
 
 
 def run_llamacpp_server(
-    args: argparse.Namespace, entry: dict[str, Any], prompts: list[list[int]], output_lens: list[int]
+    args: argparse.Namespace, entry: dict[str, Any], workloads: Workloads
 ) -> dict[str, Any]:
     """llama.cpp's server on the served model folder's GGUF, the same load -> its runs and how it ran."""
     from pagedserve.ops.bench.llamacpp_server import (
@@ -233,21 +250,24 @@ def run_llamacpp_server(
         raise SystemExit(
             f"bench serve --peer-llamacpp: no finished llama.cpp venv at {venv} (ops/peers/setup_llamacpp.sh)"
         )
-    longest = max(len(p) + n for p, n in zip(prompts, output_lens, strict=True))
+    longest = max(len(p) + n for prompts, lens in workloads for p, n in zip(prompts, lens, strict=True))
     base_url = f"http://127.0.0.1:{args.llamacpp_port}/v1"
     binary = llama_server_binary(venv)
-    load: dict[str, Any] = {}
+    extra_for = None
     if binary is not None:
         # Slots for every request the load can have in flight, each with room for the longest.
-        parallel = min(args.max_concurrency or len(prompts), args.llamacpp_parallel)
+        parallel = min(args.max_concurrency or args.num_prompts, args.llamacpp_parallel)
         slot_ctx = -(-(longest + 16) // 256) * 256
         argv = llama_server_argv(binary, gguf, args.llamacpp_port, args.threads, slot_ctx, parallel)
         server = {"server": "llama-server", "parallel": parallel, "slot_ctx": slot_ctx}
     else:
         tokenizer = load_tokenizer(folder)
-        # It takes text only; re-tokenized, lengths shift a little.
-        load["prompt_texts"] = [tokenizer.decode(p) for p in prompts]
-        load["extra_body"] = request_extras(list(read_checkpoint(folder).eos_token_ids))
+        extra_body = request_extras(list(read_checkpoint(folder).eos_token_ids))
+
+        def extra_for(prompts: list[list[int]]) -> dict[str, Any]:
+            # It takes text only; re-tokenized, lengths shift a little.
+            return {"prompt_texts": [tokenizer.decode(p) for p in prompts], "extra_body": extra_body}
+
         n_ctx = max(-(-longest * 2 // 256) * 256, 2048)
         argv = server_argv(venv / "bin" / "python", gguf, args.llamacpp_port, args.threads, n_ctx)
         server = {"server": "llama_cpp.server", "parallel": 1}
@@ -256,7 +276,7 @@ def run_llamacpp_server(
     )
     with running_server(argv, base_url, args.out.with_name(args.out.stem + "-llamacpp-server.log")):
         peer_model = _server_model(base_url, None)["id"]
-        runs = run_rates(args, base_url, peer_model, prompts, output_lens, **load)
+        runs = run_rates(args, base_url, peer_model, workloads, extra_for)
     return {"argv": argv, "gguf": gguf.name, "base_url": base_url, **server, "runs": runs}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from pagedserve.ops.bench.serve import parse_args
+from pagedserve.ops.bench.serve import parse_args, rate_workloads, workload
 from pagedserve.ops.bench.serve_load import RequestRecord, arrival_gaps
 from pagedserve.ops.bench.serve_stats import summarize
 
@@ -34,3 +34,16 @@ def test_request_rates_parse_as_a_list_with_inf():
     assert parse_args(["--request-rate", "1,4,inf"]).request_rate == [1.0, 4.0, math.inf]
     with pytest.raises(SystemExit):
         parse_args(["--request-rate", "0"])
+
+
+@pytest.mark.parametrize("kind", ["bench", "random"])
+def test_every_rate_gets_fresh_prompts_and_reruns_get_the_same(kind):
+    # One prompt set for all rates would let a prefix cache serve rate 4's prompts from rate 1's KV.
+    args = parse_args(["--request-rate", "1,4,inf", "--workload", kind, "--num-prompts", "8", "--seed", "3"])
+    workloads = rate_workloads(args, vocab_size=1000)
+    assert len(workloads) == 3
+    firsts = [tuple(prompts[0]) for prompts, _ in workloads]
+    assert len(set(firsts)) == 3, "two rates share a prompt"
+    assert all(len(prompts) == len(lens) == 8 for prompts, lens in workloads)
+    assert workloads == rate_workloads(args, vocab_size=1000)
+    assert workloads[1] == workload(args, 1000, seed=4)
