@@ -636,6 +636,9 @@ void check_weight(const at::Tensor& qweight, int64_t type, int64_t K) {
 // Rows from which `mode` 1 runs the integer path (measured: see the header comment).
 constexpr int64_t kIntRows = 8;
 
+// Rows from which mode 0 runs the panel path (measured: see the panel path's comment).
+constexpr int64_t kPanelRows = 24;
+
 template <int64_t T>
 void linear_dispatch(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t stride, const float* bias,
                      float* out, int64_t N, int64_t mode) {
@@ -648,12 +651,59 @@ void linear_dispatch(const float* x, int64_t M, int64_t K, const uint8_t* w, int
     linear_int_impl<T, false>(x, M, K, w, stride, bias, out, N);
 }
 
+// ---------------------------------------------------------------------------------------------------
+// The panel path (mode 0 from kPanelRows rows on). A tile above decodes each weight group once per 4
+// input rows, so at 64 rows every weight is decoded 16 times and the step is bound by the decoding,
+// not by memory: 2.5x slower than a float32 GEMM over the dequantized weights (bundled SmolLM2's
+// linears, 64 rows, 2 threads). Here a panel of output rows (<= kPanelBytes of float32: it stays in
+// L2) is decoded once into a scratch buffer and one float32 GEMM (ATen's mm, MKL or oneDNN) multiplies
+// it into its columns of the output. Memory still delivers the quantized bytes only; the float32
+// panel lives in cache, one per call, and the whole matrix is never dequantized. Results are the
+// float32 GEMM's over the dequantized weights: float rounding apart from the tile path.
+
+// Row `row` (K weights in groups) decoded into out[0, K).
+template <int64_t T>
+inline void decode_row(const uint8_t* row, int64_t K, float* out) {
+  for (int64_t g = 0; g < K / kGroup; ++g) {
+    const Decoder<T> dec(row, g);
+    for (int64_t c = 0; c < kChunks; ++c) dec.chunk(c).store(out + g * kGroup + c * kLanes);
+  }
+}
+
+constexpr int64_t kPanelBytes = 4096 * 1024;
+
+template <int64_t T>
+void linear_panels(const at::Tensor& x, const uint8_t* w, int64_t stride, const at::Tensor& bias, at::Tensor& out) {
+  const int64_t K = x.size(1), N = out.size(1);
+  const int64_t rows = std::min(N, std::max<int64_t>(64, kPanelBytes / (K * static_cast<int64_t>(sizeof(float)))));
+  // One scratch per calling thread, kept: a fresh 4 MB buffer a call would fault its pages in anew
+  // (120 linears a step).
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < static_cast<size_t>(rows * K)) scratch.resize(rows * K);
+  float* pp = scratch.data();
+  const at::Tensor panel = at::from_blob(pp, {rows, K}, x.options());
+  for (int64_t n0 = 0; n0 < N; n0 += rows) {
+    const int64_t nr = std::min(rows, N - n0);
+    at::parallel_for(0, nr, std::max<int64_t>(1, 32768 / K), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) decode_row<T>(w + (n0 + r) * stride, K, pp + r * K);
+    });
+    at::Tensor o = out.narrow(1, n0, nr);  // strides (N, 1): BLAS writes it in place
+    const at::Tensor wt = panel.narrow(0, 0, nr).t();
+    if (bias.defined())
+      at::addmm_out(o, bias.narrow(0, n0, nr), x, wt);
+    else
+      at::mm_out(o, x, wt);
+  }
+}
+
 // mode: 0 float32 activations (the default: results within float rounding of the dequantized
-// reference), 1 int8 activations from kIntRows rows on (float below), 2 int8 activations at any row
-// count, 3 int8 activations without VNNI (avx512's maddubs form, which the tests run on a VNNI CPU too).
+// reference; tiles below kPanelRows rows, panels from there), 1 int8 activations from kIntRows rows on
+// (float below), 2 int8 activations at any row count, 3 int8 activations without VNNI (avx512's
+// maddubs form, which the tests run on a VNNI CPU too), 4 float32 tiles and 5 float32 panels at any
+// row count (tests and A/B runs of the two float paths).
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, int64_t type,
                         const c10::optional<at::Tensor>& bias, int64_t mode) {
-  TORCH_CHECK(mode >= 0 && mode <= 3, "quant_linear: mode must be 0-3, got ", mode);
+  TORCH_CHECK(mode >= 0 && mode <= 5, "quant_linear: mode must be 0-5, got ", mode);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "quant_linear: x must be 2-D float32");
   const at::Tensor xc = x.contiguous();
   const int64_t M = xc.size(0), K = xc.size(1), N = qweight.size(0);
@@ -668,6 +718,16 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, int64_t 
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   const uint8_t* w = qweight.data_ptr<uint8_t>();
   const int64_t stride = qweight.size(1);
+  if (mode == 5 || (mode == 0 && M >= kPanelRows)) {
+    switch (type) {
+      case Q4_0: linear_panels<Q4_0>(xc, w, stride, b, out); break;
+      case Q4_1: linear_panels<Q4_1>(xc, w, stride, b, out); break;
+      case Q8_0: linear_panels<Q8_0>(xc, w, stride, b, out); break;
+      case Q4_K: linear_panels<Q4_K>(xc, w, stride, b, out); break;
+      default: break;
+    }
+    return out;
+  }
   switch (type) {
     case Q4_0: linear_dispatch<Q4_0>(xc.data_ptr<float>(), M, K, w, stride, bp, out.data_ptr<float>(), N, mode); break;
     case Q4_1: linear_dispatch<Q4_1>(xc.data_ptr<float>(), M, K, w, stride, bp, out.data_ptr<float>(), N, mode); break;
@@ -680,13 +740,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, int64_t 
 
 template <int64_t T>
 void rows_impl(const uint8_t* w, int64_t stride, const int64_t* ids, int64_t count, int64_t K, float* out) {
-  for (int64_t t = 0; t < count; ++t) {
-    const uint8_t* row = w + ids[t] * stride;
-    for (int64_t g = 0; g < K / kGroup; ++g) {
-      const Decoder<T> dec(row, g);
-      for (int64_t c = 0; c < kChunks; ++c) dec.chunk(c).store(out + t * K + g * kGroup + c * kLanes);
-    }
-  }
+  for (int64_t t = 0; t < count; ++t) decode_row<T>(w + ids[t] * stride, K, out + t * K);
 }
 
 at::Tensor quant_rows(const at::Tensor& qweight, int64_t type, const at::Tensor& ids, int64_t K) {

@@ -47,7 +47,8 @@ def weights(type_name: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor
     return torch.from_numpy(blocks), torch.from_numpy(reference)
 
 
-FLOAT, INT_FROM_THRESHOLD, INT, INT_NO_VNNI = 0, 1, 2, 3  # quant_linear's mode (0 is the default)
+FLOAT, INT_FROM_THRESHOLD, INT, INT_NO_VNNI, TILES, PANELS = 0, 1, 2, 3, 4, 5  # quant_linear's mode
+PANEL_ROWS = 24  # quant_linear.cpp's kPanelRows: from this many rows mode 0 decodes panels for a GEMM
 
 
 def blockmax(x: torch.Tensor) -> torch.Tensor:
@@ -68,6 +69,45 @@ def test_linear_matches_the_dequantized_float32_reference(ops: Any, type_name: s
     bound = 1e-5 * (x.abs() @ reference.abs().T + bias.abs())
     assert out.shape == (rows, n) and out.dtype == torch.float32
     assert ((out - expected).abs() <= bound).all(), (out - expected).abs().max()
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("mode", [TILES, PANELS], ids=["tiles", "panels"])
+@pytest.mark.parametrize("rows", [1, 5, PANEL_ROWS, 40])
+def test_both_float_paths_match_the_reference_at_any_row_count(
+    ops: Any, type_name: str, mode: int, rows: int
+) -> None:
+    """Mode 0 picks the tiles below PANEL_ROWS and the panels from there; each is held to the same float
+    rounding bound at every row count, so the switch is a matter of speed only."""
+    n, k = 37, 512
+    blocks, reference = weights(type_name, n, k, seed=rows)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    bias = torch.randn(n)
+    out = ops.quant_linear(x, blocks, TYPES[type_name], bias, mode)
+    expected = x @ reference.T + bias
+    assert ((out - expected).abs() <= 1e-5 * (x.abs() @ reference.abs().T + bias.abs())).all()
+
+
+def test_panels_cover_outputs_past_the_first_panel(ops: Any) -> None:
+    # A panel is 4 MiB of float32 rows: 2048 rows of K = 512, so 2100 outputs take a second, partial one.
+    n, k = 2100, 512
+    blocks, reference = weights("Q4_1", n, k)
+    x = torch.randn(PANEL_ROWS + 3, k, generator=torch.Generator().manual_seed(1))
+    for bias in (torch.randn(n), None):
+        out = ops.quant_linear(x, blocks, TYPES["Q4_1"], bias, FLOAT)
+        expected = x @ reference.T + (0 if bias is None else bias)
+        magnitude = x.abs() @ reference.abs().T + (0 if bias is None else bias.abs())
+        assert ((out - expected).abs() <= 1e-5 * magnitude).all(), (out - expected).abs().max()
+
+
+def test_mode_0_switches_to_panels_at_the_threshold(ops: Any) -> None:
+    blocks, _ = weights("Q4_0", 40, 256)
+    x = torch.randn(PANEL_ROWS, 256, generator=torch.Generator().manual_seed(2))
+    below, at = x[: PANEL_ROWS - 1], x
+    assert torch.equal(ops.quant_linear(below, blocks, 2, None), ops.quant_linear(below, blocks, 2, None, TILES))
+    panels = ops.quant_linear(at, blocks, 2, None, PANELS)
+    assert torch.equal(ops.quant_linear(at, blocks, 2, None), panels)
+    assert not torch.equal(ops.quant_linear(at, blocks, 2, None, TILES), panels)  # their sums' orders differ
 
 
 @pytest.mark.parametrize(
@@ -106,8 +146,8 @@ def test_mode_1_switches_to_int8_activations_at_the_threshold(ops: Any) -> None:
         assert torch.equal(ops.quant_linear(x[:rows], blocks, 3, None), float_out)  # the default: float
         switched = ops.quant_linear(x[:rows], blocks, 3, None, INT_FROM_THRESHOLD)
         assert torch.equal(switched, float_out if rows < INT_ROWS else int_out), rows
-    with pytest.raises(RuntimeError, match="mode must be 0-3"):
-        ops.quant_linear(x, blocks, 3, None, 4)
+    with pytest.raises(RuntimeError, match="mode must be 0-5"):
+        ops.quant_linear(x, blocks, 3, None, 6)
 
 
 @pytest.mark.parametrize("type_name", TYPES)
