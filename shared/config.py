@@ -35,12 +35,16 @@ class ServeConfig(BaseSettings):
         True,
         description="pack linear weights once for oneDNN on the CPU (float32; bfloat16 where oneDNN runs it)",
     )
+    # auto by default: on a float32 CPU worker the bundled Q4_1 model runs as fast as its float32 load at
+    # 64 requests and ~2x as fast at 4, within float rounding of it (docs/cpu-performance.md, "Quantized
+    # weights"); in bfloat16 or on a GPU it loads dense, saying why.
     quantization: Literal["auto", "none", "gguf", "gptq", "awq", "compressed-tensors"] = Field(
-        "none",
-        description="gguf = keep a GGUF checkpoint's weights in their stored types (Q8_0/Q4_0/Q4_1/Q4_K, "
-        "CPU, float32); gptq/awq/compressed-tensors = keep such a checkpoint's int4/int8 linears "
-        "quantized, repacked to Q4_0/Q4_1/Q8_0 (refused where any cannot be); auto = either where the "
-        "checkpoint has it and this worker can run it; none = dequantize to --dtype",
+        "auto",
+        description="auto = keep a quantized checkpoint quantized where this worker can run it (the CPU, "
+        "float32), else dequantize to --dtype; gguf = keep a GGUF checkpoint's weights in their stored "
+        "types (Q8_0/Q4_0/Q4_1/Q4_K), refused where it cannot; gptq/awq/compressed-tensors = keep such a "
+        "checkpoint's int4/int8 linears quantized, repacked to Q4_0/Q4_1/Q8_0 (refused where any cannot "
+        "be); none = dequantize to --dtype",
     )
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads of a CPU worker")
     worker_id: str | None = Field(None, max_length=64, description="this worker's name; default host-pid")

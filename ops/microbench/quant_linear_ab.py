@@ -8,7 +8,8 @@ SmolLM2-135M's shapes (30 layers of q/k/v, o, gate/up, down at Q4_1, the tied LM
 the bundled GGUF stores them) with random weights. Variants, run alternately in one process:
   gguf       quant_linear.cpp on the GGUF blocks (what the worker runs); with several --isa paths,
              one variant per path (gguf-avx512, gguf-avx2...), so the paths are compared in one process;
-             with several --modes (float int8 int int-novnni), one per mode too (gguf-avx512-int...)
+             with several --modes (float int8 int int-novnni tiles panels), one per mode too
+             (gguf-avx512-int...)
   fp32       oneDNN's packed float32 GEMM on the dequantized weights (today's worker)
   int8pack   torch's _weight_int8pack_mm (int8, one scale per output row) after a repack
   int4pack   torch's _weight_int4pack_mm_for_cpu (4-bit, groups of 32) after a repack
@@ -28,9 +29,11 @@ from pagedserve.kernels.cpu.build import QUANT_LINEAR, load_extension
 from pagedserve.kernels.cpu.isa import cpu_model
 from pagedserve.services.worker.models.packed_linear import PackedLinear
 
-# quant_linear's `mode`: float32 activations (the default), int8 activations from the kernel's row
-# threshold, int8 activations at every row count (VNNI where the CPU has it), the same without VNNI.
-MODES = {"float": 0, "int8": 1, "int": 2, "int-novnni": 3}
+# quant_linear's `mode`: float32 activations (the default: tiles below the kernel's panel threshold,
+# panels from it), int8 activations from the kernel's row threshold, int8 activations at every row
+# count (VNNI where the CPU has it), the same without VNNI, float32 tiles and float32 panels at every
+# row count.
+MODES = {"float": 0, "int8": 1, "int": 2, "int-novnni": 3, "tiles": 4, "panels": 5}
 HIDDEN, INTER, QKV, VOCAB, LAYERS = 576, 1536, 960, 49152, 30
 
 

@@ -91,7 +91,7 @@ def _transformers_greedy(path: Path, prompts: list[list[int]], max_tokens: int) 
 
 
 def test_batched_greedy_chat_matches_transformers(smollm2: Path, chat_prompts: list[list[int]]) -> None:
-    runner = ModelRunner(smollm2, dtype="float32", block_size=BLOCK_SIZE, num_blocks=64)
+    runner = ModelRunner(smollm2, dtype="float32", block_size=BLOCK_SIZE, num_blocks=64, quantization="none")
     ours = _runner_greedy(runner, chat_prompts, MAX_TOKENS)
     expected = _transformers_greedy(smollm2, chat_prompts, MAX_TOKENS)
     eos = set(runner.eos_token_ids)
