@@ -53,14 +53,9 @@ def prompts_and_reference():
 def test_engine_on_smollm2_matches_transformers_under_preemption_chunking_and_depth_3(prompts_and_reference):
     prompts, reference = prompts_and_reference
     # The dense float32 load: transformers runs it so (the default keeps the GGUF's Q4_1 where it can).
+    dense = {"dtype": "float32", "quantization": "none"}
     llm = LLM(
-        "smollm2-135m",
-        block_size=16,
-        num_blocks=8,
-        max_num_batched_tokens=32,
-        pipeline_depth=3,
-        dtype="float32",
-        quantization="none",
+        "smollm2-135m", block_size=16, num_blocks=8, max_num_batched_tokens=32, pipeline_depth=3, **dense
     )
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
     assert [o.token_ids for o in outs] == reference
