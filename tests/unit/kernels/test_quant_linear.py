@@ -104,7 +104,9 @@ def test_mode_0_switches_to_panels_at_the_threshold(ops: Any) -> None:
     blocks, _ = weights("Q4_0", 40, 256)
     x = torch.randn(PANEL_ROWS, 256, generator=torch.Generator().manual_seed(2))
     below, at = x[: PANEL_ROWS - 1], x
-    assert torch.equal(ops.quant_linear(below, blocks, 2, None), ops.quant_linear(below, blocks, 2, None, TILES))
+    assert torch.equal(
+        ops.quant_linear(below, blocks, 2, None), ops.quant_linear(below, blocks, 2, None, TILES)
+    )
     panels = ops.quant_linear(at, blocks, 2, None, PANELS)
     assert torch.equal(ops.quant_linear(at, blocks, 2, None), panels)
     assert not torch.equal(ops.quant_linear(at, blocks, 2, None, TILES), panels)  # their sums' orders differ
