@@ -71,7 +71,7 @@ def _kernels_compiled(scheduler_ops: str) -> int:
     fallbacks = []
     for worker in get_json(f"{scheduler_ops}/workers")["workers"]:
         paths = {k: v for k, v in worker["runtime"].items() if k.startswith("isa_")}
-        print(f"    {worker['worker_id']}: {paths}", flush=True)
+        print(f"    {worker['worker_id']}: {paths}, weights {worker['runtime'].get('weights')}", flush=True)
         if not paths or "torch" in paths.values():
             fallbacks.append(worker["worker_id"])
     if fallbacks:
