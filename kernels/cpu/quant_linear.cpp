@@ -14,8 +14,9 @@
 //         eight 6-bit mins, 128 bytes of codes (each 32 bytes hold two groups: low nibbles, high)
 //                                                                  a = d sc[g], b = -dmin mn[g]
 // Decoding is memory-bandwidth bound: a step reads every weight once, so Q4_1 reads 0.625 bytes a
-// weight where float32 reads 4. The weights are decoded inside the dot products and never written
-// back out.
+// weight where float32 reads 4. Below kPanelRows rows the weights are decoded inside the dot products
+// and never written back out; from there a panel of rows at a time is decoded into a scratch buffer
+// for a float32 GEMM (the panel path, below).
 //
 // mode 0 (the default), float32 activations: each group's 32 codes become float lanes, are multiplied
 // into the accumulators of up to four input rows at once (read once, used by every row of the tile)
@@ -655,11 +656,12 @@ void linear_dispatch(const float* x, int64_t M, int64_t K, const uint8_t* w, int
 // The panel path (mode 0 from kPanelRows rows on). A tile above decodes each weight group once per 4
 // input rows, so at 64 rows every weight is decoded 16 times and the step is bound by the decoding,
 // not by memory: 2.5x slower than a float32 GEMM over the dequantized weights (bundled SmolLM2's
-// linears, 64 rows, 2 threads). Here a panel of output rows (<= kPanelBytes of float32: it stays in
-// L2) is decoded once into a scratch buffer and one float32 GEMM (ATen's mm, MKL or oneDNN) multiplies
-// it into its columns of the output. Memory still delivers the quantized bytes only; the float32
-// panel lives in cache, one per call, and the whole matrix is never dequantized. Results are the
-// float32 GEMM's over the dequantized weights: float rounding apart from the tile path.
+// linears, 64 rows, 2 threads). Here a panel of output rows (<= kPanelBytes of float32, at least 64
+// rows) is decoded once into a scratch buffer and one float32 GEMM (ATen's mm, MKL or oneDNN)
+// multiplies it into its columns of the output. The model stays quantized in memory: the scratch is
+// one buffer per calling thread, reused by every call, and no matrix is ever dequantized whole
+// (4 MiB panels measured faster than 512 KiB ones: fewer, larger GEMMs). Results are the float32
+// GEMM's over the dequantized weights: float rounding apart from the tile path.
 
 // Row `row` (K weights in groups) decoded into out[0, K).
 template <int64_t T>
