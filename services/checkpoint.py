@@ -4,7 +4,7 @@ The scheduler, the API, the engine and both workers (real and simulated) read co
 generation_config.json and the tokenizer files through this module, so they agree on the limits a
 request is checked against. (The chat template is the tokenizer's: transformers finds it in
 tokenizer_config.json or chat_template.jinja.) Nothing here loads weights or imports torch; only the bundled name's
-first conversion (services/worker/bundled.py) does, and only when that name is asked for.
+first conversion (services/worker/weights/bundled.py) does, and only when that name is asked for.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def resolve_model(name_or_path: str) -> Path:
     if path.is_dir():
         return path
     if name_or_path == BUNDLED_NAME:
-        from pagedserve.services.worker.bundled import bundled_checkpoint  # lazily: conversion code
+        from pagedserve.services.worker.weights.bundled import bundled_checkpoint  # lazily: conversion code
 
         return bundled_checkpoint()
     raise ValueError(

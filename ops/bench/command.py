@@ -113,7 +113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         from pagedserve.ops.bench.emulation import emulate_isa
 
         args.emulated = emulate_isa(args.emulate_isa)
-    from pagedserve.services.worker.loader import resolve_dtype
+    from pagedserve.services.worker.weights.loader import resolve_dtype
 
     args.dtype = resolve_dtype(args.dtype, "cpu")  # every peer gets the same, concrete dtype
     quick = args.quick

@@ -16,7 +16,7 @@ TIMEOUT_S = 1800
 
 
 def run_llamacpp(workload: Workload, settings: BenchSettings, threads: int) -> PathResult:
-    from pagedserve.services.worker.gguf_weights import gguf_source
+    from pagedserve.services.worker.weights.gguf_weights import gguf_source
 
     venv = llamacpp_venv()
     if not llamacpp_venv_ready(venv):

@@ -20,8 +20,8 @@ import torch
 from pagedserve.ops.bench.workload import Workload, static_batch_accounting, static_batches
 from pagedserve.services.checkpoint import read_checkpoint
 from pagedserve.services.worker.kv_cache import KVCacheShape, num_blocks_for_budget
-from pagedserve.services.worker.loader import torch_dtype
 from pagedserve.services.worker.models.registry import ModelConfig, parse_config
+from pagedserve.services.worker.weights.loader import torch_dtype
 
 # Shorter than one block: a warm-up prompt is never a prefix-cache hit for the workload.
 WARMUP_PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [8, 7, 6, 5, 4, 3, 2, 1]]

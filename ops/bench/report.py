@@ -32,7 +32,7 @@ def machine_info() -> dict[str, Any]:
         "cpu_vector_flags": sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma"))),
         "kernel_isa": preferred_isas()[0],
         "kernel_paths": kernel_paths(),
-        # How quantized linears take their activations (services/worker/models/quant_linear.py).
+        # How quantized linears take their activations (services/worker/layers/quant_linear.py).
         "quant_activations": os.environ.get("PAGEDSERVE_QUANT_ACTIVATIONS") or "float32",
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(),

@@ -237,7 +237,7 @@ def run_llamacpp_server(
         server_argv,
     )
     from pagedserve.services.checkpoint import load_tokenizer, read_checkpoint
-    from pagedserve.services.worker.gguf_weights import gguf_source
+    from pagedserve.services.worker.weights.gguf_weights import gguf_source
 
     folder = Path(str(entry.get("root", "")))
     gguf = gguf_source(folder) if (folder / "config.json").is_file() else None

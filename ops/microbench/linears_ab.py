@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 from pagedserve.ops.microbench.ab_report import measured, write_report
 from pagedserve.services.checkpoint import resolve_model
-from pagedserve.services.worker.loader import load_model
-from pagedserve.services.worker.models.packed_linear import PackedLinear
+from pagedserve.services.worker.layers.packed_linear import PackedLinear
+from pagedserve.services.worker.weights.loader import load_model
 from torch import nn
 
 

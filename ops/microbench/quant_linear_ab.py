@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from pagedserve.kernels.cpu.build import QUANT_LINEAR, load_extension
 from pagedserve.kernels.cpu.isa import cpu_model
-from pagedserve.services.worker.models.packed_linear import PackedLinear
+from pagedserve.services.worker.layers.packed_linear import PackedLinear
 
 # quant_linear's `mode`: float32 activations (the default: tiles below the kernel's panel threshold,
 # panels from it), int8 activations from the kernel's row threshold, int8 activations at every row

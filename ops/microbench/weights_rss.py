@@ -23,7 +23,7 @@ CHILD = """
 import json, sys
 from pathlib import Path
 from pagedserve.ops.microbench.weights_rss import model_bytes, rss_parts
-from pagedserve.services.worker.bundled import resolve_model
+from pagedserve.services.worker.weights.bundled import resolve_model
 from pagedserve.services.worker.runner import ModelRunner
 before = rss_parts()
 runner = ModelRunner(resolve_model(sys.argv[1]), quantization=sys.argv[2], kv_cache_memory=int(sys.argv[3]) << 20)

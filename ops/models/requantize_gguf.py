@@ -64,7 +64,7 @@ def dequantized_checkpoint(gguf_file: Path) -> dict[str, object]:
     """The GGUF's tensors as float32 torch tensors, in Hugging Face's names and q/k row order."""
     import gguf
     import torch
-    from pagedserve.services.worker.gguf_weights import _unpermute_rows, hf_name
+    from pagedserve.services.worker.weights.gguf_weights import _unpermute_rows, hf_name
 
     reader = gguf.GGUFReader(gguf_file)
     heads = int(reader.fields["llama.attention.head_count"].contents())
@@ -83,7 +83,11 @@ def dequantized_checkpoint(gguf_file: Path) -> dict[str, object]:
 
 def make_folder(type_name: str, out: Path) -> Path:
     """The requantized checkpoint folder at `out`, written whole or not at all."""
-    from pagedserve.services.worker.bundled import bundled_checkpoint, find_bundled_gguf, publish_atomically
+    from pagedserve.services.worker.weights.bundled import (
+        bundled_checkpoint,
+        find_bundled_gguf,
+        publish_atomically,
+    )
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -118,7 +122,7 @@ def make_folder(type_name: str, out: Path) -> Path:
 
 
 def main() -> None:
-    from pagedserve.services.worker.bundled import cache_root
+    from pagedserve.services.worker.weights.bundled import cache_root
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("type", choices=sorted(TYPES))

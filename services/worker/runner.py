@@ -14,13 +14,13 @@ from pagedserve.kernels.attention import get_backend
 from pagedserve.services.worker import prompt_logprobs
 from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
-from pagedserve.services.worker.loader import load_model, resolve_dtype, torch_dtype
-from pagedserve.services.worker.models.packed_linear import linears_kind
-from pagedserve.services.worker.models.quant_linear import weight_types
+from pagedserve.services.worker.layers.packed_linear import linears_kind
+from pagedserve.services.worker.layers.quant_linear import weight_types
 from pagedserve.services.worker.models.registry import ModelConfig
 from pagedserve.services.worker.packed_batch import PackedBatch, RequestState, pack_batch
 from pagedserve.services.worker.request_constraints import RequestConstraints
 from pagedserve.services.worker.sampler import Sampler, SamplingRequest
+from pagedserve.services.worker.weights.loader import load_model, resolve_dtype, torch_dtype
 from pagedserve.shared.config import config_default
 from pagedserve.shared.protocol.step import Execute, Fork, StepResult
 

@@ -2,7 +2,7 @@
 
 No model hub here: a tiny model's float linears are quantized round-to-nearest and packed the way
 each format's tooling does (written from the formats' specs, one value at a time where packing is
-involved, not from services/worker/checkpoint_quant.py), and `dequantize` is each format's own
+involved, not from services/worker/weights/checkpoint_quant.py), and `dequantize` is each format's own
 definition, weight = scale * (q - zero), for the tests' references:
   GPTQ   qweight int32 [in / per, out] packed along the input, lowest bits first; qzeros int32
          [groups, out / per] packed along the output; "gptq" (classic) stores zero - 1, "gptq_v2"

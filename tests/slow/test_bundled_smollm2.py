@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from pagedserve.services.checkpoint import resolve_model
-from pagedserve.services.worker import bundled
+from pagedserve.services.worker.weights import bundled
 
 pytestmark = pytest.mark.slow
 

@@ -22,8 +22,11 @@ import torch
 import torch.nn.functional as F
 from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata
 from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, LayerOps, layer_ops_for
-from pagedserve.services.worker.models.packed_linear import pack_linear, prepack_linears
-from pagedserve.services.worker.models.rope import RotaryEmbedding
+from pagedserve.services.worker.layers.attention import Attention
+from pagedserve.services.worker.layers.mlp import GatedMLP
+from pagedserve.services.worker.layers.norm import RMSNorm
+from pagedserve.services.worker.layers.packed_linear import pack_linear, prepack_linears
+from pagedserve.services.worker.layers.rope import RotaryEmbedding
 from torch import nn
 
 if TYPE_CHECKING:
@@ -32,77 +35,13 @@ if TYPE_CHECKING:
 KVCaches = Sequence[tuple[torch.Tensor, torch.Tensor]]  # per layer (k_cache, v_cache)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-        self.ops: LayerOps = TORCH_LAYER_OPS  # the model sets its choice (use_fused_ops)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops.rms_norm(x, self.weight, self.eps)
-
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (norm(x + residual), x + residual); may overwrite both inputs (the fused op does)."""
-        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
-
-
-class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.scale = cfg.head_dim**-0.5
-        self.backend = backend
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.ops: LayerOps = TORCH_LAYER_OPS  # the model sets its choice (use_fused_ops)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        heads = self.qkv_proj.forward(x).view(num_tokens, -1, self.head_dim)  # q, k and v heads side by side
-        # split_with_sizes: the op itself, without Tensor.split's Python layer (~3 us a call).
-        q, k, v = heads.split_with_sizes([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
-        if self.q_norm is not None and self.k_norm is not None:
-            q = self.ops.rotary_(self.q_norm.forward(q), cos, sin)
-            k = self.ops.rotary_(self.k_norm.forward(k), cos, sin)
-        else:
-            # q and k are adjacent heads in each row: one in-place rotation covers both sets.
-            self.ops.rotary_(heads[:, : self.num_heads + self.num_kv_heads], cos, sin)
-        self.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = self.backend.forward(q, k_cache, v_cache, meta, self.scale)
-        return self.o_proj.forward(out.view(num_tokens, self.q_size))
-
-
-class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-        self.ops: LayerOps = TORCH_LAYER_OPS  # the model sets its choice (use_fused_ops)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.forward(self.ops.silu_and_mul(self.gate_up_proj.forward(x)))
-
-
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, backend)
+        self.self_attn = Attention(cfg, backend)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg)
+        self.mlp = GatedMLP(cfg)
 
     def forward(
         self,
@@ -170,7 +109,7 @@ class LlamaForCausalLM(nn.Module):
         weight = self.norm.weight  # a dense parameter of the model's dtype, whatever the embedding holds
         ops = layer_ops_for(weight.dtype, weight.device) if enabled else TORCH_LAYER_OPS
         for module in self.modules():
-            if isinstance(module, (RMSNorm, LlamaAttention, LlamaMLP)):
+            if isinstance(module, (RMSNorm, Attention, GatedMLP)):
                 module.ops = ops
         self.layer_ops = ops
         return ops.name

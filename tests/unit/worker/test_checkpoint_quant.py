@@ -38,15 +38,15 @@ from harness.quantized_checkpoints import (
 )
 from harness.tiny_models import make_tiny_model
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
-from pagedserve.services.worker.checkpoint_quant import (
+from pagedserve.services.worker.layers.quant_linear import QuantLinear, quant_ops
+from pagedserve.services.worker.weights.checkpoint_quant import (
     Scheme,
     kernel_type,
     parse_scheme,
     read_linear,
     to_blocks,
 )
-from pagedserve.services.worker.loader import load_model
-from pagedserve.services.worker.models.quant_linear import QuantLinear, quant_ops
+from pagedserve.services.worker.weights.loader import load_model
 
 from pagedserve import LLM, SamplingParams
 

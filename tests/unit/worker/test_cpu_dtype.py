@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 from pagedserve.services.worker.cpu_dtype import UnsupportedDtype, check_cpu_dtype, onednn_supports
-from pagedserve.services.worker.loader import resolve_dtype
 from pagedserve.services.worker.runner import ModelRunner
+from pagedserve.services.worker.weights.loader import resolve_dtype
 
 
 def test_bfloat16_is_refused_when_the_isa_setting_hides_avx512(tiny_model, monkeypatch):

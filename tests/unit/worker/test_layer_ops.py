@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pagedserve.kernels.layer_ops import apply_rotary_
-from pagedserve.services.worker.models.llama import RMSNorm
-from pagedserve.services.worker.models.rope import apply_rotary
+from pagedserve.services.worker.layers.norm import RMSNorm
+from pagedserve.services.worker.layers.rope import apply_rotary
 
 
 def _reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
-from pagedserve.services.worker.loader import checkpoint_files, load_model
+from pagedserve.services.worker.layers.rope import RopeConfig
 from pagedserve.services.worker.models.registry import parse_config
-from pagedserve.services.worker.models.rope import RopeConfig
+from pagedserve.services.worker.weights.loader import checkpoint_files, load_model
 from safetensors.torch import load_file, save_file
 
 

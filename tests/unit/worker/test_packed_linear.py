@@ -1,4 +1,4 @@
-"""Prepacked linear weights (services/worker/models/packed_linear.py): the packed GEMM is F.linear."""
+"""Prepacked linear weights (services/worker/layers/packed_linear.py): the packed GEMM is F.linear."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pagedserve.services.worker.models.packed_linear import (
+from pagedserve.services.worker.layers.packed_linear import (
     PackedLinear,
     pack_linear,
     packing_available,

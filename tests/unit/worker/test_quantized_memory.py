@@ -15,8 +15,8 @@ from harness.gguf_models import quantize_checkpoint
 from harness.tiny_models import make_tiny_model
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 from pagedserve.ops.microbench.weights_rss import model_bytes
-from pagedserve.services.worker.loader import load_model
-from pagedserve.services.worker.models.quant_linear import QuantEmbedding, QuantLinear
+from pagedserve.services.worker.layers.quant_linear import QuantEmbedding, QuantLinear
+from pagedserve.services.worker.weights.loader import load_model
 
 
 def test_a_gguf_load_holds_its_blocks_once_and_unmaps_the_file(tmp_path: Path) -> None:
@@ -38,7 +38,7 @@ def test_a_gguf_load_holds_its_blocks_once_and_unmaps_the_file(tmp_path: Path) -
 LOAD_AND_LIST = """
 import json, sys
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
-from pagedserve.services.worker.loader import load_model
+from pagedserve.services.worker.weights.loader import load_model
 load_model(sys.argv[1], TorchAttentionBackend(), quantization=sys.argv[2])
 print(json.dumps(sorted(m for m in ("sympy", "torch._dynamo", "triton") if m in sys.modules)))
 """

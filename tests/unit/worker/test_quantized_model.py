@@ -18,8 +18,8 @@ from harness.gguf_models import quantize_checkpoint
 from harness.greedy_reference import random_prompts
 from harness.tiny_models import make_tiny_model
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
-from pagedserve.services.worker.loader import load_model
-from pagedserve.services.worker.models.quant_linear import QuantEmbedding, QuantLinear
+from pagedserve.services.worker.layers.quant_linear import QuantEmbedding, QuantLinear
+from pagedserve.services.worker.weights.loader import load_model
 
 from pagedserve import LLM, SamplingParams
 
@@ -129,7 +129,7 @@ def test_int8_activations_keep_the_linears_and_logits_close(
 
 
 def test_an_unknown_activation_mode_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pagedserve.services.worker.models.quant_linear import activation_mode
+    from pagedserve.services.worker.layers.quant_linear import activation_mode
 
     assert activation_mode() == 0
     monkeypatch.setenv("PAGEDSERVE_QUANT_ACTIVATIONS", "int4")

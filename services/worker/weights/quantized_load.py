@@ -16,9 +16,9 @@ from pathlib import Path
 
 import structlog
 import torch
-from pagedserve.services.worker.checkpoint_files import checkpoint_files, some_names
-from pagedserve.services.worker.checkpoint_quant import METHODS, IntWeight, Scheme
 from pagedserve.services.worker.models.llama import LlamaForCausalLM
+from pagedserve.services.worker.weights.checkpoint_files import checkpoint_files, some_names
+from pagedserve.services.worker.weights.checkpoint_quant import METHODS, IntWeight, Scheme
 from safetensors import safe_open
 
 log = structlog.get_logger("pagedserve.loader")
@@ -31,7 +31,7 @@ def _kernel_unavailable(dtype: str, device: torch.device, what: str = "quantized
     if device.type != "cpu" or dtype != "float32":
         return f"{what} run on the CPU with float32 activations (this worker: {device.type}, {dtype})"
     from pagedserve.kernels.cpu.build import KernelBuildError
-    from pagedserve.services.worker.models.quant_linear import quant_ops
+    from pagedserve.services.worker.layers.quant_linear import quant_ops
 
     try:
         quant_ops()
@@ -47,7 +47,7 @@ def quantized_source(folder: Path, quantization: str, dtype: str, device: torch.
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
     if quantization == "none" or quantization in METHODS:
         return None
-    from pagedserve.services.worker.gguf_weights import gguf_source
+    from pagedserve.services.worker.weights.gguf_weights import gguf_source
 
     source = gguf_source(folder)
     reason = None
@@ -103,7 +103,7 @@ def keeps_checkpoint_quantized(
 def read_quantized_linears(folder: Path, scheme: Scheme) -> tuple[dict[str, IntWeight], set[str]]:
     """The checkpoint's quantized linears -> ({`<module>.weight`: its IntWeight}, the stored tensor names
     they are made of). A linear's tensors may lie in different shards."""
-    from pagedserve.services.worker.checkpoint_quant import read_linear
+    from pagedserve.services.worker.weights.checkpoint_quant import read_linear
 
     files = checkpoint_files(folder)
     keys: dict[str, Path] = {}
@@ -146,8 +146,8 @@ def install_checkpoint_quantized(
     """Install the linears of a GPTQ/AWQ/compressed-tensors checkpoint that stay quantized (keep);
     -> (the stored tensor names now in the model or dequantized, the dequantized weights of the rest,
     one at a time). strict: every quantized linear must stay so (an explicit --quantization)."""
-    from pagedserve.services.worker.checkpoint_quant import kernel_type, to_blocks
-    from pagedserve.services.worker.models.quant_install import install_quantized
+    from pagedserve.services.worker.weights.checkpoint_quant import kernel_type, to_blocks
+    from pagedserve.services.worker.weights.quant_install import install_quantized
 
     weights, stored = read_quantized_linears(folder, scheme)
     stored |= _zero_biases(model, folder, {name.removesuffix(".weight") for name in weights})

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pagedserve.services.worker.models.quant_linear import QuantTensor
+from pagedserve.services.worker.layers.quant_linear import QuantTensor
 
 METHODS = ("gptq", "awq", "compressed-tensors")
 GROUP = 32  # weights per GGML block of Q4_0 / Q4_1 / Q8_0

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pagedserve.services.worker.models.quant_linear import KERNEL_TYPES, QuantTensor
+from pagedserve.services.worker.layers.quant_linear import KERNEL_TYPES, QuantTensor
 
 # GGUF tensor name parts -> Hugging Face's (the Llama family's names in both).
 _GLOBAL = {
@@ -58,7 +58,7 @@ def gguf_source(folder: Path) -> Path | None:
     """The GGUF file this checkpoint folder's weights come from, or None where it has none."""
     source = folder / "pagedserve_source.json"
     if source.is_file():
-        from pagedserve.services.worker.bundled import find_bundled_gguf
+        from pagedserve.services.worker.weights.bundled import find_bundled_gguf
 
         name = json.loads(source.read_text()).get("gguf")
         if name:

@@ -13,11 +13,15 @@ import torch
 from pagedserve.kernels.attention import AttentionBackend
 from pagedserve.kernels.cpu.isa import forced_isa
 from pagedserve.services.checkpoint import read_checkpoint
-from pagedserve.services.worker.checkpoint_files import checkpoint_files, checkpoint_tensors, some_names
-from pagedserve.services.worker.checkpoint_quant import parse_scheme
 from pagedserve.services.worker.models.llama import LlamaForCausalLM
 from pagedserve.services.worker.models.registry import ModelConfig, resolve
-from pagedserve.services.worker.quantized_load import (
+from pagedserve.services.worker.weights.checkpoint_files import (
+    checkpoint_files,
+    checkpoint_tensors,
+    some_names,
+)
+from pagedserve.services.worker.weights.checkpoint_quant import parse_scheme
+from pagedserve.services.worker.weights.quantized_load import (
     QUANTIZATIONS,
     install_checkpoint_quantized,
     keeps_checkpoint_quantized,
@@ -74,7 +78,7 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-# vLLM's names for the checkpoint formats (services/worker/checkpoint_quant.py) after ours.
+# vLLM's names for the checkpoint formats (services/worker/weights/checkpoint_quant.py) after ours.
 
 
 def load_model(
@@ -108,8 +112,8 @@ def load_model(
     # rest is dequantized one weight at a time as _fill_parameters reads it.
     with one_thread() if gguf_file is None and scheme is not None else nullcontext():
         if gguf_file is not None:
-            from pagedserve.services.worker.gguf_weights import read_gguf
-            from pagedserve.services.worker.models.quant_install import install_quantized
+            from pagedserve.services.worker.weights.gguf_weights import read_gguf
+            from pagedserve.services.worker.weights.quant_install import install_quantized
 
             skip = install_quantized(model, read_gguf(gguf_file))
         elif scheme is not None:

@@ -10,7 +10,7 @@ checkpoint folder like any other weight. A tied LM head shares the embedding's b
 from __future__ import annotations
 
 import torch
-from pagedserve.services.worker.models.quant_linear import QuantEmbedding, QuantLinear, QuantTensor, quant_ops
+from pagedserve.services.worker.layers.quant_linear import QuantEmbedding, QuantLinear, QuantTensor, quant_ops
 from torch import nn
 
 
