@@ -23,6 +23,7 @@ from pagedserve.services.worker.request_constraints import RequestConstraints
 from pagedserve.services.worker.sampler import Sampler, SamplingRequest
 from pagedserve.services.worker.verification import ScoredRequest, accepted_run, sampling_rows
 from pagedserve.services.worker.weights.loader import load_model, resolve_dtype, torch_dtype
+from pagedserve.shared import failpoints
 from pagedserve.shared.config import config_default
 from pagedserve.shared.protocol.step import Execute, Fork, Speculated, StepResult
 from pagedserve.shared.speculative_config import SpeculativeConfig
@@ -157,6 +158,8 @@ class ModelRunner:
         for state, n in scheduled:
             state.num_computed_tokens += n  # a speculating decode adds its accepted proposals later
         logits = self.model.compute_logits(hidden[batch.logits_indices]) if batch.sample_rows else None
+        if proposed:
+            failpoints.fire("worker.mid_verification")  # the KV of proposals is written, none judged yet
         t_sample = time.perf_counter()
         result = self._sample(step, scheduled, batch, logits, proposed)
         t_end = time.perf_counter()
