@@ -25,6 +25,7 @@ from typing import Any
 
 from pagedserve.ops.results import write_json
 
+ONE_USER_CHATS = 4  # concurrency 1: this many chats, one after another
 DEFAULT_SPEC = (
     '{"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
 )
@@ -42,11 +43,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--speculative-config", default=DEFAULT_SPEC, help="JSON, vLLM's shape")
     ap.add_argument("--pipeline-depth", type=int, default=2)
+    ap.add_argument(
+        "--llamacpp",
+        action="store_true",
+        help="also llama.cpp at concurrency 1, without and with its prompt lookup (ops/bench/llamacpp_spec_peer.py)",
+    )
     ap.add_argument("--out", type=Path, default=Path("bench/results/speculative.json"))
     return ap.parse_args(argv)
 
 
-def run_cell(llm: Any, chats: list[list[dict[str, str]]], max_tokens: int) -> dict[str, Any]:
+def run_cell(
+    llm: Any, chats: list[list[dict[str, str]]], max_tokens: int, one_at_a_time: bool
+) -> dict[str, Any]:
+    """Every chat at once, or (one_at_a_time) each alone after the last: one user's speed."""
     from pagedserve import SamplingParams
 
     prompts = [
@@ -56,7 +65,8 @@ def run_cell(llm: Any, chats: list[list[dict[str, str]]], max_tokens: int) -> di
     stats = llm.scheduler.stats
     before = (stats.spec_proposed, stats.spec_accepted, stats.steps)
     started = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    batches = [[p] for p in prompts] if one_at_a_time else [prompts]
+    outs = [o for batch in batches for o in llm.generate(batch, params, use_tqdm=False)]
     wall = time.perf_counter() - started
     tokens = sum(len(o.token_ids) for o in outs)
     proposed, accepted = stats.spec_proposed - before[0], stats.spec_accepted - before[1]
@@ -70,6 +80,7 @@ def run_cell(llm: Any, chats: list[list[dict[str, str]]], max_tokens: int) -> di
         "accepted": accepted,
         "acceptance": round(accepted / proposed, 4) if proposed else None,
         "outputs": [o.token_ids for o in outs],
+        "prompt_token_ids": [llm.encode(p) for p in prompts],
     }
 
 
@@ -100,20 +111,27 @@ def main(argv: list[str] | None = None) -> int:
         chats = WORKLOADS[name]()
         for level in levels:
             row: dict[str, Any] = {"workload": name, "concurrency": level}
+            # One user: the first ONE_USER_CHATS chats, each alone; else the first `level` at once.
+            batch = chats[:ONE_USER_CHATS] if level == 1 else chats[:level]
             for mode, llm in engines.items():
-                batch = chats[:level]
-                run_cell(llm, batch[:1], 8)  # warm: kernels, the chat template, this prompt length
-                row[mode] = run_cell(llm, batch, args.max_tokens)
+                run_cell(llm, batch[:1], 8, True)  # warm: kernels, the chat template, this prompt length
+                row[mode] = run_cell(llm, batch, args.max_tokens, level == 1)
             base, spec_run = row["baseline"], row["speculative"]
             row["speedup"] = round(spec_run["tokens_per_s"] / base["tokens_per_s"], 3)
+            prompt_ids = base.pop("prompt_token_ids")
+            spec_run.pop("prompt_token_ids")
+            base_outputs = base.pop("outputs")
             row["identical_outputs"] = sum(
-                a == b for a, b in zip(base.pop("outputs"), spec_run.pop("outputs"), strict=True)
+                a == b for a, b in zip(base_outputs, spec_run.pop("outputs"), strict=True)
             )
+            if level == 1 and args.llamacpp:
+                row["llamacpp"] = run_llamacpp_lookup(prompt_ids, args.max_tokens, args.threads)
             rows.append(row)
             print(
                 f"{name:11s} c={level:<3d} base {base['tokens_per_s']:7.1f} tok/s  spec "
                 f"{spec_run['tokens_per_s']:7.1f} tok/s  x{row['speedup']:.2f}  acceptance "
-                f"{spec_run['acceptance']}  identical {row['identical_outputs']}/{level}",
+                f"{spec_run['acceptance']}  identical {row['identical_outputs']}/{len(batch)}"
+                + (f"  llama.cpp {row['llamacpp']}" if "llamacpp" in row else ""),
                 flush=True,
             )
     report = {
@@ -135,6 +153,26 @@ def main(argv: list[str] | None = None) -> int:
     write_chart(report, png)
     print(f"wrote {args.out} and {png}")
     return 0
+
+
+def run_llamacpp_lookup(prompts: list[list[int]], max_tokens: int, threads: int) -> dict[str, Any]:
+    """llama-cpp-python on the checkpoint's GGUF, the same prompt tokens one at a time, greedy, without
+    and with its prompt-lookup draft (LlamaPromptLookupDecoding), in llama.cpp's own venv."""
+    from pathlib import Path as _Path
+
+    from pagedserve.ops.bench.llamacpp_server import llamacpp_venv, llamacpp_venv_ready
+    from pagedserve.ops.bench.peer_process import run_peer_process
+    from pagedserve.services.checkpoint import resolve_model
+    from pagedserve.services.worker.weights.gguf_weights import gguf_source
+
+    venv = llamacpp_venv()
+    if not llamacpp_venv_ready(venv):
+        return {"error": f"no llama.cpp venv at {venv}"}
+    gguf = gguf_source(resolve_model("smollm2-135m"))
+    request = {"gguf_path": str(gguf), "threads": threads, "prompts": prompts, "max_tokens": max_tokens}
+    script = _Path(__file__).with_name("llamacpp_spec_peer.py")
+    result = run_peer_process("llamacpp-lookup", venv / "bin" / "python", script, request, 1800)
+    return {"error": result.error, **(result.details or {})}
 
 
 def write_chart(report: dict[str, Any], path: Path) -> None:

@@ -130,7 +130,7 @@ class SchedulerWatch:
                     "prompt_tokens": len(r.prompt_token_ids),
                     "output_tokens": len(r.output_token_ids),
                     "max_tokens": r.sampling.max_tokens,
-                    "blocks": -(-r.num_slots_used // bs) if bs and r.status is Status.RUNNING else 0,
+                    "blocks": -(-r.num_slots_given // bs) if bs and r.status is Status.RUNNING else 0,
                     "cached_tokens": r.num_cached_tokens,
                     "spec_proposed": r.num_proposed,
                     "spec_accepted": r.num_accepted,

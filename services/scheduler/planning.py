@@ -139,8 +139,9 @@ class Planner:
                 n = min(draft.tokens, req.num_known - req.num_slots_used) if want_prefill else 1
                 ahead = min(lookahead.get(id(req), 0), draft.tokens - n)  # proposals count as tokens
                 need = blocks_to_grow(req, n + ahead, bs)
-                if ahead and need > draft.blocks:
-                    ahead = 0  # memory for the decode itself before anyone is preempted
+                if ahead and need > draft.blocks - self.limits.watermark_blocks - len(decodes):
+                    # Lookahead takes no block a decode of this step, or the watermark, may need.
+                    ahead = 0
                     need = blocks_to_grow(req, n, bs)
                 if need > draft.blocks and want_prefill:
                     # A prompt chunk shrinks to the memory there is before anyone is preempted.
