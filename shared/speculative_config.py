@@ -4,7 +4,7 @@
     --speculative-config '{"method": "suffix", "num_speculative_tokens": 6}'
 
 The field names are vLLM's where vLLM has one (`method`, `num_speculative_tokens`, `prompt_lookup_*`,
-`suffix_decoding_*`, `disable_by_batch_size`, `model`); `max_step_rows` and `adaptive` are ours
+`suffix_decoding_*`, `disable_by_batch_size`, `model`); `max_step_rows`, `row_cost` and `adaptive` are ours
 (docs/speculative-decoding.md). The scheduler reads the budget (how many proposals, in which steps),
 the worker the proposer.
 """
@@ -44,11 +44,18 @@ class SpeculativeConfig(BaseModel):
         None, ge=1, description="no proposals in a step with at least this many decodes"
     )
     max_step_rows: int = Field(
-        8,
+        32,
         ge=1,
         le=4096,
-        description="proposals fill a step only up to this many decode rows (requests + proposals): "
-        "below it a CPU step costs about as much as one row (docs/speculative-decoding.md)",
+        description="proposals fill a step only up to this many decode rows (requests + proposals)",
+    )
+    row_cost: float = Field(
+        0.2,
+        ge=0.0,
+        le=10.0,
+        description="what one more decode row adds to a one-row step's time, as a fraction of it (measured by "
+        "ops/microbench/spec_rows.py; 0.2 on the bundled Q4_1 model on 2 Zen 4 cores): a proposal is made "
+        "only where its expected gain beats its cost at the step's batch size",
     )
     adaptive: bool = Field(True, description="each request's proposal length follows its acceptance")
 

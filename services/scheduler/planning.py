@@ -65,6 +65,17 @@ def schedulable(req: Request) -> bool:
     )
 
 
+def free_ops(req: Request) -> list[list[Any]]:
+    """Free a table whose slots are all computed (no step in flight names it). Tokens it computed that
+    the block manager was never told (accepted proposals of its last step) go first, so the blocks they
+    fill are cached like any other; the free then confirms exactly the computed slots."""
+    ops = []
+    if req.num_known_sent < min(req.num_slots_used, req.num_known):
+        ops.append(grow_op(req.request_id, 0, req.known_since(req.num_known_sent)))
+    ops.append(free_op(req.request_id, req.num_slots_used))
+    return ops
+
+
 def decoding(req: Request) -> bool:
     """Its prompt is scheduled and at most one known token is not: the next step computes that token
     (or, pipelined, the token the step in flight samples) and samples after it."""
@@ -110,7 +121,7 @@ class Planner:
         draft = _Draft(state, owner, self.limits.max_num_batched_tokens, state.free_blocks)
         for req in state.to_free:
             # No step names it any more: its scheduled slots are exactly the computed ones.
-            draft.ops.append(free_op(req.request_id, req.num_slots_used))
+            draft.ops.extend(free_ops(req))
             self._after_free(req, state)
         state.to_free.clear()
         # Forked for a step that never ran: none of it is known to be written.
@@ -220,7 +231,7 @@ class Planner:
         self.stats.preemptions += 1
         if victim.in_flight == 0:
             state.running.remove(victim)
-            draft.ops.append(free_op(victim.request_id, victim.num_slots_used))
+            draft.ops.extend(free_ops(victim))
             self._after_free(victim, state)
 
     def _after_free(self, req: Request, state: WorkerState) -> None:

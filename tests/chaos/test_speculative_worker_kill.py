@@ -17,7 +17,7 @@ from harness.deployment import blocks, start, stream_greedy, wait_for, workers_r
 from harness.greedy_reference import greedy_outputs
 
 MAX_TOKENS = 60
-SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "max_step_rows": 64}'
+SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "max_step_rows": 64, "row_cost": 0.0}'
 
 
 def prompts() -> list[list[int]]:

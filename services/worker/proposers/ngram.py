@@ -36,8 +36,9 @@ class NgramIndex:
                     table[tuple(tokens[pos + 1 - n : pos + 1])] = pos
         self.indexed_to = max(self.indexed_to, end)
 
-    def lookup(self, tokens: list[int], k: int) -> list[int]:
-        """What followed the longest earlier occurrence of the last n tokens (n from max_n down)."""
+    def lookup(self, tokens: list[int], k: int) -> tuple[list[int], int]:
+        """What followed the longest earlier occurrence of the last n tokens (n from max_n down), and n
+        (0: no occurrence)."""
         last = len(tokens) - 1
         self.catch_up(tokens, last)  # not the newest n-grams themselves: they would match at once
         for i in range(len(self.tables) - 1, -1, -1):
@@ -46,8 +47,8 @@ class NgramIndex:
                 continue
             end = self.tables[i].get(tuple(tokens[len(tokens) - n :]))
             if end is not None:
-                return tokens[end + 1 : end + 1 + k]
-        return []
+                return tokens[end + 1 : end + 1 + k], n
+        return [], 0
 
 
 class NgramProposer:
@@ -60,6 +61,10 @@ class NgramProposer:
         self.max_n = max_n
 
     def propose(self, state: RequestState, k: int) -> list[int]:
+        return self.match(state, k)[0]
+
+    def match(self, state: RequestState, k: int) -> tuple[list[int], int]:
+        """The proposal and the length of the context it matched."""
         index = state.proposal_index
         if index is None:
             index = state.proposal_index = NgramIndex(self.min_n, self.max_n)

@@ -3,10 +3,11 @@
 Agents and tools repeat themselves across requests: the same JSON skeleton, the same tool output, the
 same boilerplate. Prompt lookup sees only the request's own tokens; this index also holds the outputs
 of the last `max_requests` finished requests, as counts of which token followed each context of
-min_n..max_n tokens (a suffix tree cut at that depth, kept as counts). A proposal first tries the
-request's own tokens (prompt lookup, `ngram.py`), then walks the shared counts from the longest
+min_n..max_n tokens (a suffix tree cut at that depth, kept as counts). A proposal looks in both: the
+request's own tokens (prompt lookup, `ngram.py`), and the shared counts, walked from the longest
 matching context, taking the most frequent next token while the product of their frequencies stays
-at or above `min_token_prob`.
+at or above `min_token_prob`. The one whose first token matched the longer context wins (a tie goes
+to the shared counts).
 """
 
 from __future__ import annotations
@@ -62,10 +63,11 @@ class SuffixIndex:
             else:
                 totals[context] -= 1
 
-    def propose(self, tokens: list[int], k: int, min_prob: float) -> list[int]:
+    def propose(self, tokens: list[int], k: int, min_prob: float) -> tuple[list[int], int]:
+        """The most frequent continuation, and the length of the context its first token matched."""
         context = tokens[-self.max_n :]
         proposal: list[int] = []
-        prob = 1.0
+        prob, matched = 1.0, 0
         while len(proposal) < k:
             for n in range(min(self.max_n, len(context)), self.min_n - 1, -1):
                 key = tuple(context[len(context) - n :])
@@ -78,9 +80,10 @@ class SuffixIndex:
             prob *= count / self.totals[key]
             if prob < min_prob:
                 break
+            matched = matched or n
             proposal.append(token)
             context.append(token)
-        return proposal
+        return proposal, matched
 
 
 class SuffixProposer:
@@ -92,11 +95,12 @@ class SuffixProposer:
         self.min_token_prob = min_token_prob
 
     def propose(self, state: RequestState, k: int) -> list[int]:
-        proposal = self.own.propose(state, k)
-        if proposal:
-            return proposal
-        tail = state.prompt_token_ids[-self.shared.max_n :] + state.output_token_ids
-        return self.shared.propose(tail, k, self.min_token_prob)
+        own, own_n = self.own.match(state, k)
+        tail = state.prompt_token_ids[-self.shared.max_n :] + state.output_token_ids[-self.shared.max_n :]
+        shared, shared_n = self.shared.propose(tail, k, self.min_token_prob)
+        # The longer matched context wins; on a tie, the shared index (what requests actually wrote,
+        # with its frequencies) over a single earlier occurrence in this request.
+        return shared if shared and shared_n >= own_n else own
 
     def finished(self, state: RequestState) -> None:
         """Its output (after the prompt's last few tokens, the context of its first token) is indexed."""
