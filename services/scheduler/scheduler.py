@@ -244,6 +244,9 @@ class Scheduler:
         plan = self.schedule(worker_id, now)
         outcome = StepOutcome(None, self.take_rejected())
         if not plan.block_ops:
+            # Nothing to run or free: the worker hears of the requests to forget with the next step
+            # (dropping them here left their state on the worker for good).
+            self.placement.workers[worker_id].forget[:0] = plan.forget
             return outcome
         reply = apply(plan.block_ops)
         if reply is None:
