@@ -228,8 +228,12 @@ def test_stop_string_inside_accepted_proposals_cuts_the_text_as_without(model_pa
 
 
 class GrammarValidOracle(OracleProposer):
-    """Wrong proposals the grammar allows (a digit for another, `c` for `a`): rejected by the target's
-    own token, not by the mask, so the matcher must roll them back."""
+    """Wrong proposals the grammar allows (a digit for the next digit, `c` for `a` and back): rejected by
+    the target's own token, not by the mask, so the matcher must roll them back."""
+
+    def __init__(self, answers: dict[tuple[int, ...], list[int]], swap: dict[int, int]) -> None:
+        super().__init__(answers)
+        self.swap = swap
 
     def propose(self, state, k: int) -> list[int]:
         self.calls += 1
@@ -237,10 +241,8 @@ class GrammarValidOracle(OracleProposer):
         proposal = list(self.answers.get(tuple(state.prompt_token_ids), [])[done : done + k])
         if self.calls % 2 == 0:
             for j, token in enumerate(proposal):  # the first token that has a grammar-valid stand-in
-                char = chr(token - 3)  # the byte tokenizer: id = byte + 3
-                if char.isdigit() or char in "ac":
-                    other = str((int(char) + 1) % 10) if char.isdigit() else "ca"["ac".index(char)]
-                    proposal[j] = ord(other) + 3
+                if token in self.swap:
+                    proposal[j] = self.swap[token]
                     break
         return proposal
 
@@ -251,8 +253,13 @@ def test_grammar_checks_proposals_and_rolls_back_rejected_ones(model_path):
     batch = prompts(4)
     _, reference = run(model_path, batch, params)
     llm = LLM(model_path, num_blocks=256, block_size=16, speculative_config=SPEC)
+    chars = "0123456789ac"
+    ids = {c: llm.tokenizer.encode(c) for c in chars}
+    assert all(len(v) == 1 for v in ids.values()), ids
+    stand_in = {c: str((int(c) + 1) % 10) if c.isdigit() else "ca"["ac".index(c)] for c in chars}
+    swap = {ids[c][0]: ids[stand_in[c]][0] for c in chars}
     llm.runner.proposer = GrammarValidOracle(
-        {tuple(p): o.token_ids for p, o in zip(batch, reference, strict=True)}
+        {tuple(p): o.token_ids for p, o in zip(batch, reference, strict=True)}, swap
     )
     got = llm.generate(batch, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in reference]
