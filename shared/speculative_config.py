@@ -44,7 +44,7 @@ class SpeculativeConfig(BaseModel):
         None, ge=1, description="no proposals in a step with at least this many decodes"
     )
     max_step_rows: int = Field(
-        32,
+        16,
         ge=1,
         le=4096,
         description="proposals fill a step only up to this many decode rows (requests + proposals)",
