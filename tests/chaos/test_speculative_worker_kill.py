@@ -9,6 +9,7 @@ the greedy output is the one without speculation or faults.
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
 from pathlib import Path
 
@@ -17,12 +18,18 @@ from harness.deployment import blocks, start, stream_greedy, wait_for, workers_r
 from harness.greedy_reference import greedy_outputs
 
 MAX_TOKENS = 60
-SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "max_step_rows": 64, "row_cost": 0.0}'
+SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "max_step_rows": 64, "row_cost": 0.0}'
 
 
 def prompts() -> list[list[int]]:
-    # Repeating prompts: prompt lookup proposes from the first step on.
-    return [[3 + (i * 7 + j) % 40 for j in range(24)] * 2 for i in range(8)]
+    # Every token id of the tiny vocabulary (3..319) in each prompt, shuffled: with 1-grams, prompt
+    # lookup finds any last token in the prompt, so every decode proposes.
+    out = []
+    for i in range(8):
+        tokens = list(range(3, 320))
+        random.Random(i).shuffle(tokens)
+        out.append(tokens)
+    return out
 
 
 @pytest.fixture(scope="module")
