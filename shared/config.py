@@ -47,6 +47,17 @@ class ServeConfig(BaseSettings):
         "checkpoint's int4/int8 linears quantized, repacked to Q4_0/Q4_1/Q8_0 (refused where any cannot "
         "be); none = dequantize to --dtype",
     )
+    # --- LoRA adapters (docs/lora.md): 0 slots = off, and the projections stay unwrapped
+    max_loras: int = Field(
+        0, ge=0, le=64, description="LoRA adapter slots per worker = most adapters per step; 0 = LoRA off"
+    )
+    max_lora_rank: int = Field(64, ge=1, le=512, description="largest LoRA rank accepted")
+    max_cpu_loras: int = Field(
+        16, ge=1, le=1024, description="parsed LoRA adapters a worker keeps cached (LRU)"
+    )
+    lora_modules: list[str] = Field(
+        default_factory=list, description="LoRA adapters served from the start: name=path ..."
+    )
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads of a CPU worker")
     worker_id: str | None = Field(None, max_length=64, description="this worker's name; default host-pid")
     simulate_step_ms: float | None = Field(
@@ -216,6 +227,8 @@ def add_config_args(parser: argparse.ArgumentParser, fields: list[str] | None = 
             parser.add_argument(
                 flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=info.description
             )
+        elif getattr(info.annotation, "__origin__", None) is list:
+            parser.add_argument(flag, dest=name, nargs="+", default=None, help=info.description)
         else:
             parser.add_argument(
                 flag, dest=name, default=None, help=f"{info.description} (default: {info.default})"

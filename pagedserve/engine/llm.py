@@ -66,7 +66,13 @@ class LLM:
         enable_prefix_caching: bool = config_default("enable_prefix_caching"),
         quantization: str = config_default("quantization"),
         speculative_config: dict | str | None = None,
+        max_loras: int = config_default("max_loras"),
+        max_lora_rank: int = config_default("max_lora_rank"),
+        max_cpu_loras: int = config_default("max_cpu_loras"),
+        lora_modules: dict[str, str] | None = None,
     ) -> None:
+        """max_loras > 0 enables LoRA adapters (that many per step); lora_modules: name -> PEFT folder,
+        served from the start (more with load_lora)."""
         from pagedserve.services.worker.runner import ModelRunner
 
         # Validate through the same model the services use: one vocabulary, one set of limits.
@@ -86,6 +92,9 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             quantization=quantization,
             speculative_config=speculative_config,
+            max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
+            max_cpu_loras=max_cpu_loras,
         )
         checkpoint = load_checkpoint(model)
         self.tokenizer = load_tokenizer(checkpoint.tokenizer_path)
@@ -99,6 +108,9 @@ class LLM:
             attention_backend=attention_backend,
             quantization=config.quantization,
             speculative_config=config.speculative_config,
+            max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
+            max_cpu_loras=max_cpu_loras,
         )
         self.max_model_len = checkpoint.served_len(max_model_len)
         limits = SchedulerLimits.from_config(config, self.max_model_len)
@@ -106,6 +118,31 @@ class LLM:
         self.scheduler = Scheduler(limits, self.runner.eos_token_ids, self.tokenizer, owner="llm")
         self.engine = Engine(self.scheduler, self.block_manager, self.runner)
         self._ids = itertools.count()
+        for name, path in (lora_modules or {}).items():
+            self.load_lora(name, path)
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter at `path` as `name` (checked against the model now: ValueError
+        naming the file or module, and nothing changes)."""
+        loras = self.runner.loras
+        if loras is None:
+            raise ValueError("LoRA is off: construct LLM with max_loras >= 1")
+        module = self.scheduler.loras.add(name, path)
+        try:
+            loras.load(name, module.path)
+        except ValueError:
+            self.scheduler.loras.remove(name)
+            raise
+
+    def unload_lora(self, name: str) -> None:
+        """Stop serving adapter `name` (ValueError while a live request uses it: generate is synchronous,
+        so none does between calls)."""
+        users = self.scheduler.lora_users(name)
+        if users:
+            raise ValueError(f"LoRA adapter {name!r} is in use by {', '.join(users)}")
+        self.scheduler.loras.remove(name)
+        if self.runner.loras is not None:
+            self.runner.loras.unload(name)
 
     def encode(self, prompt: str) -> list[int]:
         if self.tokenizer is None:
@@ -118,8 +155,10 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool | None = None,
+        lora: str | Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in the order of `prompts`."""
+        """Generate for every prompt; outputs come back in the order of `prompts`. lora: the adapter
+        (by name) of every prompt, or one per prompt (None: the base model)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             raise TypeError("prompts must be a list of strings or a list of token-id lists")
         if params is None:
@@ -127,14 +166,25 @@ class LLM:
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(per_prompt) != len(prompts):
             raise ValueError(f"got {len(per_prompt)} SamplingParams for {len(prompts)} prompts")
+        loras = [lora] * len(prompts) if lora is None or isinstance(lora, str) else list(lora)
+        if len(loras) != len(prompts):
+            raise ValueError(f"got {len(loras)} lora names for {len(prompts)} prompts")
+        modules = []
+        for name in loras:
+            module = None if name is None else self.scheduler.loras.get(name)
+            if name is not None and module is None:
+                raise ValueError(
+                    f"lora: no LoRA adapter named {name!r} is loaded ({self.scheduler.loras.names()})"
+                )
+            modules.append(module)
         ids: list[str] = []
         token_lists: dict[str, list[int]] = {}
         now = time.monotonic()
-        for prompt, sp in zip(prompts, per_prompt, strict=True):
+        for prompt, sp, module in zip(prompts, per_prompt, modules, strict=True):
             tokens = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
             check_request(tokens, sp, self.max_model_len, self.runner.vocab_size, self.tokenizer is not None)
             rid = f"llm-{next(self._ids)}"
-            self.scheduler.add_request(rid, tokens, sp, now)
+            self.scheduler.add_request(rid, tokens, sp, now, lora=module)
             ids.append(rid)
             token_lists[rid] = tokens
         done: dict[str, RequestOutput] = {}

@@ -19,6 +19,7 @@ from pagedserve.services.api.state import (
     api_state,
     caller,
     check_model,
+    lora_of,
     now_s,
     response_id,
     run_unless_disconnected,
@@ -64,12 +65,16 @@ async def _run(
             card, rid, created, sampling.n, 1, include_usage, body.logprobs, tools=mode, tool_parser=parser
         )
         with as_api_errors("messages"):
-            fanout = await Fanout.open(state.client, prompts, sampling, rid, caller(request, body.user))
+            fanout = await Fanout.open(
+                state.client, prompts, sampling, rid, caller(request, body.user), lora_of(state, body.model)
+            )
         return await stream_response(request, fanout, lambda events: chat_chunks(shape, events), "messages")
     try:
         (result,) = await run_unless_disconnected(
             request,
-            generate_all(state.client, prompts, sampling, rid, caller(request, body.user)),
+            generate_all(
+                state.client, prompts, sampling, rid, caller(request, body.user), lora_of(state, body.model)
+            ),
             "messages",
         )
     except ClientGone:

@@ -24,6 +24,7 @@ from pagedserve.services.api.state import (
     api_state,
     caller,
     check_model,
+    lora_of,
     now_s,
     response_id,
     run_unless_disconnected,
@@ -77,13 +78,19 @@ async def _run(
             prompt_only=only_prompt,
         )
         with as_api_errors("prompt"):
-            fanout = await Fanout.open(state.client, prompts, sampling, rid, caller(request, body.user))
+            fanout = await Fanout.open(
+                state.client, prompts, sampling, rid, caller(request, body.user), lora_of(state, body.model)
+            )
         return await stream_response(
             request, fanout, lambda events: completion_chunks(shape, events), "prompt"
         )
     try:
         results = await run_unless_disconnected(
-            request, generate_all(state.client, prompts, sampling, rid, caller(request, body.user)), "prompt"
+            request,
+            generate_all(
+                state.client, prompts, sampling, rid, caller(request, body.user), lora_of(state, body.model)
+            ),
+            "prompt",
         )
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)

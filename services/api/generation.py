@@ -39,6 +39,7 @@ async def generate_all(
     sampling: SamplingParams,
     response_id: str,
     user: str | None = None,
+    lora: str | None = None,
 ) -> list[Result]:
     """Every prompt to the end, in prompt order; the first failure cancels (aborts) the rest."""
     ids = scheduler_ids(response_id, len(prompts))
@@ -52,6 +53,7 @@ async def generate_all(
                         request_id=rid,
                         sampling_params=sampling,
                         user=user,
+                        lora=lora,
                     )
                 )
                 for p, rid in zip(prompts, ids, strict=True)
@@ -78,6 +80,7 @@ class Fanout:
         sampling: SamplingParams,
         response_id: str,
         user: str | None = None,
+        lora: str | None = None,
     ) -> Fanout:
         """Submit every prompt now; a refusal at submit time aborts those already sent."""
         fanout = cls()
@@ -90,6 +93,7 @@ class Fanout:
                         request_id=rid,
                         sampling_params=sampling,
                         user=user,
+                        lora=lora,
                     )
                 )
         except BaseException:

@@ -45,22 +45,32 @@ def _model_entry(request: Request) -> dict[str, Any]:
     }
 
 
+def _model_entries(request: Request) -> list[dict[str, Any]]:
+    """The base model, then each LoRA adapter as its own model whose `parent` is the base (vLLM's shape)."""
+    base = _model_entry(request)
+    adapters = [
+        {**base, "id": name, "root": path, "parent": base["id"]}
+        for name, path in sorted(api_state(request).loras.items())
+    ]
+    return [{**base, "parent": None}, *adapters]
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": [_model_entry(request)]}
+    return {"object": "list", "data": _model_entries(request)}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
-    entry = _model_entry(request)
-    if model_id != entry["id"]:
+    entries = {e["id"]: e for e in _model_entries(request)}
+    if model_id not in entries:
         raise APIError(
             404,
-            f"model {model_id!r} does not exist; this server serves {entry['id']!r}",
+            f"model {model_id!r} does not exist; this server serves {', '.join(entries)}",
             "model",
             "model_not_found",
         )
-    return entry
+    return entries[model_id]
 
 
 health_router = APIRouter()

@@ -16,6 +16,7 @@ from pagedserve.shared.protocol.blocks import (
     OP_FORK,
     OP_FREE,
     OP_GROW,
+    OP_OPTIONAL,
     UNCHANGED,
     BlockAnswers,
     error_result,
@@ -42,8 +43,10 @@ def apply_ops(manager: BlockManager, ops: list[list[Any]], now: float) -> BlockA
                 )
             )
             continue
-        if len(op) != OP_ARITY[name]:
-            append(error_result(f"{name}: expected {OP_ARITY[name] - 1} arguments, got {len(op) - 1}"))
+        optional = OP_OPTIONAL.get(name, 0)
+        if not OP_ARITY[name] <= len(op) <= OP_ARITY[name] + optional:
+            expected = f"{OP_ARITY[name] - 1}" + (f" to {OP_ARITY[name] - 1 + optional}" if optional else "")
+            append(error_result(f"{name}: expected {expected} arguments, got {len(op) - 1}"))
             continue
         try:
             append(handler(manager, op, now))
@@ -55,7 +58,10 @@ def apply_ops(manager: BlockManager, ops: list[list[Any]], now: float) -> BlockA
 
 
 def _alloc(manager: BlockManager, op: list[Any], now: float) -> Any:
-    _, pool_id, request_id, owner, token_ids, max_new_tokens, use_prefix_cache = op
+    _, pool_id, request_id, owner, token_ids, max_new_tokens, use_prefix_cache, *rest = op
+    namespace = rest[0] if rest else None
+    if namespace is not None:
+        _need_str("cache_namespace", namespace)
     _need_str("pool_id", pool_id)
     _need_str("request_id", request_id)
     _need_str("owner", owner)
@@ -64,7 +70,14 @@ def _alloc(manager: BlockManager, op: list[Any], now: float) -> Any:
     if type(use_prefix_cache) is not bool:
         raise MalformedOpError(f"use_prefix_cache must be a bool, got {type(use_prefix_cache).__name__}")
     allocation = manager.allocate(
-        pool_id, request_id, owner, token_ids, max_new_tokens, now, use_prefix_cache=use_prefix_cache
+        pool_id,
+        request_id,
+        owner,
+        token_ids,
+        max_new_tokens,
+        now,
+        use_prefix_cache=use_prefix_cache,
+        cache_namespace=namespace,
     )
     return None if allocation is None else allocation.to_wire()
 

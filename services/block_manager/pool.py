@@ -9,6 +9,10 @@ the content is first cached. Because the key holds the tokens themselves and the
 is unique, a dict lookup is an exact match: two different prefixes can never collide, so a
 hit never serves another prompt's KV. `block_hash` is only the display form of the key.
 
+A request's *cache namespace* (its LoRA adapter: KV computed under other weights is other content)
+picks the root of its chain: the base model's is ROOT_PREFIX, each namespace gets its own root id
+the first time it is seen, so equal tokens under two adapters never share a key.
+
 A block is keyed when its slots are given, before the worker has written them, so that a request
 of the same step can share it (the worker writes each layer's K/V before that layer reads). Until
 its owner confirms the write (by freeing the table with the slots computed), the key is *pending*:
@@ -46,7 +50,16 @@ def block_hash(key: CacheKey) -> str:
 class BlockPool:
     """Blocks of one worker. Every method is O(1) per block it touches."""
 
-    __slots__ = ("pool_id", "num_blocks", "block_size", "blocks", "free", "cached", "_next_prefix_id")
+    __slots__ = (
+        "pool_id",
+        "num_blocks",
+        "block_size",
+        "blocks",
+        "free",
+        "cached",
+        "roots",
+        "_next_prefix_id",
+    )
 
     def __init__(self, pool_id: str, num_blocks: int, block_size: int) -> None:
         self.pool_id = pool_id
@@ -58,7 +71,18 @@ class BlockPool:
         # a cached free block revived by a prefix hit.
         self.free: OrderedDict[int, Block] = OrderedDict((b.id, b) for b in self.blocks)
         self.cached: dict[CacheKey, Block] = {}
+        self.roots: dict[str, int] = {}  # cache namespace (a LoRA adapter) -> the root of its chains
         self._next_prefix_id = ROOT_PREFIX + 1
+
+    def root_prefix(self, namespace: str | None) -> int:
+        """The content id of the empty prefix under `namespace` (None: the base model's, ROOT_PREFIX)."""
+        if namespace is None:
+            return ROOT_PREFIX
+        root = self.roots.get(namespace)
+        if root is None:
+            root = self.roots[namespace] = self._next_prefix_id
+            self._next_prefix_id = root + 1
+        return root
 
     def take_free(self) -> Block:
         """The least recently freed block, now referenced once; its cached content is evicted."""

@@ -35,6 +35,7 @@ def plan_forks(parent: Request, owner: str, ops: list[list[Any]]) -> list[tuple[
             index=i,
             seed=child_seed(parent.seed, i),
             tenant=parent.tenant,
+            lora=parent.lora,
             deadline=parent.deadline,
         )
         forks.append((len(ops), child))

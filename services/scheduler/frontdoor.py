@@ -143,12 +143,23 @@ class FrontDoor:
                 "overloaded",
                 f"max_waiting_requests: {self.core.num_waiting} requests already wait (limit {limit}); retry later",
             )
+        lora = None
+        if submit.lora is not None:
+            lora = self.core.loras.get(submit.lora)
+            if lora is None:
+                served = ", ".join(self.core.loras.names()) or "none"
+                raise RequestRejected(
+                    "unknown_lora",
+                    f"lora: no LoRA adapter named {submit.lora!r} is loaded (loaded: {served})",
+                )
         tokens = tokenize_submit(submit, self.model.tokenizer, self.served_len(), self.model.vocab_size)
         self.clients.admit(client, rid, submit.stream, submit.user)
         timeout = submit.timeout_s or self.request_timeout_s
         # The same identity the in-flight limit counts: the user where one is named, else the connection.
         tenant = submit.user if submit.user is not None else client.hex()
-        self.core.add_request(rid, tokens, submit.sampling, now, deadline=now + timeout, tenant=tenant)
+        self.core.add_request(
+            rid, tokens, submit.sampling, now, deadline=now + timeout, tenant=tenant, lora=lora
+        )
         self.metrics.tokens.labels("prompt").inc(len(tokens))
         self.log.info(
             "request_accepted",

@@ -20,6 +20,8 @@ class SchedulerLimits:
     # Blocks kept free when admitting, so running decodes can grow without preempting at once.
     watermark_blocks: int = 1
     speculative: SpeculativeConfig | None = None  # speculative decoding: off when None
+    # Distinct LoRA adapters among a worker's running requests (= its adapter slots); 0: LoRA off.
+    max_loras: int = config_default("max_loras")
 
     @classmethod
     def from_config(cls, config: ServeConfig, max_model_len: int) -> SchedulerLimits:
@@ -30,6 +32,7 @@ class SchedulerLimits:
             pipeline_depth=config.pipeline_depth,
             max_model_len=max_model_len,
             speculative=config.speculative_config,
+            max_loras=config.max_loras,
         )
 
 

@@ -190,6 +190,8 @@ class Planner:
                 state.waiting.pop(req)
                 self._reject(req)
                 continue
+            if req.lora is not None and not self._adapter_fits(req, draft):
+                break  # head of line: it runs once a running adapter's requests have finished
             max_new = min(draft.tokens, len(tokens))
             need = blocks_for(max_new, bs)
             if need + self.limits.watermark_blocks > draft.blocks and not (
@@ -206,6 +208,7 @@ class Planner:
                     tokens,
                     max_new,
                     use_prefix_cache=not req.wants_prompt_logprobs,
+                    cache_namespace=None if req.lora is None else req.lora.namespace,
                 )
             )
             if max_new == len(tokens):
@@ -213,6 +216,14 @@ class Planner:
             draft.entries.append(entry)
             draft.blocks -= need
             draft.tokens -= max_new
+
+    def _adapter_fits(self, req: Request, draft: _Draft) -> bool:
+        """Admitting `req` keeps the worker's running requests within max_loras distinct adapters, so
+        every step of every running request fits the worker's adapter slots."""
+        assert req.lora is not None
+        running = {r.lora.name for r in draft.state.running if r.lora is not None}
+        running.update(e.request.lora.name for e in draft.entries if e.new and e.request.lora is not None)
+        return req.lora.name in running or len(running) < self.limits.max_loras
 
     def _preempt_for(self, draft: _Draft) -> None:
         """Free memory by preempting the lowest-priority, newest running request.

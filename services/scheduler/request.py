@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from pagedserve.shared.lora_modules import LoRAModule
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 
@@ -27,6 +28,7 @@ class Request:
     index: int = 0  # which completion of the parent this is
     seed: int | None = None  # the seed this completion samples with (children derive their own)
     tenant: str = ""  # whose request: the user (API key name or `user` field), else the client connection
+    lora: LoRAModule | None = None  # the LoRA adapter it runs with; None: the base model
     output_token_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     finish_reason: str | None = None

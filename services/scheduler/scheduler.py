@@ -32,6 +32,7 @@ from pagedserve.services.scheduler.planning import Planner, StepPlan, schedulabl
 from pagedserve.services.scheduler.request import Request, Status
 from pagedserve.services.scheduler.speculation import SpeculationPolicy
 from pagedserve.services.scheduler.stopping import Tokenizer
+from pagedserve.shared.lora_modules import LoRAModule, LoRARegistry
 from pagedserve.shared.protocol.blocks import BlockAnswers, BlockOpError, alloc_result, grow_result
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
@@ -77,6 +78,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # every completion that is not yet fully released
         self.groups: dict[str, list[Request]] = {}  # client request id -> its completions
         self.rejected: list[Request] = []  # ended at admission (too big for the pool); see take_rejected
+        self.loras = LoRARegistry()  # the adapters requests may name (limits.max_loras > 0)
 
     # ------------------------------------------------------------------ workers
 
@@ -136,6 +138,7 @@ class Scheduler:
         now: float,
         deadline: float | None = None,
         tenant: str = "",
+        lora: LoRAModule | None = None,
     ) -> None:
         """Queue a validated request on the least-loaded worker (or until one registers). Requests of
         one priority are taken from their tenants in turn (WaitingQueue)."""
@@ -149,6 +152,7 @@ class Scheduler:
             "",
             seed=sampling.seed,
             tenant=tenant,
+            lora=lora,
             deadline=deadline,
             fork_children=sampling.n - 1,
         )
@@ -157,6 +161,14 @@ class Scheduler:
         self.outputs.open(req)
         self.stats.prompt_tokens += len(prompt_token_ids)
         self.placement.enqueue(req, front=False)
+
+    def lora_users(self, name: str) -> list[str]:
+        """Live requests (client ids) that run with adapter `name`."""
+        return sorted(
+            rid
+            for rid, group in self.groups.items()
+            if group[0].lora is not None and group[0].lora.name == name
+        )
 
     def abort(self, request_id: str, reason: str = "abort") -> list[Event]:
         group = self.groups.get(request_id)
@@ -301,6 +313,8 @@ class Scheduler:
                         res.num_new_tokens,
                         res.block_ids,
                         WorkerSampling.of(req.sampling, req.seed, req.wants_prompt_logprobs),
+                        None if req.lora is None else req.lora.name,
+                        None if req.lora is None else req.lora.path,
                     )
                 )
             else:

@@ -40,6 +40,7 @@ from pagedserve.services.scheduler.step_clock import StepClock
 from pagedserve.shared import ops_page
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
+from pagedserve.shared.lora_modules import parse_lora_modules
 from pagedserve.shared.ops_server import OpsServer, json_response
 from pagedserve.shared.protocol.blocks import free_op
 from pagedserve.shared.protocol.codec import ProtocolError
@@ -83,6 +84,8 @@ class SchedulerService:
             self.model.tokenizer,
             owner=self.bm.owner,
         )
+        for name, path in parse_lora_modules(config.lora_modules):
+            self.core.loras.add(name, path)  # ValueError naming the entry: the scheduler does not start
         # Generations start at random: a worker's stale result must not match a restarted scheduler's.
         self.generation = random.getrandbits(40)
         self.liveness = WorkerLiveness(

@@ -29,6 +29,8 @@ class RequestState:
     matcher: Any = None
     # The proposer's index over this request's tokens (proposers/ngram.py), built at its first proposal.
     proposal_index: Any = None
+    lora_name: str | None = None  # the request's LoRA adapter (None: the base model)
+    lora_path: str | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -16,6 +16,7 @@ from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
 from pagedserve.services.worker.layers.packed_linear import linears_kind
 from pagedserve.services.worker.layers.quant_linear import weight_types
+from pagedserve.services.worker.lora_slots import LoRASlots
 from pagedserve.services.worker.models.registry import ModelConfig
 from pagedserve.services.worker.packed_batch import PackedBatch, RequestState, pack_batch
 from pagedserve.services.worker.proposers import Proposer, make_proposer
@@ -46,6 +47,9 @@ class ModelRunner:
         quantization: str = config_default("quantization"),
         speculative_config: SpeculativeConfig | None = None,
         allow_slow_dtype: bool = False,
+        max_loras: int = config_default("max_loras"),
+        max_lora_rank: int = config_default("max_lora_rank"),
+        max_cpu_loras: int = config_default("max_cpu_loras"),
     ) -> None:
         """allow_slow_dtype: load bfloat16/float16 even on a CPU without native support for it (tests of
         the model code in those dtypes on tiny models); a server refuses it (cpu_dtype.py)."""
@@ -63,6 +67,16 @@ class ModelRunner:
         # How many linears run on packed weights (0: off, or not available for this dtype/device).
         self.num_prepacked = self.model.prepack_weights() if prepack_weights else 0
         self._config = loaded.config
+        # LoRA-aware linears wrap the (packed or quantized) projections only when adapters are enabled.
+        self.loras: LoRASlots | None = None
+        if max_loras > 0:
+            self.loras = LoRASlots(
+                self.model,
+                max_loras=max_loras,
+                max_lora_rank=max_lora_rank,
+                max_cpu_loras=max_cpu_loras,
+                dtype=torch_dtype(dtype),
+            )
         self._eos_token_ids = list(loaded.eos_token_ids)
         cfg = loaded.config
         shape = KVCacheShape(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, torch_dtype(dtype))
@@ -150,6 +164,14 @@ class ModelRunner:
             return StepResult(step.step, timings={"step_s": time.perf_counter() - t_start}), None
         proposed = self._propose(scheduled, lookahead) if lookahead else {}
         batch = pack_batch(scheduled, self.block_size, self.device, proposed)
+        if self.loras is not None:  # rows per request: its tokens and any proposed ones
+            self.loras.rows_for_step(
+                step.step,
+                [
+                    (s.lora_name, s.lora_path, n + len(proposed.get(i, ())))
+                    for i, (s, n) in enumerate(scheduled)
+                ],
+            )
         t_forward = time.perf_counter()
         hidden = self.model(batch.input_ids, batch.positions, self.kv_cache.layers(), batch.meta)
         if self.prompt_tallies:
@@ -190,7 +212,13 @@ class ModelRunner:
                 num_computed_tokens=new.num_computed_tokens,
                 block_ids=list(new.block_ids),
                 sampling=new.sampling,
+                lora_name=new.lora_name,
+                lora_path=new.lora_path,
             )
+            if new.lora_name is not None and self.loras is None:
+                raise ValueError(
+                    f"{new.request_id!r} asks for LoRA adapter {new.lora_name!r}; this worker has LoRA off"
+                )
             self.requests[new.request_id] = state
             if (tally := prompt_logprobs.wanted(state)) is not None:
                 self.prompt_tallies[new.request_id] = tally
@@ -318,6 +346,8 @@ class ModelRunner:
             num_computed_tokens=parent.num_computed_tokens,
             block_ids=list(parent.block_ids),  # shared with the parent; copy-on-write comes later
             sampling=parent.sampling.with_seed(fork.seed),
+            lora_name=parent.lora_name,
+            lora_path=parent.lora_path,
         )
         # The child's grammar state is the parent's before this step's token (it samples its own).
         child.matcher = self.constraints.fork(parent)

@@ -27,6 +27,7 @@ from pagedserve.services.worker.simulated import SimulatedRunner
 from pagedserve.shared import failpoints
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
+from pagedserve.shared.lora_modules import parse_lora_modules
 from pagedserve.shared.protocol.codec import ProtocolError, decode
 from pagedserve.shared.protocol.control import DumpStacks, Heartbeat, Hello, Register, Registered, Reset
 from pagedserve.shared.protocol.frontend import Error
@@ -81,7 +82,15 @@ class WorkerService:
                 prepack_weights=config.prepack_weights,
                 quantization=config.quantization,
                 speculative_config=config.speculative_config,
+                max_loras=config.max_loras,
+                max_lora_rank=config.max_lora_rank,
+                max_cpu_loras=config.max_cpu_loras,
             )
+            # The start-time adapters are checked against the model now: a bad one stops the worker
+            # with the file or module named, not the first request that uses it.
+            if self.runner.loras is not None:
+                for name, path in parse_lora_modules(config.lora_modules):
+                    self.runner.loras.load(name, str(Path(path).resolve()))
         self.keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
         self.ctx = zmq.Context()
         self.stopping = threading.Event()

@@ -40,6 +40,9 @@ OP_GROW = "grow"
 OP_FORK = "fork"
 OP_FREE = "free"
 OP_ARITY = {OP_ALLOC: 7, OP_GROW: 4, OP_FORK: 4, OP_FREE: 3}  # list length, name included
+# Trailing arguments an op may add, sent only when set (older peers keep working):
+# alloc's cache namespace (the request's LoRA adapter).
+OP_OPTIONAL = {OP_ALLOC: 1}
 
 
 class BlockOpError(Exception):
@@ -102,8 +105,12 @@ def alloc_op(
     token_ids: Sequence[int],
     max_new_tokens: int,
     use_prefix_cache: bool = True,
+    cache_namespace: str | None = None,
 ) -> list[Any]:
-    return [OP_ALLOC, pool_id, request_id, owner, list(token_ids), max_new_tokens, use_prefix_cache]
+    op = [OP_ALLOC, pool_id, request_id, owner, list(token_ids), max_new_tokens, use_prefix_cache]
+    if cache_namespace is not None:
+        op.append(cache_namespace)
+    return op
 
 
 def grow_op(request_id: str, num_new_tokens: int, new_token_ids: Sequence[int] = ()) -> list[Any]:

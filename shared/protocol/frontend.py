@@ -95,6 +95,9 @@ class Submit(_Strict):
     # A reconnecting client re-submits with attach=True: a live request streams to the new connection
     # (from token 0 again: the client drops what it has by `offset`); a finished one returns its result.
     attach: bool = False
+    # The LoRA adapter to run with, by its served name (`--lora-modules`, /v1/load_lora_adapter);
+    # None: the base model.
+    lora: str | None = Field(None, min_length=1, max_length=256)
 
     @model_validator(mode="after")
     def _exactly_one_prompt(self) -> Submit:

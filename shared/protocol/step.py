@@ -98,6 +98,10 @@ class NewRequest(msgspec.Struct, array_like=True):
     num_scheduled_tokens: int  # tokens to compute in this step
     block_ids: list[int]  # the block table
     sampling: WorkerSampling
+    # The LoRA adapter this request runs with (None: the base model) and where it is read from, so a
+    # worker that never saw it (a fresh or restarted one) loads it before computing the request.
+    lora_name: str | None = None
+    lora_path: str | None = None
 
 
 class CachedRequest(msgspec.Struct, array_like=True):

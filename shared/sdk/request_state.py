@@ -41,6 +41,7 @@ def make_submit(
         sampling = {**sampling_params.model_dump(), **sampling}
     sampling = dict(sampling)
     user = sampling.pop("user", None)  # not a sampling field: whom the request is for (per-user limits)
+    lora = sampling.pop("lora", None)  # not a sampling field: the LoRA adapter to run with, by name
     return Submit(
         request_id=request_id or uuid.uuid4().hex,
         prompt=prompt,
@@ -49,6 +50,7 @@ def make_submit(
         stream=stream,
         timeout_s=timeout_s,
         user=user,
+        lora=lora,
     )
 
 

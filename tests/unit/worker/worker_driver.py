@@ -50,6 +50,7 @@ class _Request:
     outputs: list[int] = field(default_factory=list)
     sent: bool = False
     done: bool = False
+    lora: tuple[str, str] | None = None  # (adapter name, path)
 
 
 class StepDriver:
@@ -72,12 +73,18 @@ class StepDriver:
         self.results: list[StepResult] = []
 
     def generate(
-        self, prompts: list[list[int]], max_tokens: int, sampling: WorkerSampling | None = None
+        self,
+        prompts: list[list[int]],
+        max_tokens: int,
+        sampling: WorkerSampling | None = None,
+        loras: list[tuple[str, str] | None] | None = None,
     ) -> list[list[int]]:
-        """Run every prompt to max_tokens (or a stop token) -> output tokens per prompt."""
+        """Run every prompt to max_tokens (or a stop token) -> output tokens per prompt.
+        loras: per prompt its LoRA adapter (name, path) or None for the base model."""
+        loras = loras or [None] * len(prompts)
         requests = [
-            _Request(f"req-{self.step}-{i}", list(p), max_tokens, sampling or GREEDY)
-            for i, p in enumerate(prompts)
+            _Request(f"req-{self.step}-{i}", list(p), max_tokens, sampling or GREEDY, lora=lora)
+            for i, (p, lora) in enumerate(zip(prompts, loras, strict=True))
         ]
         by_id = {r.request_id: r for r in requests}
         to_finish: list[str] = []
@@ -155,6 +162,7 @@ class StepDriver:
                         n,
                         list(request.block_ids),
                         request.sampling,
+                        *(request.lora or (None, None)),
                     )
                 )
                 request.sent = True

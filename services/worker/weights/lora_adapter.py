@@ -1,0 +1,179 @@
+"""PEFT LoRA adapters (adapter_config.json + adapter_model.safetensors) read and fitted to our model.
+
+A PEFT adapter holds, per target module, A [r, in] and B [out, r]; the module's output gains
+`scale * (x A^T) B^T` with scale = alpha / r (rsLoRA: alpha / sqrt(r)), alpha and r per module where
+`alpha_pattern` / `rank_pattern` say so. Our model fuses q/k/v and gate/up into one matrix each, so an
+adapter is *packed* per fused module: the parts' A stacked into one [sum r, in] matrix and their
+scaled B placed block-diagonally in one [out, sum r] matrix, each part's rows where that part's
+weights sit in the fused output. One adapter then costs two small GEMMs per fused linear, and a part
+the adapter does not target is zeros (no rows in A, none in B).
+
+Everything is checked against the model before anything is kept: an unknown or unsupported target, a
+shape that does not fit, a rank above the limit or a file that does not parse raises `AdapterError`
+naming the module or file, and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from torch import nn
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
+
+
+class AdapterError(ValueError):
+    """An adapter that cannot be served on this model; the message names the file or module."""
+
+
+@dataclass(frozen=True, slots=True)
+class PackedLoRA:
+    """One adapter's weights for one of our linears: delta = (x a^T) b^T (the scale is in b)."""
+
+    a: torch.Tensor  # [sum of the parts' ranks, in_features]
+    b: torch.Tensor  # [out_features, sum of the parts' ranks], scaled, block-diagonal over parts
+
+
+@dataclass(frozen=True, slots=True)
+class LoRAAdapter:
+    name: str
+    path: str
+    rank: int  # the largest rank of any module
+    modules: dict[str, PackedLoRA]  # our module path (layers.0.self_attn.qkv_proj) -> weights
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.a.nbytes + p.b.nbytes for p in self.modules.values())
+
+
+def read_adapter_config(folder: Path) -> dict[str, Any]:
+    path = folder / CONFIG_FILE
+    if not folder.is_dir():
+        raise AdapterError(
+            f"LoRA adapter {folder}: not a folder (a PEFT adapter is a folder with {CONFIG_FILE})"
+        )
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AdapterError(f"LoRA adapter {folder}: no {CONFIG_FILE}") from None
+    except (OSError, ValueError) as exc:
+        raise AdapterError(f"LoRA adapter {path}: unreadable ({exc})") from None
+    if not isinstance(config, dict):
+        raise AdapterError(f"LoRA adapter {path}: must be a JSON object")
+    peft_type = config.get("peft_type", "LORA")
+    if peft_type != "LORA":
+        raise AdapterError(f"LoRA adapter {path}: peft_type {peft_type!r} is not supported (only LORA)")
+    unsupported = {
+        "use_dora": "DoRA",
+        "fan_in_fan_out": "fan_in_fan_out (Conv1D weights)",
+        "modules_to_save": "modules_to_save (fully trained modules)",
+    }
+    for key, what in unsupported.items():
+        if config.get(key):
+            raise AdapterError(f"LoRA adapter {path}: {what} is not supported")
+    if config.get("bias", "none") != "none":
+        raise AdapterError(f"LoRA adapter {path}: bias={config['bias']!r} is not supported (only 'none')")
+    return config
+
+
+def read_adapter_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = folder / WEIGHTS_FILE
+    if not path.is_file():
+        raise AdapterError(f"LoRA adapter {folder}: no {WEIGHTS_FILE} (only safetensors adapters are read)")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise AdapterError(f"LoRA adapter {path}: not a readable safetensors file ({exc})") from None
+
+
+def _pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
+    """PEFT's rank_pattern / alpha_pattern: a key matches the module name or a dotted suffix of it."""
+    for key, value in patterns.items():
+        if re.match(rf"(.*\.)?({key})$", module):
+            return value
+    return default
+
+
+def load_lora_adapter(
+    name: str,
+    path: str | Path,
+    model: nn.Module,
+    targets: dict[str, nn.Module],
+    *,
+    max_rank: int,
+    dtype: torch.dtype,
+) -> LoRAAdapter:
+    """Read and pack a PEFT adapter for `model`; `targets`: our module path -> the linear it adapts."""
+    folder = Path(path)
+    config = read_adapter_config(folder)
+    tensors = read_adapter_tensors(folder)
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        match = re.fullmatch(r"(.+)\.lora_([AB])(?:\.[^.]+)?\.weight", key)
+        if match is None:
+            raise AdapterError(f"LoRA adapter {folder / WEIGHTS_FILE}: unsupported tensor {key!r}")
+        module = match.group(1).removeprefix(PEFT_PREFIX)
+        pairs.setdefault(module, {})[match.group(2)] = tensor
+    if not pairs:
+        raise AdapterError(f"LoRA adapter {folder / WEIGHTS_FILE}: holds no lora_A/lora_B weights")
+    alpha = float(config.get("lora_alpha", config.get("r", 8)))
+    rslora = bool(config.get("use_rslora", False))
+    parts: dict[str, list[tuple[slice, torch.Tensor, torch.Tensor]]] = {}
+    for module, ab in sorted(pairs.items()):
+        if set(ab) != {"A", "B"}:
+            raise AdapterError(
+                f"LoRA adapter {folder}: module {module} lacks lora_{'B' if 'A' in ab else 'A'}"
+            )
+        target = model.checkpoint_target(module + ".weight")  # type: ignore[operator]
+        ours = None if target is None else target[0].removesuffix(".weight")
+        if ours is None or ours not in targets:
+            raise AdapterError(
+                f"LoRA adapter {folder}: module {module} is not one this server adapts "
+                "(the attention and MLP projections: q/k/v/o_proj, gate/up/down_proj)"
+            )
+        linear = targets[ours]
+        rows = target[1] or slice(0, linear.out_features)
+        a, b = ab["A"], ab["B"]
+        rank = a.shape[0]
+        out = rows.stop - rows.start
+        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != linear.in_features or b.shape != (out, rank):
+            raise AdapterError(
+                f"LoRA adapter {folder}: module {module} has lora_A {tuple(a.shape)} and lora_B "
+                f"{tuple(b.shape)}; the base model needs [r, {linear.in_features}] and [{out}, r]"
+            )
+        if rank > max_rank:
+            raise AdapterError(
+                f"LoRA adapter {folder}: module {module} has rank {rank} > max_lora_rank {max_rank}"
+            )
+        module_alpha = float(_pattern_value(config.get("alpha_pattern") or {}, module, alpha))
+        scale = module_alpha / (math.sqrt(rank) if rslora else rank)
+        parts.setdefault(ours, []).append((rows, a, b * scale))
+    packed = {ours: _pack(linear_parts, targets[ours], dtype) for ours, linear_parts in parts.items()}
+    rank = max(a.shape[0] for linear_parts in parts.values() for _, a, _ in linear_parts)
+    return LoRAAdapter(name, str(folder), rank, packed)
+
+
+def _pack(
+    parts: list[tuple[slice, torch.Tensor, torch.Tensor]], linear: nn.Module, dtype: torch.dtype
+) -> PackedLoRA:
+    total = sum(a.shape[0] for _, a, _ in parts)
+    a_cat = torch.cat([a.to(torch.float32) for _, a, _ in parts]).to(dtype).contiguous()
+    b_cat = torch.zeros(linear.out_features, total, dtype=torch.float32)
+    col = 0
+    for rows, a, b in parts:
+        b_cat[rows, col : col + a.shape[0]] = b.to(torch.float32)
+        col += a.shape[0]
+    return PackedLoRA(a_cat, b_cat.to(dtype).contiguous())

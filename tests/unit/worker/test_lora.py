@@ -1,0 +1,166 @@
+"""LoRA adapters on our model code against PEFT's merge_and_unload (float32, CPU): logits within 1e-4 and
+greedy tokens identical, with rows of several adapters and of none in the same step, over dense
+(oneDNN-packed and plain) and GGUF-quantized projections; and the refusals at load."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from harness.gguf_models import quantize_checkpoint
+from harness.lora_adapters import make_peft_adapter, merged_model
+from harness.tiny_models import ARCHITECTURES, make_tiny_model
+from pagedserve.services.worker.layers.lora import LoRALinear
+from pagedserve.services.worker.runner import ModelRunner
+from pagedserve.services.worker.weights.lora_adapter import AdapterError
+from pagedserve.shared.protocol.step import Execute, NewRequest
+from worker_driver import GREEDY, StepDriver
+
+PROMPTS = [[5, 9, 77, 31, 8], [100, 3, 45], [7, 7, 7, 200, 13, 250, 4], [60, 61], [33, 90, 12, 4, 150, 2]]
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_model, tmp_path_factory):
+    """Per architecture: (checkpoint, {adapter name: folder}), built once for the module."""
+    cache: dict[str, tuple[Path, dict[str, Path]]] = {}
+
+    def get(arch: str) -> tuple[Path, dict[str, Path]]:
+        if arch not in cache:
+            base = tiny_model(arch)
+            root = tmp_path_factory.mktemp(f"lora-{arch}")
+            folders = {
+                "all": make_peft_adapter(base, root / "all", seed=1, rank=8, alpha=16),
+                # q and v only, rsLoRA, a per-module rank and alpha
+                "qv": make_peft_adapter(
+                    base,
+                    root / "qv",
+                    seed=2,
+                    rank=4,
+                    alpha=8,
+                    targets=("q_proj", "v_proj", "down_proj"),
+                    use_rslora=True,
+                    rank_pattern={"down_proj": 16},
+                    alpha_pattern={"v_proj": 3.0},
+                ),
+            }
+            cache[arch] = (base, folders)
+        return cache[arch]
+
+    return get
+
+
+def _step(prompts: list[list[int]], loras: list[tuple[str, Path] | None]) -> Execute:
+    step = Execute(0)
+    next_block = 0
+    for i, (prompt, lora) in enumerate(zip(prompts, loras, strict=True)):
+        blocks = list(range(next_block, next_block + -(-len(prompt) // 16)))
+        next_block += len(blocks)
+        name, path = (None, None) if lora is None else (lora[0], str(lora[1]))
+        step.new_requests.append(
+            NewRequest(f"r{i}", prompt, len(prompt), 0, len(prompt), blocks, GREEDY, name, path)
+        )
+    return step
+
+
+def _reference_logits(base: Path, adapter: Path | None, prompts: list[list[int]]) -> torch.Tensor:
+    model = merged_model(base, adapter)
+    with torch.inference_mode():
+        return torch.stack([model(torch.tensor([p])).logits[0, -1] for p in prompts])
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("prepack", [True, False], ids=["packed", "dense"])
+def test_mixed_step_logits_match_merged_peft(adapters, arch, prepack):
+    base, folders = adapters(arch)
+    # Rows of "all" are not contiguous (an index gather), "qv" is one slice, two rows run the base.
+    loras = [("all", folders["all"]), None, ("qv", folders["qv"]), ("all", folders["all"]), None]
+    runner = ModelRunner(base, block_size=16, num_blocks=64, max_loras=2, prepack_weights=prepack)
+    assert any(isinstance(m, LoRALinear) for m in runner.model.modules())
+    _result, logits = runner.execute_with_logits(_step(PROMPTS, loras))
+    assert logits is not None
+    for name in (None, "all", "qv"):
+        rows = [i for i, lora in enumerate(loras) if (lora and lora[0]) == name]
+        expected = _reference_logits(
+            base, None if name is None else folders[name], [PROMPTS[i] for i in rows]
+        )
+        torch.testing.assert_close(logits[rows], expected, atol=1e-4, rtol=0)
+    # The adapters really move the logits (so the comparison above could fail).
+    base_only = _reference_logits(base, None, [PROMPTS[0]])
+    assert (logits[0] - base_only[0]).abs().max() > 1e-2
+
+
+def test_greedy_tokens_match_merged_peft_with_adapters_swapping_slots(adapters):
+    """Three adapters (two copies of one under other names) over two slots, in one run: every
+    request's greedy tokens equal transformers' on the merged model."""
+    base, folders = adapters("llama")
+    names = [("all", folders["all"]), ("qv", folders["qv"]), None]
+    loras = [names[i % 3] for i in range(len(PROMPTS))]
+    runner = ModelRunner(base, block_size=8, num_blocks=256, max_loras=2, max_cpu_loras=2)
+    driver = StepDriver(runner, chunk_size=3)
+    outputs = driver.generate(PROMPTS, 12, loras=[None if x is None else (x[0], str(x[1])) for x in loras])
+    for prompt, lora, got in zip(PROMPTS, loras, outputs, strict=True):
+        model = merged_model(base, None if lora is None else lora[1])
+        with torch.inference_mode():
+            ids = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+        assert got == ids[0, len(prompt) :].tolist(), lora
+    # A later run with only "qv" and a third adapter: slots are reused, cached adapters stay LRU-capped.
+    other = make_peft_adapter(base, folders["all"].parent / "third", seed=5, rank=2, alpha=2)
+    driver.generate(PROMPTS[:2], 3, loras=[("third", str(other)), ("qv", str(folders["qv"]))])
+    assert runner.loras is not None
+    assert sorted(s for s in runner.loras.slots if s) == ["qv", "third"]
+    assert len(runner.loras.cached) <= 2
+
+
+def test_quantized_base_with_an_adapter_matches_the_merged_dequantized_model(tmp_path):
+    base = make_tiny_model("llama", tmp_path / "q")
+    quantize_checkpoint(base, "Q8_0")  # the folder's safetensors now hold the dequantized weights
+    adapter = make_peft_adapter(base, tmp_path / "a", seed=3, rank=8)
+    runner = ModelRunner(base, block_size=16, num_blocks=64, quantization="gguf", max_loras=1)
+    assert runner.runtime["weights"].startswith("gguf Q8_0")
+    _result, logits = runner.execute_with_logits(_step(PROMPTS, [("a", adapter)] * len(PROMPTS)))
+    torch.testing.assert_close(logits, _reference_logits(base, adapter, PROMPTS), atol=1e-4, rtol=0)
+
+
+def _runner_with_nothing_loaded(adapters) -> tuple[ModelRunner, Path, dict[str, Path]]:
+    base, folders = adapters("qwen2")
+    return ModelRunner(base, block_size=16, num_blocks=16, max_loras=1, max_lora_rank=8), base, folders
+
+
+def test_bad_adapters_are_refused_naming_the_file_or_module(adapters, tmp_path, tiny_model):
+    runner, base, folders = _runner_with_nothing_loaded(adapters)
+    loras = runner.loras
+    assert loras is not None
+    with pytest.raises(AdapterError, match="rank 16 > max_lora_rank 8"):
+        loras.load("qv", str(folders["qv"]))  # its down_proj has rank 16
+    corrupt = shutil.copytree(folders["all"], tmp_path / "corrupt")
+    (corrupt / "adapter_model.safetensors").write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(AdapterError, match="adapter_model.safetensors: not a readable safetensors"):
+        loras.load("c", str(corrupt))
+    with pytest.raises(AdapterError, match="no adapter_config.json"):
+        loras.load("x", str(tmp_path))
+    other_shape = make_peft_adapter(tiny_model("qwen2", hidden_size=32), tmp_path / "o", rank=4)
+    with pytest.raises(AdapterError, match=r"module model.layers.0.mlp.down_proj has lora_A"):
+        loras.load("o", str(other_shape))
+    head = make_peft_adapter(base, tmp_path / "head", rank=4, targets=("lm_head",))
+    with pytest.raises(AdapterError, match="module lm_head is not one this server adapts"):
+        loras.load("h", str(head))
+    dora = shutil.copytree(folders["all"], tmp_path / "dora")
+    config = json.loads((dora / "adapter_config.json").read_text())
+    (dora / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
+    with pytest.raises(AdapterError, match="DoRA is not supported"):
+        loras.load("d", str(dora))
+    assert not loras.cached and loras.slots == [None] and loras.num_loads == 0
+    # ...and the runner still serves the base and a good adapter.
+    good = make_peft_adapter(base, tmp_path / "good", rank=4)
+    _result, logits = runner.execute_with_logits(_step(PROMPTS[:2], [("g", good), None]))
+    assert logits is not None and torch.isfinite(logits).all()
+
+
+def test_a_step_over_more_adapters_than_slots_is_refused(adapters):
+    runner, _base, folders = _runner_with_nothing_loaded(adapters)
+    step = _step(PROMPTS[:2], [("a", folders["all"]), ("b", folders["all"])])
+    with pytest.raises(AdapterError, match="uses 2 LoRA adapters; this worker has 1 slots"):
+        runner.execute(step)
