@@ -124,7 +124,15 @@ def load_lora_adapter(
     for key, tensor in tensors.items():
         match = re.fullmatch(r"(.+)\.lora_([AB])(?:\.[^.]+)?\.weight", key)
         if match is None:
-            raise AdapterError(f"LoRA adapter {folder / WEIGHTS_FILE}: unsupported tensor {key!r}")
+            what = (
+                "full weights of a trained module"
+                if ".base_layer." in key or "lora_" not in key
+                else "a tensor"
+            )
+            raise AdapterError(
+                f"LoRA adapter {folder / WEIGHTS_FILE}: {what} is not supported ({key!r}); only lora_A/lora_B "
+                "of the attention and MLP projections are"
+            )
         module = match.group(1).removeprefix(PEFT_PREFIX)
         pairs.setdefault(module, {})[match.group(2)] = tensor
     if not pairs:
