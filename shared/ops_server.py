@@ -38,6 +38,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 Handler = Callable[[], tuple[int, str, bytes]]
+BodyHandler = Callable[[Any], tuple[int, str, bytes]]  # an admin POST that reads a JSON body
 QueryHandler = Callable[[dict[str, str]], tuple[int, str, bytes]]
 
 TOKEN_COOKIE = "pagedserve_admin"
@@ -88,6 +89,7 @@ class OpsServer:
         post: dict[str, Handler] | None = None,
         admin_token: str | None = None,
         view: dict[str, QueryHandler] | None = None,
+        post_json: dict[str, BodyHandler] | None = None,
     ) -> None:
         self._token = admin_token
         routes = [
@@ -99,6 +101,10 @@ class OpsServer:
         ]
         routes += [
             Route(path, self._view(handler), methods=["GET"]) for path, handler in (view or {}).items()
+        ]
+        routes += [
+            Route(path, self._admin_json(handler), methods=["POST"])
+            for path, handler in (post_json or {}).items()
         ]
         app = Starlette(
             routes=routes,
@@ -136,6 +142,19 @@ class OpsServer:
             if not self._token_ok(self._bearer(request)):
                 return _refused("admin token required", 403)
             return await plain(request)
+
+        return endpoint
+
+    def _admin_json(self, handler: BodyHandler) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            if not self._token_ok(self._bearer(request)):
+                return _refused("admin token required", 403)
+            try:
+                body = json.loads(await request.body() or b"{}")
+            except ValueError as exc:
+                return JSONResponse({"error": f"body must be JSON: {exc}"}, 400)
+            status, ctype, out = await run_in_threadpool(handler, body)
+            return Response(out, status, media_type=ctype)
 
         return endpoint
 

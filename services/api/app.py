@@ -16,7 +16,6 @@ from pagedserve.services.api.request_ids import RequestIdMiddleware
 from pagedserve.services.api.state import APIState
 from pagedserve.services.api.tool_parsers import check_parser
 from pagedserve.shared.config import ServeConfig
-from pagedserve.shared.lora_modules import parse_lora_modules
 from pagedserve.shared.sdk import AsyncClient, load_client_keys
 
 HEALTH_TIMEOUT_S = 2.0
@@ -39,9 +38,7 @@ def create_app(config: ServeConfig, card: ModelCard | None = None) -> FastAPI:
             **keys,
         )
         async with client, httpx.AsyncClient(timeout=HEALTH_TIMEOUT_S) as http:
-            app.state.api = APIState(
-                config, card, client, http, metrics, dict(parse_lora_modules(config.lora_modules))
-            )
+            app.state.api = APIState(config, card, client, http, metrics)
             yield
 
     app = FastAPI(title="pagedserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)

@@ -19,7 +19,6 @@ from pagedserve.services.api.state import (
     api_state,
     caller,
     check_model,
-    lora_of,
     now_s,
     response_id,
     run_unless_disconnected,
@@ -54,6 +53,7 @@ async def _run(
     sampling: SamplingParams,
     mode: ToolMode,
 ) -> dict[str, Any] | Response:
+    lora = check_model(state, body.model)  # the adapter the request runs with (None: base)
     card = state.card
     parser = state.config.tool_call_parser
     prompts = [Prompt(token_ids=token_ids)]
@@ -65,16 +65,12 @@ async def _run(
             card, rid, created, sampling.n, 1, include_usage, body.logprobs, tools=mode, tool_parser=parser
         )
         with as_api_errors("messages"):
-            fanout = await Fanout.open(
-                state.client, prompts, sampling, rid, caller(request, body.user), lora_of(state, body.model)
-            )
+            fanout = await Fanout.open(state.client, prompts, sampling, rid, caller(request, body.user), lora)
         return await stream_response(request, fanout, lambda events: chat_chunks(shape, events), "messages")
     try:
         (result,) = await run_unless_disconnected(
             request,
-            generate_all(
-                state.client, prompts, sampling, rid, caller(request, body.user), lora_of(state, body.model)
-            ),
+            generate_all(state.client, prompts, sampling, rid, caller(request, body.user), lora),
             "messages",
         )
     except ClientGone:

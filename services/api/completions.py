@@ -24,7 +24,6 @@ from pagedserve.services.api.state import (
     api_state,
     caller,
     check_model,
-    lora_of,
     now_s,
     response_id,
     run_unless_disconnected,
@@ -55,6 +54,7 @@ async def _run(
     sampling: SamplingParams,
     prompts: list[Prompt],
 ) -> dict[str, Any] | Response:
+    lora = check_model(state, body.model)  # the adapter the request runs with (None: base)
     rid = response_id(request, "cmpl")
     card = state.card
     echo = (
@@ -78,18 +78,14 @@ async def _run(
             prompt_only=only_prompt,
         )
         with as_api_errors("prompt"):
-            fanout = await Fanout.open(
-                state.client, prompts, sampling, rid, caller(request, body.user), lora_of(state, body.model)
-            )
+            fanout = await Fanout.open(state.client, prompts, sampling, rid, caller(request, body.user), lora)
         return await stream_response(
             request, fanout, lambda events: completion_chunks(shape, events), "prompt"
         )
     try:
         results = await run_unless_disconnected(
             request,
-            generate_all(
-                state.client, prompts, sampling, rid, caller(request, body.user), lora_of(state, body.model)
-            ),
+            generate_all(state.client, prompts, sampling, rid, caller(request, body.user), lora),
             "prompt",
         )
     except ClientGone:

@@ -32,6 +32,7 @@ ERROR_TYPES = {
 # Scheduler / SDK error code -> (HTTP status, the request field it is about).
 SCHEDULER_CODES: dict[str, tuple[int, str | None]] = {
     "invalid_request": (400, None),
+    "unknown_lora": (404, "model"),
     "prompt_too_long": (400, "prompt"),
     "max_tokens_too_large": (400, "max_tokens"),
     "token_out_of_vocab": (400, "prompt"),

@@ -45,24 +45,87 @@ def _model_entry(request: Request) -> dict[str, Any]:
     }
 
 
-def _model_entries(request: Request) -> list[dict[str, Any]]:
-    """The base model, then each LoRA adapter as its own model whose `parent` is the base (vLLM's shape)."""
+async def _model_entries(request: Request) -> list[dict[str, Any]]:
+    """The base model, then each loaded LoRA adapter as its own model whose `parent` is the base
+    (vLLM's shape); the adapters are the scheduler's (its ops /loras), which loads and unloads them."""
+    state = api_state(request)
     base = _model_entry(request)
-    adapters = [
-        {**base, "id": name, "root": path, "parent": base["id"]}
-        for name, path in sorted(api_state(request).loras.items())
-    ]
+    adapters: list[dict[str, Any]] = []
+    if state.config.max_loras > 0:
+        listed = await _scheduler_ops(state, "GET", "/loras")
+        adapters = [
+            {**base, "id": a["name"], "root": a["path"], "parent": base["id"]}
+            for a in listed.get("adapters", [])
+        ]
     return [{**base, "parent": None}, *adapters]
+
+
+async def _scheduler_ops(state: Any, method: str, route: str, body: dict[str, Any] | None = None) -> Any:
+    """One call to the scheduler's ops endpoint (LoRA admin and listing); 503 when it does not answer."""
+    url = scheduler_readyz_url(state.config.ops_host, state.config.scheduler_ops_port).removesuffix("/readyz")
+    headers = {"authorization": f"Bearer {state.config.admin_token}"} if state.config.admin_token else {}
+    try:
+        reply = await state.http.request(method, url + route, json=body, headers=headers, timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise APIError(
+            503, f"the scheduler's ops endpoint did not answer: {exc}", None, "scheduler_unreachable"
+        ) from None
+    try:
+        data = reply.json()
+    except ValueError:
+        data = {"error": reply.text}
+    if reply.status_code >= 400:
+        raise APIError(reply.status_code, str(data.get("error", data)), "lora_name", "lora_refused")
+    return data
+
+
+def _require_admin(request: Request) -> None:
+    """LoRA load/unload change what every user is served: the admin token, never just an API key."""
+    expected = api_state(request).config.admin_token
+    scheme, _, token = request.headers.get("x-admin-token", "").partition(" ")
+    given = (token or scheme).strip()
+    if expected is None:
+        raise APIError(
+            403, "loading and unloading LoRA adapters needs an admin_token configured", None, "admin_only"
+        )
+    if not given or not hmac.compare_digest(given.encode(), expected.encode()):
+        raise APIError(
+            403,
+            "loading and unloading LoRA adapters needs the admin token: X-Admin-Token: <token>",
+            None,
+            "admin_only",
+        )
+
+
+@router.post("/v1/load_lora_adapter")
+async def load_lora_adapter(request: Request) -> dict[str, Any]:
+    """vLLM's shape: {"lora_name": ..., "lora_path": ...}; refused (400 naming the file or module) when
+    the adapter does not fit the base model, and nothing changes."""
+    _require_admin(request)
+    body = await request.json()
+    return await _scheduler_ops(
+        api_state(request), "POST", "/loras/load", body if isinstance(body, dict) else {}
+    )
+
+
+@router.post("/v1/unload_lora_adapter")
+async def unload_lora_adapter(request: Request) -> dict[str, Any]:
+    """{"lora_name": ...}; 409 naming the live requests that use it (they are not waited for)."""
+    _require_admin(request)
+    body = await request.json()
+    return await _scheduler_ops(
+        api_state(request), "POST", "/loras/unload", body if isinstance(body, dict) else {}
+    )
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": _model_entries(request)}
+    return {"object": "list", "data": await _model_entries(request)}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
-    entries = {e["id"]: e for e in _model_entries(request)}
+    entries = {e["id"]: e for e in await _model_entries(request)}
     if model_id not in entries:
         raise APIError(
             404,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -30,8 +30,6 @@ class APIState:
     client: AsyncClient
     http: httpx.AsyncClient  # for the scheduler's /readyz
     metrics: APIMetrics
-    # LoRA adapters served under their own model names (--lora-modules): name -> adapter folder.
-    loras: dict[str, str] = field(default_factory=dict)
 
 
 def api_state(request: Request) -> APIState:
@@ -46,20 +44,18 @@ def caller(request: Request, user_field: str | None) -> str | None:
 
 
 def check_model(state: APIState, model: str) -> str | None:
-    """The request's `model` -> the LoRA adapter it names (None: the base model); 404 for neither."""
+    """The request's `model` -> the LoRA adapter it names (None: the base model). With LoRA on, any
+    other name goes to the scheduler as an adapter name; it knows which are loaded (unknown_lora: 404)."""
     if model == state.card.name:
         return None
-    if model in state.loras:
+    if state.config.max_loras > 0:
         return model
-    served = ", ".join([state.card.name, *state.loras])
     raise APIError(
-        404, f"model {model!r} does not exist; this server serves {served}", "model", "model_not_found"
+        404,
+        f"model {model!r} does not exist; this server serves {state.card.name!r}",
+        "model",
+        "model_not_found",
     )
-
-
-def lora_of(state: APIState, model: str) -> str | None:
-    """The LoRA adapter a (checked) `model` names; None: the base model."""
-    return model if model != state.card.name and model in state.loras else None
 
 
 def response_id(request: Request, prefix: str) -> str:

@@ -150,7 +150,7 @@ class FrontDoor:
                 served = ", ".join(self.core.loras.names()) or "none"
                 raise RequestRejected(
                     "unknown_lora",
-                    f"lora: no LoRA adapter named {submit.lora!r} is loaded (loaded: {served})",
+                    f"model {submit.lora!r} is neither the base model nor a loaded LoRA adapter (adapters: {served})",
                 )
         tokens = tokenize_submit(submit, self.model.tokenizer, self.served_len(), self.model.vocab_size)
         self.clients.admit(client, rid, submit.stream, submit.user)

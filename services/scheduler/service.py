@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from pagedserve.services.checkpoint import read_checkpoint
 from pagedserve.services.constraints import preload as preload_constraints
 from pagedserve.services.scheduler.block_client import BlockManagerClient
 from pagedserve.services.scheduler.clients import ClientBook, FinishedStore
@@ -40,7 +41,7 @@ from pagedserve.services.scheduler.step_clock import StepClock
 from pagedserve.shared import ops_page
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
-from pagedserve.shared.lora_modules import parse_lora_modules
+from pagedserve.shared.lora_modules import check_adapter, parse_lora_modules
 from pagedserve.shared.ops_server import OpsServer, json_response
 from pagedserve.shared.protocol.blocks import free_op
 from pagedserve.shared.protocol.codec import ProtocolError
@@ -84,6 +85,8 @@ class SchedulerService:
             self.model.tokenizer,
             owner=self.bm.owner,
         )
+        hf_config = read_checkpoint(self.model.path).config
+        self.core.loras.check = lambda path: check_adapter(path, hf_config, config.max_lora_rank)
         for name, path in parse_lora_modules(config.lora_modules):
             self.core.loras.add(name, path)  # ValueError naming the entry: the scheduler does not start
         # Generations start at random: a worker's stale result must not match a restarted scheduler's.
@@ -125,6 +128,7 @@ class SchedulerService:
                     "/readyz": self._readyz,
                     "/requests": lambda: json_response(self._requests_view()),
                     "/workers": lambda: json_response({"workers": self.liveness.view(time.monotonic())}),
+                    "/loras": lambda: json_response(self._loras_view()),
                     "/metrics": lambda: (
                         200,
                         "text/plain; version=0.0.4",
@@ -132,6 +136,7 @@ class SchedulerService:
                     ),
                 },
                 admin_token=config.admin_token,
+                post_json={"/loras/load": self._load_lora, "/loras/unload": self._unload_lora},
                 view={
                     "/view": lambda q: ops_page.render("scheduler"),
                     "/view/sched": lambda q: json_response(self._watch_view()),
@@ -151,6 +156,54 @@ class SchedulerService:
         return json_response(
             {"ready": ready, "workers": live, "block_manager": not self.bm.down}, 200 if ready else 503
         )
+
+    # ------------------------------------------------------------------ LoRA adapters (admin)
+    # Run on the ops server's thread: the registry is a dict the step loop only reads (a lookup per
+    # submit), and each change here is one dict operation.
+
+    def _loras_view(self) -> dict[str, Any]:
+        loras = self.core.loras
+        return {
+            "enabled": self.core.limits.max_loras > 0,
+            "adapters": [
+                {"name": m.name, "path": m.path, "users": len(self.core.lora_users(m.name))}
+                for m in (loras.modules[n] for n in loras.names())
+            ],
+        }
+
+    def _load_lora(self, body: Any) -> tuple[int, str, bytes]:
+        name, path = (
+            (body.get("lora_name"), body.get("lora_path")) if isinstance(body, dict) else (None, None)
+        )
+        if self.core.limits.max_loras <= 0:
+            return json_response({"error": "LoRA is off: start with --max-loras >= 1"}, 400)
+        if not isinstance(name, str) or not isinstance(path, str):
+            return json_response({"error": "give lora_name and lora_path (strings)"}, 400)
+        try:
+            module = self.core.loras.add(name, path)
+        except ValueError as exc:
+            self.log.warning("lora_load_refused", name=name, path=path, error=str(exc))
+            return json_response({"error": str(exc)}, 400)
+        self.log.info("lora_loaded", name=name, path=module.path, namespace=module.namespace)
+        return json_response({"loaded": name, "path": module.path})
+
+    def _unload_lora(self, body: Any) -> tuple[int, str, bytes]:
+        name = body.get("lora_name") if isinstance(body, dict) else None
+        if not isinstance(name, str):
+            return json_response({"error": "give lora_name (a string)"}, 400)
+        users = self.core.lora_users(name)
+        if users:
+            # Refused, not waited for: the caller decides whether to abort them or retry later.
+            shown = ", ".join(users[:10]) + (f" and {len(users) - 10} more" if len(users) > 10 else "")
+            return json_response(
+                {"error": f"LoRA adapter {name!r} is in use by running requests: {shown}"}, 409
+            )
+        try:
+            self.core.loras.remove(name)
+        except KeyError as exc:
+            return json_response({"error": exc.args[0]}, 404)
+        self.log.info("lora_unloaded", name=name)
+        return json_response({"unloaded": name})
 
     def _block_manager_ops_url(self) -> str:
         host = self.config.ops_host
