@@ -41,6 +41,7 @@ POINTS = {
     "worker.delay_reply": "the worker has a step result and waits before sending it",
     "worker.stop_before_result": "the worker has a step result with tokens and SIGSTOPs itself before sending it",
     "worker.mid_verification": "the worker has scored proposed tokens (speculative decoding) and not yet sampled them",
+    "worker.lora_load": "the worker has read and checked a LoRA adapter a step needs and not yet cached or slotted it",
 }
 
 _TERM = re.compile(

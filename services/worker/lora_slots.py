@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import structlog
 from pagedserve.services.worker.layers.lora import LoRABatch, LoRALinear, install_lora_linears
 from pagedserve.services.worker.weights.lora_adapter import AdapterError, LoRAAdapter, load_lora_adapter
+from pagedserve.shared import failpoints
 
 if TYPE_CHECKING:
     import torch
@@ -56,6 +57,7 @@ class LoRASlots:
         adapter = load_lora_adapter(
             name, path, self.model, self.linears, max_rank=self.max_lora_rank, dtype=self.dtype
         )
+        failpoints.fire("worker.lora_load")  # parsed, not yet in the cache: chaos kills a worker here
         self.last_load_s = time.perf_counter() - started
         self.num_loads += 1
         self.unload(name)  # a new path under an old name replaces it everywhere

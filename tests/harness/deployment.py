@@ -112,10 +112,12 @@ async def stream_greedy(
     max_tokens: int,
     request_prefix: str,
     on_progress: Callable[[int], Awaitable[None]],
+    loras: list[str | None] | None = None,
     **client_options: Any,
 ) -> list[tuple[list[int], list[int]]]:
     """Stream every prompt at once, greedy with EOS ignored, ids `<request_prefix>-<i>`: per prompt
-    (its deltas concatenated, its final tokens); `await on_progress(total tokens seen)` per delta."""
+    (its deltas concatenated, its final tokens); `await on_progress(total tokens seen)` per delta.
+    loras: per prompt the LoRA adapter it runs with (None: the base model)."""
     from pagedserve import AsyncClient
 
     seen = 0
@@ -130,6 +132,7 @@ async def stream_greedy(
                 temperature=0.0,
                 ignore_eos=True,
                 request_id=f"{request_prefix}-{i}",
+                **({} if loras is None or loras[i] is None else {"lora": loras[i]}),
             )
             async for delta in stream:
                 streamed += delta.token_ids

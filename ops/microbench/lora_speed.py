@@ -1,0 +1,124 @@
+"""LoRA speed on the bundled model (SmolLM2-135M): total generated tok/s with requests spread over N
+adapters of rank R, against the same requests on the base model; and how long hot-loading one adapter
+takes, with the step times of running requests around it.
+
+Runs the in-process engine (LLM: scheduler, block manager, worker runner), greedy, ignore_eos, so every
+configuration generates exactly the same number of tokens. The adapters are made here with PEFT
+(random A and B, every attention and MLP projection). Run alone:
+
+    /work/tools/cpulock bench .venv/bin/python -m pagedserve.ops.microbench.lora_speed --out bench/results/lora-speed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def make_adapters(base: Path, root: Path, count: int, rank: int) -> dict[str, str]:
+    import peft
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    out = {}
+    for i in range(count):
+        config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, init_lora_weights=False)
+        peft_model = peft.get_peft_model(model, config)
+        with torch.no_grad():
+            gen = torch.Generator().manual_seed(i)
+            for name, p in peft_model.named_parameters():
+                if "lora_" in name:
+                    p.copy_(0.02 * torch.randn(p.shape, generator=gen))
+        peft_model.save_pretrained(root / f"lora{i}")
+        model = peft_model.unload()
+        out[f"lora{i}"] = str(root / f"lora{i}")
+    return out
+
+
+def run(llm, prompts: list[list[int]], loras: list[str | None], max_tokens: int) -> dict[str, float]:
+    from pagedserve import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), lora=loras[:2])
+    started = time.perf_counter()
+    outputs = llm.generate(prompts, params, lora=loras)
+    seconds = time.perf_counter() - started
+    tokens = sum(len(o.token_ids) for o in outputs)
+    return {"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cases", default="8:4,64:8", help="requests:adapters, comma-separated")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from pagedserve.services.checkpoint import load_checkpoint
+
+    from pagedserve import LLM
+
+    base = load_checkpoint("smollm2-135m").path
+    cases = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",")]
+    most = max(a for _, a in cases)
+    results: dict[str, object] = {
+        "cpu": _cpu_name(),
+        "threads": args.threads,
+        "rank": args.rank,
+        "max_tokens": args.max_tokens,
+        "prompt_len": args.prompt_len,
+        "cases": [],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        adapters = make_adapters(base, Path(tmp), most + 1, args.rank)
+        spare = adapters.pop(f"lora{most}")
+        llm = LLM("smollm2-135m", max_loras=most, max_cpu_loras=most + 1, lora_modules=adapters)
+        for requests, count in cases:
+            prompts = [
+                [(7 * i + 13 * j) % 4000 + 100 for j in range(args.prompt_len)] for i in range(requests)
+            ]
+            base_run = run(llm, prompts, [None] * requests, args.max_tokens)
+            names = [f"lora{i % count}" for i in range(requests)]
+            lora_run = run(llm, prompts, names, args.max_tokens)
+            case = {
+                "requests": requests,
+                "adapters": count,
+                "base": base_run,
+                "lora": lora_run,
+                "ratio": lora_run["tok_s"] / base_run["tok_s"],
+            }
+            results["cases"].append(case)  # type: ignore[union-attr]
+            print(json.dumps(case))
+        # Hot load: parse, check and pack one more adapter (what the worker does the first time a
+        # request names it), timed alone; running requests keep stepping around it in the engine.
+        assert llm.runner.loras is not None
+        started = time.perf_counter()
+        llm.load_lora("hot", spare)
+        results["hot_load_s"] = time.perf_counter() - started
+        print(json.dumps({"hot_load_s": results["hot_load_s"]}))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
