@@ -58,3 +58,21 @@ class SchedulerMetrics:
             "pagedserve_spec_decodes", "decodes granted lookahead for proposed tokens", registry=r
         )
         self.bm_outages = Counter("pagedserve_block_manager_outages", "block manager unreachable", registry=r)
+        self.lora_adapters_per_step = Histogram(
+            "pagedserve_lora_adapters_per_step",
+            "distinct LoRA adapters in one worker step (LoRA on)",
+            buckets=(0, 1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
+        self.lora_worker_loads = Counter(
+            "pagedserve_lora_worker_loads", "LoRA adapters a worker read from disk inside a step", registry=r
+        )
+        self.lora_worker_load_s = Counter(
+            "pagedserve_lora_worker_load_seconds", "step time spent reading LoRA adapters", registry=r
+        )
+        self.lora_admin = Counter(
+            "pagedserve_lora_admin", "LoRA load/unload calls by outcome", ["action", "outcome"], registry=r
+        )
+        self.lora_loaded = Gauge(
+            "pagedserve_lora_adapters_loaded", "LoRA adapters requests may name", registry=r
+        )

@@ -89,6 +89,7 @@ class SchedulerService:
         self.core.loras.check = lambda path: check_adapter(path, hf_config, config.max_lora_rank)
         for name, path in parse_lora_modules(config.lora_modules):
             self.core.loras.add(name, path)  # ValueError naming the entry: the scheduler does not start
+        self.metrics.lora_loaded.set(len(self.core.loras.modules))
         # Generations start at random: a worker's stale result must not match a restarted scheduler's.
         self.generation = random.getrandbits(40)
         self.liveness = WorkerLiveness(
@@ -183,7 +184,10 @@ class SchedulerService:
             module = self.core.loras.add(name, path)
         except ValueError as exc:
             self.log.warning("lora_load_refused", name=name, path=path, error=str(exc))
+            self.metrics.lora_admin.labels("load", "refused").inc()
             return json_response({"error": str(exc)}, 400)
+        self.metrics.lora_admin.labels("load", "ok").inc()
+        self.metrics.lora_loaded.set(len(self.core.loras.modules))
         self.log.info("lora_loaded", name=name, path=module.path, namespace=module.namespace)
         return json_response({"loaded": name, "path": module.path})
 
@@ -195,6 +199,7 @@ class SchedulerService:
         if users:
             # Refused, not waited for: the caller decides whether to abort them or retry later.
             shown = ", ".join(users[:10]) + (f" and {len(users) - 10} more" if len(users) > 10 else "")
+            self.metrics.lora_admin.labels("unload", "in_use").inc()
             return json_response(
                 {"error": f"LoRA adapter {name!r} is in use by running requests: {shown}"}, 409
             )
@@ -203,6 +208,8 @@ class SchedulerService:
         except KeyError as exc:
             return json_response({"error": exc.args[0]}, 404)
         self.log.info("lora_unloaded", name=name)
+        self.metrics.lora_admin.labels("unload", "ok").inc()
+        self.metrics.lora_loaded.set(len(self.core.loras.modules))
         return json_response({"unloaded": name})
 
     def _block_manager_ops_url(self) -> str:
@@ -410,6 +417,11 @@ class SchedulerService:
             self.liveness.steps.observe(wid, now - sent_at)
         self.metrics.step_time.observe(result.timings.get("step_s", result.timings.get("forward_s", 0.0)))
         self.metrics.worker_idle.labels(wid).inc(result.timings.get("idle_s", 0.0))
+        if "lora_adapters" in result.timings:
+            self.metrics.lora_adapters_per_step.observe(result.timings["lora_adapters"])
+            if "lora_load_s" in result.timings:
+                self.metrics.lora_worker_loads.inc()
+                self.metrics.lora_worker_load_s.inc(result.timings["lora_load_s"])
         self.metrics.worker_busy.labels(wid).inc(result.timings.get("step_s", 0.0))
         self.watch.step(
             wid,

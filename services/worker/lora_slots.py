@@ -80,28 +80,33 @@ class LoRASlots:
 
     # ------------------------------------------------------------------ one step
 
-    def rows_for_step(self, step: int, rows: list[tuple[str | None, str | None, int]]) -> None:
+    def rows_for_step(self, step: int, rows: list[tuple[str | None, str | None, int]]) -> float:
         """rows: per scheduled request (adapter name or None, its path, its rows this step), in packed
-        order. Loads and slots what is missing, then tells the LoRA linears each row's slot."""
+        order. Loads and slots what is missing, then tells the LoRA linears each row's slot.
+        -> seconds spent loading adapters from disk in this step (0.0 nearly always)."""
         wanted = {name: path for name, path, _ in rows if name is not None}
         if not wanted:
             self.batch.groups = []
-            return
+            return 0.0
         if len(wanted) > self.max_loras:
             raise AdapterError(
                 f"step {step} uses {len(wanted)} LoRA adapters; this worker has {self.max_loras} slots (--max-loras)"
             )
         slot_of = {}
+        loads_before, load_s = self.num_loads, 0.0
         for name, path in wanted.items():
             if path is None and name not in self.cached:
                 raise AdapterError(f"step {step}: LoRA adapter {name!r} is not loaded here and has no path")
             adapter = self.load(name, path) if path is not None else self.cached[name]
+            if self.num_loads != loads_before:
+                load_s, loads_before = load_s + self.last_load_s, self.num_loads
             slot_of[name] = self._slot_for(adapter, wanted)
             self.slot_used[slot_of[name]] = step
         row_slots: list[int] = []
         for name, _path, count in rows:
             row_slots.extend([-1 if name is None else slot_of[name]] * count)
         self.batch.set_rows(row_slots)
+        return load_s
 
     def _slot_for(self, adapter: LoRAAdapter, wanted: dict[str, str | None]) -> int:
         if adapter.name in self.slots:

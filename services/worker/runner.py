@@ -164,8 +164,9 @@ class ModelRunner:
             return StepResult(step.step, timings={"step_s": time.perf_counter() - t_start}), None
         proposed = self._propose(scheduled, lookahead) if lookahead else {}
         batch = pack_batch(scheduled, self.block_size, self.device, proposed)
+        lora_load_s = 0.0
         if self.loras is not None:  # rows per request: its tokens and any proposed ones
-            self.loras.rows_for_step(
+            lora_load_s = self.loras.rows_for_step(
                 step.step,
                 [
                     (s.lora_name, s.lora_path, n + len(proposed.get(i, ())))
@@ -191,6 +192,10 @@ class ModelRunner:
             "sample_s": t_end - t_sample,
             "step_s": t_end - t_start,
         }
+        if self.loras is not None:  # the live view and /metrics: adapters per step, loads
+            result.timings["lora_adapters"] = float(len(self.loras.batch.groups))
+            if lora_load_s:
+                result.timings["lora_load_s"] = lora_load_s
         return result, logits if keep_logits else None
 
     def _update_states(self, step: Execute) -> tuple[list[tuple[RequestState, int]], dict[int, int]]:

@@ -39,7 +39,7 @@ def lora_deployment(tiny_model, tmp_path_factory):
     api = ApiServer(sup.config, logs / "api.log", "--max-loras", "2", "--admin-token", ADMIN)
     try:
         api.wait_healthy()
-        yield api, base, adapters
+        yield api, base, adapters, sup
     finally:
         api.stop()
         sup.stop()
@@ -51,7 +51,7 @@ def _completion(api: ApiServer, model: str, prompt: list[int]) -> httpx.Response
 
 
 def test_adapters_by_model_name_listing_and_admin_load_unload(lora_deployment):
-    api, base, adapters = lora_deployment
+    api, base, adapters, sup = lora_deployment
     base_name = base.name
     models = httpx.get(f"{api.base_url}/models", timeout=10).json()["data"]
     assert [(m["id"], m["parent"]) for m in models] == [
@@ -112,6 +112,16 @@ def test_adapters_by_model_name_listing_and_admin_load_unload(lora_deployment):
     again = httpx.post(f"{api.base_url}/load_lora_adapter", json=load, headers=admin, timeout=10)
     assert again.status_code == 400 and "already loaded" in again.text
 
+    # In use: refused with the request named, while it streams on.
+    body = {"model": "late", "prompt": PROMPTS[1], "max_tokens": 480, "ignore_eos": True, "stream": True}
+    headers = {**admin, "x-request-id": "long-late"}
+    with httpx.stream("POST", f"{api.base_url}/completions", json=body, headers=headers, timeout=60) as live:
+        lines = live.iter_lines()  # kept: a dropped iterator closes the response (a disconnect)
+        next(lines)
+        busy = httpx.post(
+            f"{api.base_url}/unload_lora_adapter", json={"lora_name": "late"}, headers=admin, timeout=10
+        )
+    assert busy.status_code == 409 and "in use by running requests: cmpl-long-late" in busy.text, busy.text
     unload = httpx.post(
         f"{api.base_url}/unload_lora_adapter", json={"lora_name": "late"}, headers=admin, timeout=10
     )
@@ -126,3 +136,11 @@ def test_adapters_by_model_name_listing_and_admin_load_unload(lora_deployment):
         _completion(api, "sql", PROMPTS[0]).json()["choices"][0]["text"]
         == llm.generate([PROMPTS[0]], greedy, lora="sql")[0].text
     )
+    metrics = httpx.get(f"http://127.0.0.1:{sup.config.scheduler_ops_port}/metrics", timeout=10).text
+    assert 'pagedserve_lora_admin_total{action="load",outcome="refused"} 3.0' in metrics
+    assert 'pagedserve_lora_admin_total{action="unload",outcome="in_use"} 1.0' in metrics
+    assert "pagedserve_lora_adapters_loaded 2.0" in metrics
+    steps_with_adapters = re.search(r'pagedserve_lora_adapters_per_step_bucket\{le="0.0"\} (\S+)', metrics)
+    total = re.search(r"^pagedserve_lora_adapters_per_step_count (\S+)", metrics, re.M)
+    assert steps_with_adapters and total and float(total.group(1)) > float(steps_with_adapters.group(1)) > 0
+    assert float(re.search(r"^pagedserve_lora_worker_loads_total (\S+)", metrics, re.M).group(1)) >= 1
