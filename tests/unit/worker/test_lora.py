@@ -65,6 +65,12 @@ def _step(prompts: list[list[int]], loras: list[tuple[str, Path] | None]) -> Exe
     return step
 
 
+def _in_step_order(result, logits: torch.Tensor, count: int) -> torch.Tensor:
+    """The runner groups rows by adapter: logits rows follow result.request_ids; back to r0, r1, ..."""
+    row = {rid: i for i, rid in enumerate(result.request_ids)}
+    return logits[[row[f"r{i}"] for i in range(count)]]
+
+
 def _reference_logits(base: Path, adapter: Path | None, prompts: list[list[int]]) -> torch.Tensor:
     model = merged_model(base, adapter)
     with torch.inference_mode():
@@ -79,8 +85,9 @@ def test_mixed_step_logits_match_merged_peft(adapters, arch, prepack):
     loras = [("all", folders["all"]), None, ("qv", folders["qv"]), ("all", folders["all"]), None]
     runner = ModelRunner(base, block_size=16, num_blocks=64, max_loras=2, prepack_weights=prepack)
     assert any(isinstance(m, LoRALinear) for m in runner.model.modules())
-    _result, logits = runner.execute_with_logits(_step(PROMPTS, loras))
+    result, logits = runner.execute_with_logits(_step(PROMPTS, loras))
     assert logits is not None
+    logits = _in_step_order(result, logits, len(PROMPTS))
     for name in (None, "all", "qv"):
         rows = [i for i, lora in enumerate(loras) if (lora and lora[0]) == name]
         expected = _reference_logits(
@@ -120,7 +127,8 @@ def test_quantized_base_with_an_adapter_matches_the_merged_dequantized_model(tmp
     adapter = make_peft_adapter(base, tmp_path / "a", seed=3, rank=8)
     runner = ModelRunner(base, block_size=16, num_blocks=64, quantization="gguf", max_loras=1)
     assert runner.runtime["weights"].startswith("gguf Q8_0")
-    _result, logits = runner.execute_with_logits(_step(PROMPTS, [("a", adapter)] * len(PROMPTS)))
+    result, logits = runner.execute_with_logits(_step(PROMPTS, [("a", adapter)] * len(PROMPTS)))
+    logits = _in_step_order(result, logits, len(PROMPTS))
     torch.testing.assert_close(logits, _reference_logits(base, adapter, PROMPTS), atol=1e-4, rtol=0)
 
 
@@ -166,3 +174,27 @@ def test_a_step_over_more_adapters_than_slots_is_refused(adapters):
     step = _step(PROMPTS[:2], [("a", folders["all"]), ("b", folders["all"])])
     with pytest.raises(AdapterError, match="uses 2 LoRA adapters; this worker has 1 slots"):
         runner.execute(step)
+
+
+def test_lora_linear_adds_each_rows_adapter_delta_by_slice_or_gather():
+    """The layer alone: rows of slot 0 apart (a gather), slot 1 together (a slice), base rows unchanged."""
+    from pagedserve.services.worker.layers.lora import LoRABatch
+
+    torch.manual_seed(0)
+    base = torch.nn.Linear(16, 12)
+    batch = LoRABatch()
+    layer = LoRALinear(base, batch, num_slots=2)
+    weights = [(torch.randn(4, 16), torch.randn(12, 4)), (torch.randn(2, 16), torch.randn(12, 2))]
+    layer.slots[:] = weights
+    x = torch.randn(6, 16)
+    row_slots = [0, -1, 0, 1, 1, -1]
+    batch.set_rows(row_slots)
+    assert [type(rows) for _, rows in batch.groups] == [torch.Tensor, slice]
+    with torch.inference_mode():
+        got = layer(x)
+        want = base(x)
+        for row, slot in enumerate(row_slots):
+            if slot >= 0:
+                a, b = weights[slot]
+                want[row] += (x[row] @ a.t()) @ b.t()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
