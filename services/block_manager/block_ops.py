@@ -55,7 +55,7 @@ def apply_ops(manager: BlockManager, ops: list[list[Any]], now: float) -> BlockA
 
 
 def _alloc(manager: BlockManager, op: list[Any], now: float) -> Any:
-    _, pool_id, request_id, owner, token_ids, max_new_tokens, use_prefix_cache = op
+    _, pool_id, request_id, owner, token_ids, max_new_tokens, use_prefix_cache, cache_salt = op
     _need_str("pool_id", pool_id)
     _need_str("request_id", request_id)
     _need_str("owner", owner)
@@ -63,8 +63,17 @@ def _alloc(manager: BlockManager, op: list[Any], now: float) -> Any:
     _need_count("max_new_tokens", max_new_tokens)
     if type(use_prefix_cache) is not bool:
         raise MalformedOpError(f"use_prefix_cache must be a bool, got {type(use_prefix_cache).__name__}")
+    if type(cache_salt) is not str:
+        raise MalformedOpError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
     allocation = manager.allocate(
-        pool_id, request_id, owner, token_ids, max_new_tokens, now, use_prefix_cache=use_prefix_cache
+        pool_id,
+        request_id,
+        owner,
+        token_ids,
+        max_new_tokens,
+        now,
+        use_prefix_cache=use_prefix_cache,
+        cache_salt=cache_salt,
     )
     return None if allocation is None else allocation.to_wire()
 

@@ -15,7 +15,7 @@ from pagedserve.services.block_manager import pool_view
 from pagedserve.services.block_manager import snapshot as health
 from pagedserve.services.block_manager.block_ops import apply_ops
 from pagedserve.services.block_manager.leases import LeaseTable
-from pagedserve.services.block_manager.pool import NO_PREFIX, ROOT_PREFIX, Block, BlockPool
+from pagedserve.services.block_manager.pool import NO_PREFIX, Block, BlockPool
 from pagedserve.services.block_manager.table import NEVER, BlockTable
 from pagedserve.shared.protocol.blocks import UNCHANGED, Allocation, BlockAnswers, Growth
 
@@ -110,10 +110,12 @@ class BlockManager:
         max_new_tokens: int,
         now: float,
         use_prefix_cache: bool = True,
+        cache_salt: str = "",
     ) -> Allocation | None:
         """A new block table: leading prefix-cache hits, then fresh blocks for `max_new_tokens`
         slots at most. None (and nothing changed) when the pool has too few free blocks.
-        `use_prefix_cache` false: no hits (every slot computed); its blocks are still cached later."""
+        `use_prefix_cache` false: no hits (every slot computed); its blocks are still cached later.
+        `cache_salt`: the namespace its hits come from and its blocks are cached under."""
         if request_id in self._tables:
             raise BlockManagerError(f"request {request_id!r} already has a block table")
         pool = self._pool(pool_id)
@@ -126,7 +128,7 @@ class BlockManager:
             )
         bs = pool.block_size
         hits: list[Block] = []
-        prefix = ROOT_PREFIX
+        prefix = pool.root(cache_salt)
         if self.enable_prefix_caching and use_prefix_cache:
             cached = pool.cached
             # Never the whole prompt: the last prompt token must be computed to give the logits.

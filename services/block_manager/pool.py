@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-ROOT_PREFIX = 0  # prefix id of the empty prefix: the parent of every first block
+ROOT_PREFIX = 0  # prefix id of the empty prefix: the parent of every first block (salt "")
 NO_PREFIX = -1  # a table whose chain broke (conflicting content) caches nothing further
 
 CacheKey = tuple[int, tuple[int, ...]]
@@ -46,7 +46,16 @@ def block_hash(key: CacheKey) -> str:
 class BlockPool:
     """Blocks of one worker. Every method is O(1) per block it touches."""
 
-    __slots__ = ("pool_id", "num_blocks", "block_size", "blocks", "free", "cached", "_next_prefix_id")
+    __slots__ = (
+        "pool_id",
+        "num_blocks",
+        "block_size",
+        "blocks",
+        "free",
+        "cached",
+        "roots",
+        "_next_prefix_id",
+    )
 
     def __init__(self, pool_id: str, num_blocks: int, block_size: int) -> None:
         self.pool_id = pool_id
@@ -58,7 +67,20 @@ class BlockPool:
         # a cached free block revived by a prefix hit.
         self.free: OrderedDict[int, Block] = OrderedDict((b.id, b) for b in self.blocks)
         self.cached: dict[CacheKey, Block] = {}
+        # The empty prefix of each cache salt but "" (ROOT_PREFIX): an id of its own, so a salted
+        # chain never meets an unsalted one. Handed out like content ids, kept for the pool's life.
+        self.roots: dict[str, int] = {}
         self._next_prefix_id = ROOT_PREFIX + 1
+
+    def root(self, salt: str) -> int:
+        """The prefix id of the empty prefix under `salt`."""
+        if not salt:
+            return ROOT_PREFIX
+        root = self.roots.get(salt)
+        if root is None:
+            root = self.roots[salt] = self._next_prefix_id
+            self._next_prefix_id += 1
+        return root
 
     def take_free(self) -> Block:
         """The least recently freed block, now referenced once; its cached content is evicted."""

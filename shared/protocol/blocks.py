@@ -3,7 +3,7 @@
 Hot path, so plain lists (no field names, no per-field validation beyond the frame's version):
 
     op                                                          result (None: not enough free blocks)
-    ["alloc", pool_id, request_id, owner, token_ids, max_new, use_prefix_cache]
+    ["alloc", pool_id, request_id, owner, token_ids, max_new, use_prefix_cache, cache_salt]
                                                                 [block_ids, num_cached_tokens, num_new_tokens] | None
     ["grow", request_id, num_new_tokens, new_token_ids]         [new_block_ids, [[idx, id]...], [[src, dst]...]] | None
     ["fork", parent_id, child_id, owner]                        True | None
@@ -15,6 +15,10 @@ Hot path, so plain lists (no field names, no per-field validation beyond the fra
 `use_prefix_cache` false: no prefix-cache hits, every slot is computed (a request that wants its
 prompt's logprobs needs a hidden state at every position). Its full blocks are still offered to the
 cache for others.
+
+`cache_salt` names the prefix cache's namespace: the same tokens under another salt are other KV
+(a LongRoPE request whose context passed the original length rotates every position with the long
+factors; "" is the plain namespace). Hits and cached blocks stay within the table's own salt.
 
 `num_computed` of a free is how many of the table's slots the owner saw computed (nil: all of
 them): the prefix cache keeps only blocks it knows were written (services/block_manager/pool.py).
@@ -39,7 +43,7 @@ OP_ALLOC = "alloc"
 OP_GROW = "grow"
 OP_FORK = "fork"
 OP_FREE = "free"
-OP_ARITY = {OP_ALLOC: 7, OP_GROW: 4, OP_FORK: 4, OP_FREE: 3}  # list length, name included
+OP_ARITY = {OP_ALLOC: 8, OP_GROW: 4, OP_FORK: 4, OP_FREE: 3}  # list length, name included
 
 
 class BlockOpError(Exception):
@@ -102,8 +106,18 @@ def alloc_op(
     token_ids: Sequence[int],
     max_new_tokens: int,
     use_prefix_cache: bool = True,
+    cache_salt: str = "",
 ) -> list[Any]:
-    return [OP_ALLOC, pool_id, request_id, owner, list(token_ids), max_new_tokens, use_prefix_cache]
+    return [
+        OP_ALLOC,
+        pool_id,
+        request_id,
+        owner,
+        list(token_ids),
+        max_new_tokens,
+        use_prefix_cache,
+        cache_salt,
+    ]
 
 
 def grow_op(request_id: str, num_new_tokens: int, new_token_ids: Sequence[int] = ()) -> list[Any]:
