@@ -18,15 +18,20 @@ class SchedulerLimits:
     max_model_len: int = 2048
     # Blocks kept free when admitting, so running decodes can grow without preempting at once.
     watermark_blocks: int = 1
+    # LongRoPE's original context (services/checkpoint.py rope_switch_at); None for other models.
+    rope_switch_at: int | None = None
 
     @classmethod
-    def from_config(cls, config: ServeConfig, max_model_len: int) -> SchedulerLimits:
+    def from_config(
+        cls, config: ServeConfig, max_model_len: int, rope_switch_at: int | None = None
+    ) -> SchedulerLimits:
         return cls(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             aging_s=config.aging_s,
             pipeline_depth=config.pipeline_depth,
             max_model_len=max_model_len,
+            rope_switch_at=rope_switch_at,
         )
 
 
@@ -34,6 +39,7 @@ class SchedulerLimits:
 class SchedulerStats:
     steps: int = 0
     preemptions: int = 0
+    rope_recomputes: int = 0  # LongRoPE requests recomputed as their context passed the original length
     prompt_tokens: int = 0
     cached_tokens: int = 0
     generated_tokens: int = 0

@@ -5,6 +5,12 @@ blocks. Decodes go first (one token each), then prompts already being prefilled 
 waiting requests in policy order. A running request that cannot grow preempts the lowest-priority,
 newest running one, and nobody is admitted in that step. The plan lists the block-manager ops of
 the step (ONE batched RPC); nothing is final until `Scheduler.commit` reads the reply.
+
+LongRoPE models (`limits.rope_switch_at`): transformers rotates every position with the short factors
+while a sequence fits the original length, and once it passes it recomputes the whole sequence with
+the long ones. A request admitted within the length (`rope_long` false) is therefore recomputed, like
+a preempted one, instead of decoding the first position past it; admitted past it, every token is long
+from the start, and its prefix-cache entries live under their own salt (the same tokens are other KV).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from pagedserve.services.scheduler.placement import WorkerState
 from pagedserve.services.scheduler.request import Request, Status
 from pagedserve.shared.paging import blocks_for
 from pagedserve.shared.protocol.blocks import OP_FREE, alloc_op, free_op, grow_op
+
+LONG_ROPE_SALT = "longrope-long"  # the prefix-cache namespace of requests rotated with the long factors
 
 
 @dataclass(slots=True)
@@ -120,6 +128,10 @@ class Planner:
                     break
                 if req.status is not Status.RUNNING:
                     continue  # preempted a moment ago, for someone earlier in this loop
+                if not want_prefill and self._crosses_rope_switch(req):
+                    self._leave(req, draft)  # back with its outputs, past the switch: all long
+                    self.stats.rope_recomputes += 1
+                    continue
                 n = min(draft.tokens, req.num_known - req.num_slots_used) if want_prefill else 1
                 need = blocks_to_grow(req, n, bs)
                 if need > draft.blocks and want_prefill:
@@ -163,6 +175,8 @@ class Planner:
             ):
                 break
             state.waiting.pop(req)
+            switch = self.limits.rope_switch_at
+            req.rope_long = switch is not None and len(tokens) > switch
             entry = PlanEntry(req, len(draft.ops), max_new, new=True)
             draft.ops.append(
                 alloc_op(
@@ -172,6 +186,7 @@ class Planner:
                     tokens,
                     max_new,
                     use_prefix_cache=not req.wants_prompt_logprobs,
+                    cache_salt=LONG_ROPE_SALT if req.rope_long else "",
                 )
             )
             if max_new == len(tokens):
@@ -193,12 +208,23 @@ class Planner:
         if not candidates:
             return
         victim = min(candidates, key=lambda r: (r.sampling.priority, -r.arrival))
-        victim.status = Status.PREEMPTED
+        self._leave(victim, draft)
         self.stats.preemptions += 1
-        if victim.in_flight == 0:
-            state.running.remove(victim)
-            draft.ops.append(free_op(victim.request_id, victim.num_slots_used))
-            self._after_free(victim, state)
+
+    def _leave(self, req: Request, draft: _Draft) -> None:
+        """Preempt `req`: its blocks go back (now, or once no step in flight names it) and it waits
+        in front to be recomputed from prompt + outputs."""
+        req.status = Status.PREEMPTED
+        if req.in_flight == 0:
+            draft.state.running.remove(req)
+            draft.ops.append(free_op(req.request_id, req.num_slots_used))
+            self._after_free(req, draft.state)
+
+    def _crosses_rope_switch(self, req: Request) -> bool:
+        """Would its next decode compute a position past LongRoPE's original length on top of KV
+        rotated with the short factors?"""
+        switch = self.limits.rope_switch_at
+        return switch is not None and not req.rope_long and req.num_slots_used >= switch
 
     def _after_free(self, req: Request, state: WorkerState) -> None:
         """A free op for `req` is in this batch: the worker forgets it; a preempted one queues again."""

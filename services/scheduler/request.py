@@ -39,6 +39,9 @@ class Request:
     num_cached_tokens: int = 0  # prefix-cache hit of the last allocation
     shares_last_block: bool = False  # forked: the next write may copy-on-write
     fork_children: int = 0  # n - 1 children still to fork when the prompt completes
+    # LongRoPE: admitted with more known tokens than the original length, so the worker rotates all of
+    # them with the long factors (set at each admission; services/checkpoint.py rope_switch_at).
+    rope_long: bool = False
     prompt_logprobs: PromptLogprobs | None = None  # received (sampling.prompt_logprobs; the parent's)
     # --- timing (for metrics)
     first_token_at: float | None = None

@@ -27,6 +27,9 @@ class RequestState:
     # The grammar matcher of a constrained request (services/constraints), built at its first sampled
     # token by replaying output_token_ids; None for an unconstrained one (or before that token).
     matcher: Any = None
+    # Tokens known when the worker (re)started it (prompt, plus outputs on a recompute): LongRoPE
+    # rotates all of a request's tokens with its long factors once this passes the original length.
+    num_tokens_at_start: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -16,6 +16,7 @@ from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
 from pagedserve.services.worker.layers.packed_linear import linears_kind
 from pagedserve.services.worker.layers.quant_linear import weight_types
+from pagedserve.services.worker.layers.rope import longrope_tokens
 from pagedserve.services.worker.models.registry import ModelConfig
 from pagedserve.services.worker.packed_batch import PackedBatch, RequestState, pack_batch
 from pagedserve.services.worker.request_constraints import RequestConstraints
@@ -143,7 +144,13 @@ class ModelRunner:
             return StepResult(step.step, timings={"step_s": time.perf_counter() - t_start}), None
         batch = pack_batch(scheduled, self.block_size, self.device)
         t_forward = time.perf_counter()
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_cache.layers(), batch.meta)
+        hidden = self.model(
+            batch.input_ids,
+            batch.positions,
+            self.kv_cache.layers(),
+            batch.meta,
+            self._long_tokens(scheduled, batch),
+        )
         if self.prompt_tallies:
             prompt_logprobs.collect(self.prompt_tallies, scheduled, hidden, self.model.compute_logits)
         for state, n in scheduled:
@@ -175,6 +182,7 @@ class ModelRunner:
                 num_computed_tokens=new.num_computed_tokens,
                 block_ids=list(new.block_ids),
                 sampling=new.sampling,
+                num_tokens_at_start=len(new.token_ids),
             )
             self.requests[new.request_id] = state
             if (tally := prompt_logprobs.wanted(state)) is not None:
@@ -249,10 +257,21 @@ class ModelRunner:
             num_computed_tokens=parent.num_computed_tokens,
             block_ids=list(parent.block_ids),  # shared with the parent; copy-on-write comes later
             sampling=parent.sampling.with_seed(fork.seed),
+            num_tokens_at_start=parent.num_tokens_at_start,
         )
         # The child's grammar state is the parent's before this step's token (it samples its own).
         child.matcher = self.constraints.fork(parent)
         return child, row
+
+    def _long_tokens(
+        self, scheduled: list[tuple[RequestState, int]], batch: PackedBatch
+    ) -> torch.Tensor | None:
+        """LongRoPE models: the packed tokens rotated with the long factors (layers/rope.py); else None."""
+        long_from = self.model.rotary.long_from
+        if long_from is None:
+            return None
+        starts = [state.num_tokens_at_start for state, _ in scheduled]
+        return longrope_tokens(batch.positions, starts, [n for _, n in scheduled], long_from)
 
     def _check_blocks(self, owner: str, block_ids: list[int]) -> None:
         # A negative id would silently read another block; past the end it is a device assert on CUDA.
