@@ -1,7 +1,8 @@
-"""A Mistral-style model whose sliding window (32) is shorter than its positions (512): a prompt
-longer than the window gets the same clear refusal in-process, through the services (SDK) and
-through the HTTP API, and a prompt within it still runs. Sliding-window attention is not
-implemented, so the window is the context served exactly (services/checkpoint.py)."""
+"""Sliding windows are exact, so they no longer cap the context: a prompt longer than the window runs
+and gives transformers' greedy tokens, in-process (Mistral, window 32) and through the services and
+the OpenAI-compatible HTTP API (Phi-3 with LongRoPE: a window of 29 in every layer, half of each head
+rotated, and requests that cross the original context of 48 while generating, which the scheduler
+service recomputes with the long factors as transformers does)."""
 
 from __future__ import annotations
 
@@ -9,67 +10,86 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+import torch
 from harness.api_server import ApiServer
 from harness.deployment import start
-from pagedserve.services.scheduler.admission import RequestRejected
-from pagedserve.shared.sdk import RequestError
+from harness.tiny_models import LONGROPE_ORIGINAL
 
-from pagedserve import LLM, Client, SamplingParams
+from pagedserve import LLM, SamplingParams
 
-WINDOW = 32
-TOO_LONG = [5] * 40  # within the 512 positions, past the window
-EXPECTED = (
-    "prompt_too_long",
-    f"prompt has 40 tokens; the model's context (max_model_len) is {WINDOW}, "
-    "leaving room for at least one generated token",
-)
+MAX_TOKENS = 10
+
+
+def _transformers_greedy(path, prompts: list[list[int]]) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
+    outs = []
+    with torch.inference_mode():
+        for p in prompts:
+            ids = torch.tensor([p])
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=MAX_TOKENS,
+                pad_token_id=0,
+            )
+            outs.append(out[0, len(p) :].tolist())
+    return outs
+
+
+def test_in_process_a_prompt_past_the_window_gives_transformers_tokens(tiny_model) -> None:
+    path = tiny_model("mistral", sliding_window=32)
+    prompts = [[5 + i % 200 for i in range(n)] for n in (40, 90)]
+    llm = LLM(str(path), num_blocks=64)
+    assert llm.max_model_len == 512  # the positions, not the window
+    got = [o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))]
+    assert got == _transformers_greedy(path, prompts)
+
+
+# 20: short factors throughout; 44: crosses 48 while generating (recomputed); 70: long from the start.
+API_PROMPTS = [[3 + (7 * i + n) % 250 for i in range(n)] for n in (20, 44, 70)]
 
 
 @pytest.fixture(scope="module")
-def windowed_model(tiny_model):
-    return tiny_model("mistral", sliding_window=WINDOW)
+def longrope(tiny_model) -> tuple[str, list[tuple[str, int]]]:
+    """(the checkpoint, per prompt: the text of transformers' greedy tokens as our engine detokenizes
+    them, and how many there are)."""
+    path = tiny_model("phi3-longrope")
+    expected = _transformers_greedy(path, API_PROMPTS)
+    llm = LLM(str(path), num_blocks=64, block_size=16)
+    outs = llm.generate(API_PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
+    assert [o.token_ids for o in outs] == expected
+    assert llm.scheduler.stats.rope_recomputes == 1  # the 44-token prompt crossed 48
+    assert 20 + MAX_TOKENS <= LONGROPE_ORIGINAL < 44 + MAX_TOKENS
+    return str(path), [(o.text, len(o.token_ids)) for o in outs]
 
 
 @pytest.fixture(scope="module")
-def deployment(windowed_model, tmp_path_factory) -> Iterator[tuple[str, str]]:
-    """(the scheduler's front endpoint, the API's base URL)."""
+def api(longrope, tmp_path_factory) -> Iterator[str]:
+    """The API's base URL, in front of a deployment of the LongRoPE model (one worker process)."""
     logs = tmp_path_factory.mktemp("window-logs")
-    sup = start(windowed_model, workers=1, log_dir=logs)
+    sup = start(longrope[0], workers=1, log_dir=logs, block_size=16, num_blocks=64)
     api = ApiServer(sup.config, logs / "api.log")
     try:
         api.wait_healthy()
-        yield sup.config.front_endpoint, api.base_url
+        yield api.base_url
     finally:
         api.stop()
         sup.stop()
 
 
-def test_in_process_the_window_refuses_a_longer_prompt(windowed_model) -> None:
-    llm = LLM(str(windowed_model), num_blocks=64)
-    with pytest.raises(RequestRejected) as refused:
-        llm.generate([TOO_LONG], SamplingParams(max_tokens=1))
-    assert (refused.value.code, refused.value.message) == EXPECTED
-    assert len(llm.generate([[5] * 20], SamplingParams(max_tokens=4))[0].token_ids) == 4
-
-
-def test_through_the_services_the_window_refuses_a_longer_prompt(deployment) -> None:
-    front, _ = deployment
-    with Client(front, timeout_s=60) as client:
-        with pytest.raises(RequestError) as refused:
-            client.generate(prompt_token_ids=TOO_LONG, max_tokens=1)
-        assert (refused.value.code, refused.value.message) == EXPECTED
-        assert len(client.generate(prompt_token_ids=[5] * 20, max_tokens=4).token_ids) == 4
-
-
-def test_through_the_api_the_window_refuses_a_longer_prompt(deployment) -> None:
-    _, base_url = deployment
-    (model,) = httpx.get(f"{base_url}/models", timeout=10).json()["data"]
-    assert model["max_model_len"] == WINDOW
-    reply = httpx.post(
-        f"{base_url}/completions",
-        json={"model": model["id"], "prompt": TOO_LONG, "max_tokens": 1},
-        timeout=60,
-    )
-    assert reply.status_code == 400
-    error = reply.json()["error"]
-    assert (error["code"], error["message"], error["param"]) == (*EXPECTED, "prompt")
+def test_through_the_api_windows_and_longrope_give_transformers_tokens(longrope, api) -> None:
+    _, expected_text = longrope
+    (model,) = httpx.get(f"{api}/models", timeout=10).json()["data"]
+    assert model["max_model_len"] == 192  # the positions, not the window of 29
+    for prompt, expected in zip(API_PROMPTS, expected_text, strict=True):
+        reply = httpx.post(
+            f"{api}/completions",
+            json={"model": model["id"], "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0},
+            timeout=120,
+        )
+        assert reply.status_code == 200, reply.text
+        choice = reply.json()["choices"][0]
+        assert (choice["text"], reply.json()["usage"]["completion_tokens"]) == expected
