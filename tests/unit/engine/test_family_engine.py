@@ -32,9 +32,13 @@ def _prompts(seed: int = 0) -> list[list[int]]:
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request, tiny_model):
     """(arch, checkpoint, transformers' greedy outputs for _prompts())."""
+    path = tiny_model(request.param)
+    return request.param, path, _transformers_outputs(path)
+
+
+def _transformers_outputs(path) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
-    path = tiny_model(request.param)
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
     outs = []
     with torch.inference_mode():
@@ -48,7 +52,7 @@ def family(request, tiny_model):
                 pad_token_id=0,
             )
             outs.append(out[0, len(p) :].tolist())
-    return request.param, path, outs
+    return outs
 
 
 def _generate(path, prompts, **engine_kwargs) -> tuple[LLM, list[list[int]]]:
@@ -128,4 +132,36 @@ def test_longrope_requests_past_the_switch_keep_their_prefix_cache_apart(tiny_mo
     assert (first.num_cached_tokens, crossing.num_cached_tokens) == (0, 0)
     assert again.num_cached_tokens == (len(long) - 1) // 16 * 16  # the last prompt token is computed
     assert [first.token_ids, crossing.token_ids] == expected and again.token_ids == crossing.token_ids
+    _assert_pool_whole(llm)
+
+
+class _Oracle:
+    """Proposes each prompt's known continuation: every proposal is accepted, so lookahead runs as far
+    as the scheduler lets it."""
+
+    name = "oracle"
+
+    def __init__(self, answers: dict[tuple[int, ...], list[int]]) -> None:
+        self.answers = answers
+
+    def propose(self, state, k: int) -> list[int]:
+        done = len(state.output_token_ids)
+        return list(self.answers.get(tuple(state.prompt_token_ids), [])[done : done + k])
+
+    def finished(self, state) -> None:
+        pass
+
+
+def test_longrope_with_speculation_proposes_no_token_past_the_switch(tiny_model):
+    """Speculative decoding's proposals stop before the original length (48) while a request is rotated
+    short: the crossing is still a recompute, and the tokens are transformers'."""
+    path = tiny_model("phi3-longrope")
+    prompts = _prompts()
+    expected = _transformers_outputs(path)
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "max_step_rows": 64, "row_cost": 0.0}
+    llm = LLM(str(path), num_blocks=256, block_size=16, speculative_config=spec)
+    llm.runner.proposer = _Oracle({tuple(p): e for p, e in zip(prompts, expected, strict=True)})
+    got = [o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))]
+    assert got == expected
+    assert llm.scheduler.stats.rope_recomputes >= 2
     _assert_pool_whole(llm)
