@@ -9,6 +9,10 @@ Layouts (all backends):
 Request b's queries are query[query_start_loc[b]:query_start_loc[b+1]]; its context after this
 step has seq_lens[b] tokens, so its i-th query sits at position seq_lens[b] - query_len_b + i and
 attends (causally) to context positions <= that, read through block_tables[b].
+
+Two per-layer rules every backend applies exactly (`AttentionRules`): a sliding `window` (a query at
+position p sees only positions p - window + 1 .. p, Hugging Face's `kv > q - window`) and a logit
+`softcap` (each scaled score s becomes softcap * tanh(s / softcap) before the softmax).
 """
 
 from __future__ import annotations
@@ -17,6 +21,27 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionRules:
+    """What one layer's attention applies besides causality; the defaults are plain causal attention."""
+
+    window: int | None = None  # keep only the `window` latest positions of each query (itself included)
+    softcap: float | None = None  # scores s -> softcap * tanh(s / softcap), before the softmax
+
+    def __post_init__(self) -> None:
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"sliding window must be >= 1 position, got {self.window}")
+        if self.softcap is not None and not self.softcap > 0:
+            raise ValueError(f"attention softcap must be > 0, got {self.softcap}")
+
+    def first_visible(self, position: int) -> int:
+        """The first context position a query at `position` sees."""
+        return 0 if self.window is None else max(0, position + 1 - self.window)
+
+
+CAUSAL = AttentionRules()
 
 
 @dataclass(slots=True)
@@ -60,8 +85,10 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        rules: AttentionRules = CAUSAL,
     ) -> torch.Tensor:
-        """Causal attention of every packed query over its request's paged context -> [num_tokens, H, D]."""
+        """Causal attention of every packed query over its request's paged context, under `rules` (a
+        sliding window, a logit softcap) -> [num_tokens, H, D]."""
 
 
 def get_backend(name: str, device: torch.device | str) -> AttentionBackend:

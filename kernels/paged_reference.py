@@ -2,7 +2,8 @@
 against, by their unit tests and on a real GPU by `python -m pagedserve.ops.gpu.check`. Only torch.
 
 Deliberately plain: each request's context is gathered through its block table into contiguous K/V,
-then softmax(q k^T) v in fp32 with a causal offset. Nothing shared with the kernels or the torch backend.
+then softmax(q k^T) v in fp32 with a causal offset, a layer's sliding window and logit softcap applied
+as Hugging Face's eager attention applies them. Nothing shared with the kernels or the torch backend.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from pagedserve.kernels.attention import AttentionMetadata
+from pagedserve.kernels.attention import CAUSAL, AttentionMetadata, AttentionRules
 
 # Per-dtype (atol, rtol) against the fp32 reference: the kernels round P to the input dtype before P @ V.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -104,8 +105,9 @@ def make_paged_batch(
     )
 
 
-def reference_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
-    """fp32 [T, H, D]: each query attends to context positions <= its own, read via the block table."""
+def reference_attention(batch: PagedBatch, scale: float, rules: AttentionRules = CAUSAL) -> torch.Tensor:
+    """fp32 [T, H, D]: each query attends to context positions <= its own (and > its own - window),
+    read via the block table."""
     q_all = batch.query.float().cpu()
     k_cache = batch.k_cache.float().cpu()
     v_cache = batch.v_cache.float().cpu()
@@ -121,8 +123,13 @@ def reference_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
         v = v_cache[pages, pos % block_size].repeat_interleave(num_heads // num_kv_heads, dim=1)
         q = q_all[start : start + q_len]  # [q_len, H, D]
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        if rules.softcap is not None:
+            scores = torch.tanh(scores / rules.softcap) * rules.softcap
         q_pos = torch.arange(s - q_len, s)
-        scores = scores.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        hidden = pos[None, None, :] > q_pos[None, :, None]
+        if rules.window is not None:
+            hidden |= pos[None, None, :] <= q_pos[None, :, None] - rules.window
+        scores = scores.masked_fill(hidden, float("-inf"))
         out[start : start + q_len] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
         start += q_len
     return out

@@ -5,13 +5,18 @@ runs per length bucket. Rows with several queries (prefill, a continued chunk, a
 run one SDPA each over their gathered context. GQA is folded into the query side everywhere
 (q viewed [..., kv_heads, q_per_kv, ...] against K/V of kv_heads), never by repeating K/V: see
 docs/cpu-performance.md for the measurements behind each choice.
+
+A layer's rules (kernels/attention.py) join the causal mask: a sliding window is a lower bound on the
+visible positions (and a prefill row gathers only the blocks its first query's window reaches); a
+logit softcap runs the scores through tanh, which SDPA cannot, so those layers take the written-out
+softmax(q k^T) v in float32, the form Hugging Face's eager attention uses.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata
+from pagedserve.kernels.attention import CAUSAL, AttentionBackend, AttentionMetadata, AttentionRules
 
 # Decode batches at least this large are split into length buckets, so short contexts do not pay
 # for the longest one's padding; below it one padded gather is cheaper than several small ones.
@@ -43,6 +48,7 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        rules: AttentionRules = CAUSAL,
     ) -> torch.Tensor:
         out = torch.empty_like(query)
         decode_rows: list[int] = []
@@ -54,11 +60,11 @@ class TorchAttentionBackend(AttentionBackend):
                 decode_tokens.append(start)
             elif q_len > 1:
                 out[start : start + q_len] = _attend_one(
-                    query[start : start + q_len], k_cache, v_cache, meta.block_tables[b], s_len, scale
+                    query[start : start + q_len], k_cache, v_cache, meta.block_tables[b], s_len, scale, rules
                 )
             start += q_len
         if decode_rows:
-            _decode(query, out, k_cache, v_cache, meta, decode_rows, decode_tokens, scale)
+            _decode(query, out, k_cache, v_cache, meta, decode_rows, decode_tokens, scale, rules)
         return out
 
 
@@ -69,28 +75,49 @@ def _attend_one(
     block_table: torch.Tensor,
     seq_len: int,
     scale: float,
+    rules: AttentionRules = CAUSAL,
 ) -> torch.Tensor:
-    """Causal attention of one request's queries (the last `q_len` positions) over its whole context."""
+    """Causal attention of one request's queries (the last `q_len` positions) over its context (from
+    the first position its first query's window reaches)."""
     q_len, num_heads, head_dim = query.shape
-    num_kv_heads = k_cache.shape[2]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    blocks = block_table[: -(-seq_len // k_cache.shape[1])]
-    key = k_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:seq_len]
-    value = v_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:seq_len]
+    first = rules.first_visible(seq_len - q_len)
+    span = seq_len - first
+    blocks = block_table[first // block_size : -(-seq_len // block_size)]
+    skip = first % block_size
+    key = k_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[skip : skip + span]
+    value = v_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[skip : skip + span]
     # [kv, group, L, D] queries against K/V broadcast over the group without a copy: ~2x faster
     # than enable_gqa or repeated K/V on the CPU.
     q = query.view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
-    k = key.transpose(0, 1).unsqueeze(1).expand(num_kv_heads, group, seq_len, head_dim)
-    v = value.transpose(0, 1).unsqueeze(1).expand(num_kv_heads, group, seq_len, head_dim)
-    if q_len == seq_len:
+    k = key.transpose(0, 1).unsqueeze(1).expand(num_kv_heads, group, span, head_dim)
+    v = value.transpose(0, 1).unsqueeze(1).expand(num_kv_heads, group, span, head_dim)
+    if q_len == seq_len and rules == CAUSAL:
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     else:
         # Earlier context is in the cache (a continued chunk or a prefix hit): query i sits at
         # position seq_len - q_len + i, so the causal diagonal is offset (SDPA's is_causal is not).
         positions = torch.arange(seq_len - q_len, seq_len, device=query.device)
-        mask = torch.arange(seq_len, device=query.device)[None, :] <= positions[:, None]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        keys = torch.arange(first, seq_len, device=query.device)
+        mask = keys[None, :] <= positions[:, None]
+        if rules.window is not None:
+            mask &= keys[None, :] > positions[:, None] - rules.window
+        o = _attention(q, k, v, mask, scale, rules.softcap)
     return o.permute(2, 0, 1, 3).reshape(q_len, num_heads, head_dim)
+
+
+def _attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float | None
+) -> torch.Tensor:
+    """softmax(q k^T * scale) v over the positions `mask` keeps; with a softcap, written out (SDPA has no
+    tanh) as Hugging Face's eager attention computes it: float32 softmax, probabilities in q's dtype."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(q.dtype), v)
 
 
 def _decode(
@@ -102,6 +129,7 @@ def _decode(
     rows: list[int],
     tokens: list[int],
     scale: float,
+    rules: AttentionRules,
 ) -> None:
     """One query per row over its paged context; rows are grouped by context length."""
     seq_lens = meta.seq_lens_cpu
@@ -128,7 +156,7 @@ def _decode(
             q = query.index_select(0, torch.tensor(bucket_tokens, device=query.device))
             tables = meta.block_tables.index_select(0, row_idx)
             lens_t = meta.seq_lens.index_select(0, row_idx)
-        o = _decode_padded(q, k_cache, v_cache, tables, lens_t, max(lens), min(lens), scale)
+        o = _decode_padded(q, k_cache, v_cache, tables, lens_t, max(lens), min(lens), scale, rules)
         if all_contiguous:
             out.copy_(o)
         else:
@@ -144,6 +172,7 @@ def _decode_padded(
     max_len: int,
     min_len: int,
     scale: float,
+    rules: AttentionRules,
 ) -> torch.Tensor:
     rows, num_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -155,9 +184,15 @@ def _decode_padded(
     k = k_cache.index_select(0, flat_tables).view(rows, padded, num_kv_heads, head_dim).transpose(1, 2)
     v = v_cache.index_select(0, flat_tables).view(rows, padded, num_kv_heads, head_dim).transpose(1, 2)
     q = query.view(rows, num_kv_heads, group, head_dim)
-    mask = None
-    if min_len != padded:
-        mask = torch.arange(padded, device=query.device)[None, :] < seq_lens[:, None]
+    positions = torch.arange(padded, device=query.device)[None, :]
+    mask = positions < seq_lens[:, None]
+    if rules.window is not None and rules.window < max_len:
+        mask &= positions >= seq_lens[:, None] - rules.window
+    elif min_len == padded and rules.softcap is None:
+        mask = None  # every row sees every gathered position
+    if mask is not None:
         mask = mask.view(rows, 1, 1, padded)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        o = _attention(q, k, v, mask, scale, rules.softcap)
+    else:
+        o = F.scaled_dot_product_attention(q, k, v, scale=scale)
     return o.reshape(rows, num_heads, head_dim)

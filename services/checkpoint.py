@@ -16,11 +16,6 @@ from typing import Any
 
 BUNDLED_NAME = "smollm2-135m"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-# Sliding-window attention is not implemented: the served context is capped at the window instead,
-# where full causal attention and the window's are the same thing. In these architectures the
-# window applies only when the config also sets `use_sliding_window` (their configs carry a
-# `sliding_window` size either way); in the others (Mistral) a `sliding_window` size is the window.
-_WINDOW_NEEDS_FLAG = frozenset({"Qwen2ForCausalLM", "Qwen3ForCausalLM"})
 _DEFAULT_POSITIONS = 2048  # a config without max_position_embeddings (transformers' Llama default)
 
 
@@ -58,20 +53,25 @@ def architecture(hf: dict[str, Any]) -> str:
     return str(names[0]) if names else str(hf.get("model_type", ""))
 
 
-def sliding_window(hf: dict[str, Any]) -> int | None:
-    """The attention window the config asks for, or None for full causal attention."""
-    names = hf.get("architectures") or []
-    if any(n in _WINDOW_NEEDS_FLAG for n in names) and not hf.get("use_sliding_window", False):
-        return None
-    window = text_config(hf).get("sliding_window")
-    return int(window) if window else None
-
-
 def context_length(hf: dict[str, Any]) -> int:
-    """The longest context served exactly: the positions, capped at the sliding window."""
-    positions = int(text_config(hf).get("max_position_embeddings", _DEFAULT_POSITIONS))
-    window = sliding_window(hf)
-    return min(positions, window) if window else positions
+    """The longest context served exactly: the model's positions. Sliding-window layers (Mistral,
+    Qwen2/3 with use_sliding_window, Gemma 2/3, Phi-3) attend exactly over their window in every
+    attention backend, so a window no longer caps the context."""
+    return int(text_config(hf).get("max_position_embeddings", _DEFAULT_POSITIONS))
+
+
+def rope_switch_at(hf: dict[str, Any]) -> int | None:
+    """LongRoPE (Phi-3 / Phi-4's `longrope`, older configs' `su`, Phi-3's `yarn`): the context length past
+    which transformers rotates every position of a sequence with the long factors instead of the short
+    ones (recomputing what it had cached); None for any other rotary. The scheduler recomputes a
+    request that crosses it and keeps such requests' prefix-cache entries apart (docs/architectures-gemma-phi.md)."""
+    text = text_config(hf)
+    params = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    kind = params.get("rope_type") or params.get("type")
+    if kind not in ("longrope", "su") and not (kind == "yarn" and architecture(hf) == "Phi3ForCausalLM"):
+        return None
+    original = text.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
+    return int(original or text.get("max_position_embeddings", _DEFAULT_POSITIONS))
 
 
 def token_ids(value: Any) -> tuple[int, ...]:
@@ -89,7 +89,8 @@ class Checkpoint:
     config: dict[str, Any]  # config.json as read
     architecture: str
     vocab_size: int
-    max_model_len: int  # the positions capped at the sliding window (context_length)
+    max_model_len: int  # the model's positions (context_length)
+    rope_switch_at: int | None  # LongRoPE's original length (rope_switch_at), else None
     eos_token_ids: tuple[int, ...]  # config.json's and generation_config.json's, together
     tokenizer_path: Path | None  # the folder, when it holds a tokenizer (tiny test models may not)
 
@@ -113,6 +114,7 @@ def read_checkpoint(folder: str | Path) -> Checkpoint:
         architecture=architecture(hf),
         vocab_size=_required_int(text, "vocab_size", path),
         max_model_len=context_length(hf),
+        rope_switch_at=rope_switch_at(hf),
         eos_token_ids=tuple(sorted(eos)),
         tokenizer_path=path if has_tokenizer else None,
     )

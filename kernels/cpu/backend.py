@@ -10,7 +10,7 @@ random shapes, block sizes and dtypes.
 from __future__ import annotations
 
 import torch
-from pagedserve.kernels.attention import AttentionMetadata
+from pagedserve.kernels.attention import CAUSAL, AttentionMetadata, AttentionRules
 from pagedserve.kernels.cpu.build import PAGED_ATTENTION, load_extension
 from pagedserve.kernels.cpu.dispatch import kernel_paths, load_ops
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
@@ -49,9 +49,10 @@ class CppAttentionBackend(TorchAttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        rules: AttentionRules = CAUSAL,
     ) -> torch.Tensor:
         if query.device.type != "cpu" or query.dtype not in SUPPORTED_DTYPES:
-            return super().forward(query, k_cache, v_cache, meta, scale)
+            return super().forward(query, k_cache, v_cache, meta, scale, rules)
         # The kernel reads q in place from the fused q/k/v output (tokens strided, heads packed).
         if query.stride(2) != 1 or query.stride(1) != query.shape[2]:
             query = query.contiguous()
@@ -64,6 +65,8 @@ class CppAttentionBackend(TorchAttentionBackend):
             meta.seq_lens,
             meta.block_tables,
             scale,
+            rules.window or 0,  # the kernel's "none" is 0 for both
+            rules.softcap or 0.0,
             out,
         )
         return out

@@ -5,6 +5,12 @@
 // positions <= that, read block by block through block_tables[b]. Plus write_kv, the step's K/V rows
 // into their slots.
 //
+// Per call (one layer), two more rules (Scoring): `window` > 0 keeps only the `window` latest positions
+// of each query (a sliding-window layer of Gemma 2/3 or Mistral: exact, the earlier ones are masked,
+// and blocks wholly before a query tile's window are not read at all), and `softcap` > 0 bends every
+// scaled score s into softcap * tanh(s / softcap) before the softmax (Gemma 2's attention logits).
+// 0 and 0 is plain causal attention, the same code and cost as before the two existed.
+//
 // One source, built three times (kernels/cpu/isa.py, each build its own torch.ops namespace):
 // avx512, avx2 and portable (no ISA flag: SSE2 on x86-64, NEON on ARM64). The vector code is written
 // over ATen's at::vec::Vectorized<float>, whose width W follows the build: 16 lanes on avx512, 8 on
@@ -98,6 +104,37 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
+// tanh(x), branch-free so loops of it vectorise: an odd polynomial below |x| = 0.625 (where 1 - e
+// would cancel), (1 - e) / (1 + e) with e = exp(-2|x|) above; within 2 ulp of libm's tanhf.
+inline float tanh_approx(float x) {
+  const float a = std::fabs(x);
+  const float z = x * x;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const float small = a + a * z * p;
+  const float e = exp_nonpositive(-2.0f * a);
+  const float large = (1.0f - e) / (1.0f + e);
+  return std::copysign(a < 0.625f ? small : large, x);
+}
+
+// What a query may see and how its scores are shaped, the same for every request of one call:
+// `window` > 0 keeps the `window` latest positions (itself included: a query at p sees p - window + 1
+// .. p, the keys Hugging Face's sliding-window mask keeps, kv > q - window); 0 sees the whole causal
+// context. `softcap` > 0 bends each scaled score s into softcap * tanh(s / softcap) before the
+// softmax (Gemma 2); 0 leaves it.
+struct Scoring {
+  float scale;
+  int64_t window;
+  float softcap;
+
+  // The first position a query at `pos` sees.
+  int64_t first_visible(int64_t pos) const { return window > 0 ? std::max<int64_t>(0, pos + 1 - window) : 0; }
+  float shape(float s) const { return softcap > 0.0f ? softcap * tanh_approx(s / softcap) : s; }
+};
+
 // A block's K or V rows as float32 with their row stride: float caches are read in place, bf16 ones
 // are widened once per block into `buffer`, not once per (row, token) pair in the inner loops.
 inline const float* as_float(const float* src, int64_t, int64_t stride, int64_t, float*, int64_t& out_stride) {
@@ -123,31 +160,34 @@ struct Item {
   int64_t first_query;  // index into the packed query of this tile's first token
   int64_t num_queries;
   int64_t first_pos;  // context position of that first query
-  int64_t cost;       // rows x context, to hand out the long items first
+  int64_t cost;       // rows x positions read, to hand out the long items first
 };
 
 template <typename T>
 void attend_item(const Item& item, const T* query, int64_t q_stride, const T* k_cache, const T* v_cache,
                  const int32_t* table, T* out, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                 float scale, std::vector<float>& scratch) {
+                 const Scoring& scoring, std::vector<float>& scratch) {
   const int64_t group = num_heads / num_kv_heads;
   const int64_t rows = item.num_queries * group;
   const int64_t D = head_dim;
-  scratch.resize(static_cast<size_t>(rows * (2 * D + block_size + 3) + 2 * block_size * D));
+  scratch.resize(static_cast<size_t>(rows * (2 * D + block_size + 4) + 2 * block_size * D));
   float* q = scratch.data();      // [rows, D], pre-scaled
   float* acc = q + rows * D;      // [rows, D]
   float* s = acc + rows * D;      // [rows, block_size]
   float* m = s + rows * block_size;
   float* l = m + rows;
-  float* limit = l + rows;  // context length each row may read (causal), as float for the simd loops
-  float* k_buffer = limit + rows;  // [block_size, D], used for bf16 caches only
+  // The positions each row may read, [lower, limit) (causal, then the window), as floats for the simd loops.
+  float* limit = l + rows;
+  float* lower = limit + rows;
+  float* k_buffer = lower + rows;  // [block_size, D], used for bf16 caches only
   float* v_buffer = k_buffer + block_size * D;
   for (int64_t i = 0; i < item.num_queries; ++i) {
     for (int64_t g = 0; g < group; ++g) {
       const int64_t r = i * group + g;
       const T* src = query + (item.first_query + i) * q_stride + (item.kv_head * group + g) * D;
-      for (int64_t d = 0; d < D; ++d) q[r * D + d] = load(src[d]) * scale;
+      for (int64_t d = 0; d < D; ++d) q[r * D + d] = load(src[d]) * scoring.scale;
       limit[r] = static_cast<float>(item.first_pos + i + 1);
+      lower[r] = static_cast<float>(scoring.first_visible(item.first_pos + i));
       m[r] = -std::numeric_limits<float>::infinity();
       l[r] = 0.0f;
     }
@@ -156,7 +196,8 @@ void attend_item(const Item& item, const T* query, int64_t q_stride, const T* k_
   const int64_t context = item.first_pos + item.num_queries;  // the last query's context length
   const int64_t num_blocks = (context + block_size - 1) / block_size;
   const int64_t token_stride = num_kv_heads * D;
-  for (int64_t j = 0; j < num_blocks; ++j) {
+  // Blocks wholly before the first query's window are never read.
+  for (int64_t j = scoring.first_visible(item.first_pos) / block_size; j < num_blocks; ++j) {
     const int64_t base = j * block_size;
     const int64_t n = std::min(block_size, context - base);
     const int64_t block = table[j];
@@ -168,33 +209,36 @@ void attend_item(const Item& item, const T* query, int64_t q_stride, const T* k_
     for (int64_t t = 0; t < n; ++t) {
       const float* k = kb + t * k_stride;
       for (int64_t r = 0; r < rows; ++r) {
-        if (base + t >= static_cast<int64_t>(limit[r])) continue;
+        if (base + t >= static_cast<int64_t>(limit[r]) || base + t < static_cast<int64_t>(lower[r])) continue;
         const float* qr = q + r * D;
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
         for (int64_t d = 0; d < D; ++d) dot += qr[d] * k[d];
-        s[r * block_size + t] = dot;
+        s[r * block_size + t] = scoring.shape(dot);
       }
     }
-    // Online softmax: rescale what each row has so far to the new running max.
+    // Online softmax over each row's visible run of this block, [first, valid): rescale what the row
+    // has so far to the new running max.
     for (int64_t r = 0; r < rows; ++r) {
+      const int64_t first = std::max<int64_t>(0, static_cast<int64_t>(lower[r]) - base);
       const int64_t valid = std::min<int64_t>(n, static_cast<int64_t>(limit[r]) - base);
       float* sr = s + r * block_size;
-      if (valid <= 0) {
+      if (valid <= first) {
         std::fill(sr, sr + n, 0.0f);
         continue;
       }
-      float block_max = sr[0];
-      for (int64_t t = 1; t < valid; ++t) block_max = std::max(block_max, sr[t]);
+      float block_max = sr[first];
+      for (int64_t t = first + 1; t < valid; ++t) block_max = std::max(block_max, sr[t]);
       const float new_max = std::max(m[r], block_max);
       const float alpha = exp_nonpositive(m[r] - new_max);  // 0 on the first block: m is -inf
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t t = 0; t < valid; ++t) {
+      for (int64_t t = first; t < valid; ++t) {
         const float p = exp_nonpositive(sr[t] - new_max);
         sr[t] = p;
         sum += p;
       }
+      for (int64_t t = 0; t < first; ++t) sr[t] = 0.0f;
       for (int64_t t = valid; t < n; ++t) sr[t] = 0.0f;
       l[r] = l[r] * alpha + sum;
       m[r] = new_max;
@@ -273,6 +317,21 @@ inline Vec exp_nonpositive_vec(Vec x) {
   const Vec bits = at::vec::fmadd(r, Vec(8388608.0f), Vec(127.0f * 8388608.0f));
   return p * at::vec::cast<float>(at::vec::convert_to_int_of_same_size(bits));
 #endif
+}
+
+// tanh_approx on W lanes: the same polynomial and exp form, blended by |x|, x's sign put back.
+inline Vec tanh_vec(Vec x) {
+  const Vec a = x.abs();
+  const Vec z = x * x;
+  Vec p(-5.70498872745e-3f);
+  p = at::vec::fmadd(p, z, Vec(2.06390887954e-2f));
+  p = at::vec::fmadd(p, z, Vec(-5.37397155531e-2f));
+  p = at::vec::fmadd(p, z, Vec(1.33314422036e-1f));
+  p = at::vec::fmadd(p, z, Vec(-3.33332819422e-1f));
+  const Vec small = at::vec::fmadd(a * z, p, a);
+  const Vec e = exp_nonpositive_vec(Vec(-2.0f) * a);
+  const Vec large = (Vec(1.0f) - e) / (Vec(1.0f) + e);
+  return Vec::blendv(large, small, a < Vec(0.625f)) | (x & Vec(-0.0f));
 }
 
 // out lane t = the sum of v[t]'s W lanes: W dot products finished with one transposing reduction
@@ -475,17 +534,22 @@ inline void prefetch_block(const T* cache, const int32_t* table, int64_t next_ba
 template <typename T, int NV>
 void attend_item_fast(const Item& item, const T* query, int64_t q_stride, const T* k_cache, const T* v_cache,
                       const int32_t* table, T* out, int64_t num_heads, int64_t num_kv_heads, int64_t block_size,
-                      float scale, std::vector<float>& scratch) {
+                      const Scoring& scoring, std::vector<float>& scratch) {
   constexpr int D = NV * W;
   constexpr int RB = rows_per_chunk<NV>();
+  const float scale = scoring.scale;
   const int64_t group = num_heads / num_kv_heads;
   const int64_t nq = item.num_queries;
   const int64_t head_rows = nq * group;  // rows per KV head
   const int64_t rows = head_rows * num_kv_heads;
   const int64_t context = item.first_pos + nq;
+  // The positions some row sees, [start, context): the first query's window starts earliest.
+  const int64_t start = scoring.first_visible(item.first_pos);
+  const int64_t span = context - start;
   const int64_t token_stride = num_kv_heads * D;
-  // Whole vectors, rounded up: the softmax pass reads and writes them whole.
-  const int64_t row_stride = (context + W - 1) / W * W;
+  // Whole vectors, rounded up: the softmax pass reads and writes them whole. Weight t of a row is
+  // position start + t.
+  const int64_t row_stride = (span + W - 1) / W * W;
   scratch.resize(static_cast<size_t>(rows * (2 * D + row_stride + 1) + 16));
   float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
   float* q = acc + rows * D;          // [rows, D] float32, pre-scaled
@@ -496,6 +560,7 @@ void attend_item_fast(const Item& item, const T* query, int64_t q_stride, const 
   auto head = [&](int64_t r) { return (r / head_rows) * group + r % group; };
   auto query_row = [&](int64_t r) { return query + token(r) * q_stride + head(r) * D; };
   auto limit = [&](int64_t r) { return item.first_pos + (r % head_rows) / group + 1; };  // causal
+  auto lower = [&](int64_t r) { return scoring.first_visible(limit(r) - 1); };  // the window
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = query_row(r);
     for (int d = 0; d < D; ++d) q[r * D + d] = load(src[d]) * scale;
@@ -506,48 +571,54 @@ void attend_item_fast(const Item& item, const T* query, int64_t q_stride, const 
     n = std::min<int64_t>({W, block_size - offset, context - base});
     return (static_cast<int64_t>(table[base / block_size]) * block_size + offset) * token_stride;
   };
-  for (int64_t base = 0, n = 0; base < context; base += n) {
-    if (base % block_size == 0) prefetch_block(k_cache, table, base + block_size, context, block_size, token_stride);
+  const bool capped = scoring.softcap > 0.0f;
+  const Vec cap(scoring.softcap), inv_cap(capped ? 1.0f / scoring.softcap : 0.0f);
+  for (int64_t base = start, n = 0; base < context; base += n) {
+    if (base == start || base % block_size == 0) {
+      prefetch_block(k_cache, table, (base / block_size + 1) * block_size, context, block_size, token_stride);
+    }
     const T* kb = k_cache + sub_block(base, n);
     for (int64_t r = 0; r < rows; ++r) {
-      if (base >= limit(r)) continue;
-      row_scores<NV>(q + r * D, query_row(r), kb + (r / head_rows) * D, token_stride, n, scale)
-          .store(weights + r * row_stride + base, n);
+      if (base >= limit(r) || base + n <= lower(r)) continue;  // lanes outside the row are masked below
+      Vec s = row_scores<NV>(q + r * D, query_row(r), kb + (r / head_rows) * D, token_stride, n, scale);
+      if (capped) s = cap * tanh_vec(s * inv_cap);
+      s.store(weights + r * row_stride + (base - start), n);
     }
   }
   const Vec minus_inf(-std::numeric_limits<float>::infinity()), zero(0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     float* w = weights + r * row_stride;
-    const int64_t valid = limit(r);
+    const int64_t lo = lower(r) - start, hi = limit(r) - start;  // the row's weights, [lo, hi)
+    // The weights of [t, t + W) inside [lo, hi), `fill` outside: edge vectors are blended, never
+    // computed on, since lanes outside the row may hold another row's scores or nothing.
+    auto inside = [&](int64_t t, const Vec& x, const Vec& fill) {
+      if (t >= lo && t + W <= hi) return x;
+      const Vec index = Vec::arange(static_cast<float>(t), 1.0f);
+      const Vec keep = (index >= Vec(static_cast<float>(lo))) & (index < Vec(static_cast<float>(hi)));
+      return Vec::blendv(fill, x, keep);
+    };
     Vec vmax = minus_inf;
-    for (int64_t t = 0; t < valid; t += W) {
-      const int64_t left = valid - t;
-      const Vec x = left >= W ? Vec::loadu(w + t) : Vec::set(minus_inf, Vec::loadu(w + t, left), left);
-      vmax = at::vec::maximum(vmax, x);
-    }
+    for (int64_t t = lo / W * W; t < hi; t += W) vmax = at::vec::maximum(vmax, inside(t, Vec::loadu(w + t), minus_inf));
     const Vec row_max(at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, vmax));
     Vec sum = zero;
-    for (int64_t t = 0; t < context; t += W) {  // weights past the row's own limit are 0
-      const int64_t left = valid - t;
+    for (int64_t t = 0; t < span; t += W) {  // weights outside the row's own range are 0
       Vec e = zero;
-      if (left >= W) {
-        e = exp_nonpositive_vec(Vec::loadu(w + t) - row_max);
-      } else if (left > 0) {
-        e = Vec::set(zero, exp_nonpositive_vec(Vec::loadu(w + t, left) - row_max), left);
-      }
+      if (t + W > lo && t < hi) e = inside(t, exp_nonpositive_vec(inside(t, Vec::loadu(w + t), row_max) - row_max), zero);
       e.store(w + t);
       sum = sum + e;
     }
     sums[r] = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
   }
-  for (int64_t base = 0, n = 0; base < context; base += n) {
-    if (base % block_size == 0) prefetch_block(v_cache, table, base + block_size, context, block_size, token_stride);
+  for (int64_t base = start, n = 0; base < context; base += n) {
+    if (base == start || base % block_size == 0) {
+      prefetch_block(v_cache, table, (base / block_size + 1) * block_size, context, block_size, token_stride);
+    }
     const T* vb = v_cache + sub_block(base, n);
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       for (int64_t r0 = h * head_rows; r0 < (h + 1) * head_rows; r0 += RB) {
         const int64_t rb = std::min<int64_t>(RB, (h + 1) * head_rows - r0);
-        add_values_upto<T, NV, RB>(rb, acc + r0 * D, weights + r0 * row_stride + base, row_stride, vb + h * D,
-                                   token_stride, n);
+        add_values_upto<T, NV, RB>(rb, acc + r0 * D, weights + r0 * row_stride + (base - start), row_stride,
+                                   vb + h * D, token_stride, n);
       }
     }
   }
@@ -565,7 +636,7 @@ void attend_item_fast(const Item& item, const T* query, int64_t q_stride, const 
 // The fast item function for this head_dim, or nullptr (the generic path serves it).
 template <typename T>
 using ItemFn = void (*)(const Item&, const T*, int64_t, const T*, const T*, const int32_t*, T*, int64_t, int64_t,
-                        int64_t, float, std::vector<float>&);
+                        int64_t, const Scoring&, std::vector<float>&);
 
 template <typename T, int NV = kMaxHeadDim / W>
 ItemFn<T> fast_item_fn(int64_t head_dim) {
@@ -577,7 +648,7 @@ ItemFn<T> fast_item_fn(int64_t head_dim) {
 template <typename T>
 void run_items(const std::vector<Item>& items, const std::vector<int64_t>& order, int threads,
                const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
-               const at::Tensor& block_tables, double scale, bool generic, at::Tensor& out) {
+               const at::Tensor& block_tables, const Scoring& scoring, bool generic, at::Tensor& out) {
   const T* q = query.data_ptr<T>();
   const T* kc = k_cache.data_ptr<T>();
   const T* vc = v_cache.data_ptr<T>();
@@ -598,18 +669,18 @@ void run_items(const std::vector<Item>& items, const std::vector<int64_t>& order
       const Item& it = items[order[w]];
       const int32_t* table = tables + it.request * width;
       if (fast != nullptr) {
-        fast(it, q, q_stride, kc, vc, table, o, num_heads, num_kv_heads, block_size, static_cast<float>(scale), scratch);
+        fast(it, q, q_stride, kc, vc, table, o, num_heads, num_kv_heads, block_size, scoring, scratch);
         continue;
       }
-      attend_item<T>(it, q, q_stride, kc, vc, table, o, num_heads, num_kv_heads, head_dim, block_size,
-                     static_cast<float>(scale), scratch);
+      attend_item<T>(it, q, q_stride, kc, vc, table, o, num_heads, num_kv_heads, head_dim, block_size, scoring,
+                     scratch);
     }
   }
 }
 
 void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& block_tables,
-            double scale, bool generic, at::Tensor& out) {
+            double scale, int64_t window, double softcap, bool generic, at::Tensor& out) {
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query [T, H, D], k_cache [N, block, kv, D]");
   // query may be a view into the fused q/k/v output: tokens at any stride, each token's heads packed.
   TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2) && query.stride(0) >= query.size(1) * query.size(2),
@@ -625,6 +696,9 @@ void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor
   const int64_t num_heads = query.size(1), head_dim = query.size(2);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   TORCH_CHECK(k_cache.size(3) == head_dim && num_heads % num_kv_heads == 0, "head shapes do not match");
+  TORCH_CHECK(window >= 0, "paged_attention: window must be >= 0 (0: none), got ", window);
+  TORCH_CHECK(softcap >= 0.0, "paged_attention: softcap must be >= 0 (0: none), got ", softcap);
+  const Scoring scoring{static_cast<float>(scale), window, static_cast<float>(softcap)};
   const int64_t batch = seq_lens.size(0);
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
@@ -643,12 +717,13 @@ void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor
                 ": its context needs more blocks than block_tables has columns");
     for (int64_t i = 0; i < q_len; i += kQueryTile) {
       const int64_t nq = std::min(kQueryTile, q_len - i);
+      const int64_t span = first + i + nq - scoring.first_visible(first + i);  // positions the tile reads
       if (all_heads) {
-        items.push_back({b, 0, starts[b] + i, nq, first + i, num_kv_heads * nq * (first + i + nq)});
+        items.push_back({b, 0, starts[b] + i, nq, first + i, num_kv_heads * nq * span});
         continue;
       }
       for (int64_t h = 0; h < num_kv_heads; ++h) {
-        items.push_back({b, h, starts[b] + i, nq, first + i, nq * (first + i + nq)});
+        items.push_back({b, h, starts[b] + i, nq, first + i, nq * span});
       }
     }
   }
@@ -661,10 +736,10 @@ void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor
   const int threads = std::max(1, std::min<int>(at::get_num_threads(), static_cast<int>(num_items)));
 
   if (query.scalar_type() == at::kFloat) {
-    run_items<float>(items, order, threads, query, k_cache, v_cache, block_tables, scale, generic, out);
+    run_items<float>(items, order, threads, query, k_cache, v_cache, block_tables, scoring, generic, out);
   } else if (query.scalar_type() == at::kBFloat16) {
-    run_items<c10::BFloat16>(items, order, threads, query, k_cache, v_cache, block_tables, scale, generic,
-                                   out);
+    run_items<c10::BFloat16>(items, order, threads, query, k_cache, v_cache, block_tables, scoring, generic,
+                             out);
   } else {
     TORCH_CHECK(false, "paged_attention supports float32 and bfloat16, got ", query.scalar_type());
   }
@@ -672,8 +747,9 @@ void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor
 
 void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-                     const at::Tensor& block_tables, double scale, at::Tensor& out) {
-  attend(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, false, out);
+                     const at::Tensor& block_tables, double scale, int64_t window, double softcap,
+                     at::Tensor& out) {
+  attend(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, window, softcap, false, out);
 }
 
 // The generic algorithm alone, in this build's ISA (what paged_attention runs for the head dims the
@@ -681,8 +757,9 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
 // microbenchmark can set it beside the fast one.
 void paged_attention_generic(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                              const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-                             const at::Tensor& block_tables, double scale, at::Tensor& out) {
-  attend(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, true, out);
+                             const at::Tensor& block_tables, double scale, int64_t window, double softcap,
+                             at::Tensor& out) {
+  attend(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, window, softcap, true, out);
 }
 
 // This step's K and V rows into their cache slots: one copy of each token's row (every KV head),
@@ -732,10 +809,10 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cach
 PAGEDSERVE_TORCH_LIBRARY(m) {
   m.def(
       "paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, "
-      "Tensor seq_lens, Tensor block_tables, float scale, Tensor(a!) out) -> ()");
+      "Tensor seq_lens, Tensor block_tables, float scale, int window, float softcap, Tensor(a!) out) -> ()");
   m.def(
       "paged_attention_generic(Tensor query, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, "
-      "Tensor seq_lens, Tensor block_tables, float scale, Tensor(a!) out) -> ()");
+      "Tensor seq_lens, Tensor block_tables, float scale, int window, float softcap, Tensor(a!) out) -> ()");
   m.def("write_kv(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
 }
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata
+from pagedserve.kernels.attention import CAUSAL, AttentionBackend, AttentionMetadata, AttentionRules
 from pagedserve.kernels.triton.decode_attention import choose_num_splits, decode_attention
 from pagedserve.kernels.triton.prefill_attention import prefill_attention
 from pagedserve.kernels.triton.write_kv import write_kv
@@ -57,6 +57,7 @@ class TritonAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        rules: AttentionRules = CAUSAL,
     ) -> torch.Tensor:
         out = torch.empty_like(query)
         route = self._route(meta, query.device, k_cache.shape[2])
@@ -73,6 +74,7 @@ class TritonAttentionBackend(AttentionBackend):
                 max_seq_len=route.decode_max_seq_len,
                 req_ids=route.decode_ids,
                 num_splits=route.num_splits,
+                rules=rules,
             )
         if route.num_prefill:
             prefill_attention(
@@ -86,6 +88,7 @@ class TritonAttentionBackend(AttentionBackend):
                 scale,
                 max_query_len=route.prefill_max_query_len,
                 req_ids=route.prefill_ids,
+                rules=rules,
             )
         return out
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import triton
+from pagedserve.kernels.attention import CAUSAL, AttentionRules
 from pagedserve.kernels.triton import decode_attention, prefill_attention, write_kv
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -90,24 +91,37 @@ def record_launches(dtypes: list[torch.dtype]) -> dict[str, tuple[Any, dict, dic
                 (8, 64, 128, 2, None),
                 (6, 80, 32, 1, req_ids),
             )
-            for group, head_dim, page, splits, ids in decodes:
-                t = _paged_inputs(dtype, 2, 2 * group, 2, head_dim, page)
-                for block_n in (64, 16):
-                    decode_attention.decode_attention(
-                        **t,
-                        out=t["query"],
-                        scale=0.1,
-                        max_seq_len=4 * page,
-                        req_ids=ids,
-                        num_splits=splits,
-                        block_n=block_n,
-                    )
-            for group, head_dim, max_q, ids in ((1, 128, 300, None), (4, 64, 7, req_ids), (8, 96, 40, None)):
-                t = _paged_inputs(dtype, 2, 2 * group, 2, head_dim, 16)
-                for block_n in (64, 32):
-                    prefill_attention.prefill_attention(
-                        **t, out=t["query"], scale=0.1, max_query_len=max_q, req_ids=ids, block_n=block_n
-                    )
+            # A layer's rules: a window is a runtime bound (no new kernel), a softcap a constexpr branch.
+            for rules in (CAUSAL, AttentionRules(window=37, softcap=30.0)):
+                for group, head_dim, page, splits, ids in decodes:
+                    t = _paged_inputs(dtype, 2, 2 * group, 2, head_dim, page)
+                    for block_n in (64, 16):
+                        decode_attention.decode_attention(
+                            **t,
+                            out=t["query"],
+                            scale=0.1,
+                            max_seq_len=4 * page,
+                            req_ids=ids,
+                            num_splits=splits,
+                            block_n=block_n,
+                            rules=rules,
+                        )
+                for group, head_dim, max_q, ids in (
+                    (1, 128, 300, None),
+                    (4, 64, 7, req_ids),
+                    (8, 96, 40, None),
+                ):
+                    t = _paged_inputs(dtype, 2, 2 * group, 2, head_dim, 16)
+                    for block_n in (64, 32):
+                        prefill_attention.prefill_attention(
+                            **t,
+                            out=t["query"],
+                            scale=0.1,
+                            max_query_len=max_q,
+                            req_ids=ids,
+                            block_n=block_n,
+                            rules=rules,
+                        )
     finally:
         for module, name, fn in originals:
             setattr(module, name, fn)

@@ -7,6 +7,9 @@ padded to 16 rows because tl.dot needs every dim >= 16 on a GPU; the padding cos
 Split-KV: for long contexts a batch gives too few programs to fill the GPU, so each request's
 context is cut into partitions run by separate programs; each writes its normalised partial output
 and log-sum-exp, and a second small kernel merges them.
+
+A sliding window (WINDOW > 0) bounds what is read: only the last WINDOW positions of each context,
+and the partitions cover those alone. A softcap bends the scores (scoring.py).
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from pagedserve.kernels.attention import CAUSAL, AttentionRules
 from pagedserve.kernels.triton.paged_tile import load_paged_tile
 from pagedserve.kernels.triton.precision import dot_in_fp32, tile_dot
+from pagedserve.kernels.triton.scoring import log2_scores
 
 LOG2_E = 1.4426950408889634
 # Below this many context tokens per partition, the merge costs more than the parallelism gains.
@@ -35,6 +40,9 @@ def _decode_kernel(
     part_out_ptr,
     part_lse_ptr,
     scale_log2,
+    scale,
+    softcap,
+    window,
     partition_len,
     num_heads,
     num_splits,
@@ -58,6 +66,7 @@ def _decode_kernel(
     USE_REQ_IDS: tl.constexpr,
     SPLIT: tl.constexpr,
     UPCAST: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -65,7 +74,9 @@ def _decode_kernel(
     req = tl.load(req_ids_ptr + pid) if USE_REQ_IDS else pid
     token = tl.load(query_start_loc_ptr + req)
     seq_len = tl.load(seq_lens_ptr + req)
-    start = split * partition_len
+    # The first position the query sees (window > 0: the last `window` positions); partitions start there.
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    start = first + split * partition_len
     end = tl.minimum(start + partition_len, seq_len)
 
     g = tl.arange(0, BLOCK_G)
@@ -101,7 +112,7 @@ def _decode_kernel(
             stride_kh,
             PAGE_SIZE,
         )
-        s = tile_dot(q, tl.trans(k), UPCAST) * scale_log2
+        s = log2_scores(tile_dot(q, tl.trans(k), UPCAST), scale_log2, scale, softcap, HAS_SOFTCAP)
         s = tl.where(pos_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
@@ -145,6 +156,7 @@ def _merge_partitions_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
     req_ids_ptr,
+    window,
     partition_len,
     num_heads,
     num_splits,
@@ -160,8 +172,9 @@ def _merge_partitions_kernel(
     req = tl.load(req_ids_ptr + pid) if USE_REQ_IDS else pid
     token = tl.load(query_start_loc_ptr + req)
     seq_len = tl.load(seq_lens_ptr + req)
-    # Only partitions that start inside this request's context hold data; the rest were never written.
-    num_valid = tl.cdiv(seq_len, partition_len)
+    # Only partitions that start inside this request's visible context hold data; the rest were never written.
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    num_valid = tl.cdiv(seq_len - first, partition_len)
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
     s_mask = s < num_valid
@@ -202,8 +215,10 @@ def decode_attention(
     req_ids: torch.Tensor | None = None,
     num_splits: int | None = None,
     block_n: int = 64,
+    rules: AttentionRules = CAUSAL,
 ) -> None:
-    """Attention of each request's single query token (at query_start_loc[req]) over its whole context.
+    """Attention of each request's single query token (at query_start_loc[req]) over its context (the
+    last `rules.window` positions of it when the layer has a window; scores softcapped if it has one).
 
     query/out [T, H, D] (the whole packed step; only the selected requests' rows are written);
     caches [num_blocks, block_size, kv_heads, D]; req_ids: the requests to run (int32), default all.
@@ -220,10 +235,11 @@ def decode_attention(
     if num_reqs == 0 or max_seq_len == 0:
         return
     group = num_heads // num_kv_heads
+    span = max_seq_len if rules.window is None else min(rules.window, max_seq_len)  # the most any row reads
     if num_splits is None:
-        num_splits = choose_num_splits(num_reqs * num_kv_heads, max_seq_len, query.device)
-    partition_len = triton.cdiv(triton.cdiv(max_seq_len, num_splits), block_n) * block_n
-    num_splits = triton.cdiv(max_seq_len, partition_len)
+        num_splits = choose_num_splits(num_reqs * num_kv_heads, span, query.device)
+    partition_len = triton.cdiv(triton.cdiv(span, num_splits), block_n) * block_n
+    num_splits = triton.cdiv(span, partition_len)
     split = num_splits > 1
     if split:
         part_out = torch.empty(
@@ -246,6 +262,9 @@ def decode_attention(
         part_out,
         part_lse,
         scale * LOG2_E,
+        scale,
+        rules.softcap or 1.0,
+        rules.window or 0,
         partition_len,
         num_heads,
         num_splits,
@@ -269,6 +288,7 @@ def decode_attention(
         USE_REQ_IDS=req_ids is not None,
         SPLIT=split,
         UPCAST=dot_in_fp32(k_cache.dtype == torch.float32 or query.dtype != k_cache.dtype),
+        HAS_SOFTCAP=rules.softcap is not None,
     )
     if split:
         _merge_partitions_kernel[(num_reqs, num_heads)](
@@ -278,6 +298,7 @@ def decode_attention(
             seq_lens,
             query_start_loc,
             req_arg,
+            rules.window or 0,
             partition_len,
             num_heads,
             num_splits,

@@ -3,7 +3,8 @@
 Request b's q_len queries are the last q_len positions of its seq_len-token context, so a chunked
 prefill or a prefix-cache hit reads the earlier tokens from the cache exactly like its own: this
 step's K/V must already be written (write_kv runs first). One program covers BLOCK_M query rows of
-one request and one query head.
+one request and one query head. A sliding window (window > 0) starts each tile's reads at its first
+row's window and masks, per row, the positions before its own; a softcap bends the scores (scoring.py).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from pagedserve.kernels.attention import CAUSAL, AttentionRules
 from pagedserve.kernels.triton.paged_tile import load_paged_tile
 from pagedserve.kernels.triton.precision import dot_in_fp32, tile_dot
+from pagedserve.kernels.triton.scoring import log2_scores
 
 LOG2_E = 1.4426950408889634
 
@@ -28,6 +31,9 @@ def _prefill_kernel(
     req_ids_ptr,
     out_ptr,
     scale_log2,
+    scale,
+    softcap,
+    window,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -47,6 +53,7 @@ def _prefill_kernel(
     PAGE_SIZE: tl.constexpr,
     USE_REQ_IDS: tl.constexpr,
     UPCAST: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     head = tl.program_id(1)
@@ -72,6 +79,8 @@ def _prefill_kernel(
     # q_len (the grid is sized for the longest request) sees nothing and its loop runs zero times.
     kv_end = tl.minimum(seq_len, num_cached + (m_tile + 1) * BLOCK_M)
     kv_end = tl.where(m_tile * BLOCK_M < q_len, kv_end, 0)
+    # With a window, nothing before the tile's first row's window is read (and each row masks its own).
+    kv_start = tl.where(window > 0, tl.maximum(num_cached + m_tile * BLOCK_M - window + 1, 0), 0)
 
     # Finite start for the running max (see decode_attention): fully masked rows stay nan-free.
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
@@ -79,7 +88,7 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     table_row = block_tables_ptr + req.to(tl.int64) * stride_bt
 
-    for n0 in range(0, kv_end, BLOCK_N):
+    for n0 in range(kv_start, kv_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         pos_mask = pos < kv_end
         k = load_paged_tile(
@@ -95,8 +104,9 @@ def _prefill_kernel(
             stride_kh,
             PAGE_SIZE,
         )
-        s = tile_dot(q, tl.trans(k), UPCAST) * scale_log2
+        s = log2_scores(tile_dot(q, tl.trans(k), UPCAST), scale_log2, scale, softcap, HAS_SOFTCAP)
         visible = pos_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+        visible = visible & ((window <= 0) | (pos[None, :] > q_pos[:, None] - window))
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
@@ -138,6 +148,7 @@ def prefill_attention(
     req_ids: torch.Tensor | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
+    rules: AttentionRules = CAUSAL,
 ) -> None:
     """Causal attention of each request's packed queries over its paged context, written into out.
 
@@ -172,6 +183,9 @@ def prefill_attention(
         req_ids if req_ids is not None else seq_lens,  # a placeholder pointer when unused
         out,
         scale * LOG2_E,
+        scale,
+        rules.softcap or 1.0,
+        rules.window or 0,
         query.stride(0),
         query.stride(1),
         out.stride(0),
@@ -191,4 +205,5 @@ def prefill_attention(
         PAGE_SIZE=k_cache.shape[1],
         USE_REQ_IDS=req_ids is not None,
         UPCAST=upcast,
+        HAS_SOFTCAP=rules.softcap is not None,
     )

@@ -56,6 +56,8 @@ def kernel_variant(op: Any) -> Variant:
             meta.seq_lens,
             meta.block_tables,
             scale,
+            0,  # no window
+            0.0,  # no softcap
             out,
         )
         return out

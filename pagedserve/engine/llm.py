@@ -113,7 +113,7 @@ class LLM:
             max_cpu_loras=max_cpu_loras,
         )
         self.max_model_len = checkpoint.served_len(max_model_len)
-        limits = SchedulerLimits.from_config(config, self.max_model_len)
+        limits = SchedulerLimits.from_config(config, self.max_model_len, checkpoint.rope_switch_at)
         self.block_manager = BlockManager(enable_prefix_caching=enable_prefix_caching)
         self.scheduler = Scheduler(limits, self.runner.eos_token_ids, self.tokenizer, owner="llm")
         self.engine = Engine(self.scheduler, self.block_manager, self.runner)

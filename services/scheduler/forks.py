@@ -60,6 +60,7 @@ def adopt_child(parent: Request, child: Request) -> None:
     child.num_known_sent = parent.num_known_sent
     child.pending = 1
     child.in_flight = 1
+    child.rope_long = parent.rope_long
     child.shares_last_block = parent.shares_last_block = True
 
 

@@ -22,9 +22,13 @@ class SchedulerLimits:
     speculative: SpeculativeConfig | None = None  # speculative decoding: off when None
     # Distinct LoRA adapters among a worker's running requests (= its adapter slots); 0: LoRA off.
     max_loras: int = config_default("max_loras")
+    # LongRoPE's original context (services/checkpoint.py rope_switch_at); None for other models.
+    rope_switch_at: int | None = None
 
     @classmethod
-    def from_config(cls, config: ServeConfig, max_model_len: int) -> SchedulerLimits:
+    def from_config(
+        cls, config: ServeConfig, max_model_len: int, rope_switch_at: int | None = None
+    ) -> SchedulerLimits:
         return cls(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -33,6 +37,7 @@ class SchedulerLimits:
             max_model_len=max_model_len,
             speculative=config.speculative_config,
             max_loras=config.max_loras,
+            rope_switch_at=rope_switch_at,
         )
 
 
@@ -40,6 +45,7 @@ class SchedulerLimits:
 class SchedulerStats:
     steps: int = 0
     preemptions: int = 0
+    rope_recomputes: int = 0  # LongRoPE requests recomputed as their context passed the original length
     prompt_tokens: int = 0
     cached_tokens: int = 0
     generated_tokens: int = 0

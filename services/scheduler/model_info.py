@@ -20,6 +20,7 @@ class ModelInfo:
     vocab_size: int
     max_model_len: int
     eos_token_ids: list[int]
+    rope_switch_at: int | None = None  # LongRoPE: see services/checkpoint.py
 
 
 def load_model_info(model: str, max_model_len: int | None = None) -> ModelInfo:
@@ -30,4 +31,5 @@ def load_model_info(model: str, max_model_len: int | None = None) -> ModelInfo:
         checkpoint.vocab_size,
         checkpoint.served_len(max_model_len),
         list(checkpoint.eos_token_ids),
+        checkpoint.rope_switch_at,
     )

@@ -5,6 +5,12 @@ blocks. Decodes go first (one token each), then prompts already being prefilled 
 waiting requests in policy order. A running request that cannot grow preempts the lowest-priority,
 newest running one, and nobody is admitted in that step. The plan lists the block-manager ops of
 the step (ONE batched RPC); nothing is final until `Scheduler.commit` reads the reply.
+
+LongRoPE models (`limits.rope_switch_at`): transformers rotates every position with the short factors
+while a sequence fits the original length, and once it passes it recomputes the whole sequence with
+the long ones. A request admitted within the length (`rope_long` false) is therefore recomputed, like
+a preempted one, instead of decoding the first position past it; admitted past it, every token is long
+from the start, and its prefix-cache entries live under their own salt (the same tokens are other KV).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from pagedserve.services.scheduler.request import Request, Status
 from pagedserve.services.scheduler.speculation import SpeculationPolicy
 from pagedserve.shared.paging import blocks_for
 from pagedserve.shared.protocol.blocks import OP_FREE, alloc_op, free_op, grow_op
+
+LONG_ROPE_SALT = "longrope-long"  # the prefix-cache namespace of requests rotated with the long factors
 
 
 @dataclass(slots=True)
@@ -80,6 +88,15 @@ def decoding(req: Request) -> bool:
     """Its prompt is scheduled and at most one known token is not: the next step computes that token
     (or, pipelined, the token the step in flight samples) and samples after it."""
     return req.num_slots_used + 1 >= req.num_known and req.num_slots_used >= len(req.prompt_token_ids)
+
+
+def cache_namespace(req: Request) -> str | None:
+    """The prefix-cache namespace of `req`'s blocks: KV computed under other weights (its LoRA
+    adapter) or other rotations (LongRoPE's long factors) never serves or takes another's hits."""
+    parts = [] if req.lora is None else [req.lora.namespace]
+    if req.rope_long:
+        parts.append(LONG_ROPE_SALT)
+    return "|".join(parts) or None
 
 
 def blocks_to_grow(req: Request, num_tokens: int, block_size: int) -> int:
@@ -147,8 +164,13 @@ class Planner:
                     break
                 if req.status is not Status.RUNNING:
                     continue  # preempted a moment ago, for someone earlier in this loop
+                if not want_prefill and self._crosses_rope_switch(req):
+                    self._leave(req, draft)  # back with its outputs, past the switch: all long
+                    self.stats.rope_recomputes += 1
+                    continue
                 n = min(draft.tokens, req.num_known - req.num_slots_used) if want_prefill else 1
                 ahead = min(lookahead.get(id(req), 0), draft.tokens - n)  # proposals count as tokens
+                ahead = min(ahead, self._room_before_rope_switch(req, n))
                 need = blocks_to_grow(req, n + ahead, bs)
                 if ahead and need > draft.blocks - self.limits.watermark_blocks - len(decodes):
                     # Lookahead takes no block a decode of this step, or the watermark, may need.
@@ -199,6 +221,8 @@ class Planner:
             ):
                 break
             state.waiting.pop(req)
+            switch = self.limits.rope_switch_at
+            req.rope_long = switch is not None and len(tokens) > switch
             entry = PlanEntry(req, len(draft.ops), max_new, new=True)
             draft.ops.append(
                 alloc_op(
@@ -208,7 +232,7 @@ class Planner:
                     tokens,
                     max_new,
                     use_prefix_cache=not req.wants_prompt_logprobs,
-                    cache_namespace=None if req.lora is None else req.lora.namespace,
+                    cache_namespace=cache_namespace(req),
                 )
             )
             if max_new == len(tokens):
@@ -238,12 +262,31 @@ class Planner:
         if not candidates:
             return
         victim = min(candidates, key=lambda r: (r.sampling.priority, -r.arrival))
-        victim.status = Status.PREEMPTED
+        self._leave(victim, draft)
         self.stats.preemptions += 1
-        if victim.in_flight == 0:
-            state.running.remove(victim)
-            draft.ops.extend(free_ops(victim))
-            self._after_free(victim, state)
+
+    def _leave(self, req: Request, draft: _Draft) -> None:
+        """Preempt `req`: its blocks go back (now, or once no step in flight names it) and it waits
+        in front to be recomputed from prompt + outputs."""
+        req.status = Status.PREEMPTED
+        if req.in_flight == 0:
+            draft.state.running.remove(req)
+            draft.ops.extend(free_ops(req))
+            self._after_free(req, draft.state)
+
+    def _room_before_rope_switch(self, req: Request, n: int) -> int:
+        """How many proposal slots fit after this step's `n` before a LongRoPE request still rotated
+        short reaches the original length (its crossing is a recompute, never a proposal)."""
+        switch = self.limits.rope_switch_at
+        if switch is None or req.rope_long:
+            return 1 << 30
+        return max(0, switch - req.num_slots_used - n)
+
+    def _crosses_rope_switch(self, req: Request) -> bool:
+        """Would its next decode compute a position past LongRoPE's original length on top of KV
+        rotated with the short factors?"""
+        switch = self.limits.rope_switch_at
+        return switch is not None and not req.rope_long and req.num_slots_used >= switch
 
     def _after_free(self, req: Request, state: WorkerState) -> None:
         """A free op for `req` is in this batch: the worker forgets it; a preempted one queues again."""

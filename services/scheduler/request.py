@@ -48,6 +48,9 @@ class Request:
     num_cached_tokens: int = 0  # prefix-cache hit of the last allocation
     shares_last_block: bool = False  # forked: the next write may copy-on-write
     fork_children: int = 0  # n - 1 children still to fork when the prompt completes
+    # LongRoPE: admitted with more known tokens than the original length, so the worker rotates all of
+    # them with the long factors (set at each admission; services/checkpoint.py rope_switch_at).
+    rope_long: bool = False
     prompt_logprobs: PromptLogprobs | None = None  # received (sampling.prompt_logprobs; the parent's)
     # --- speculation (speculation.py): this completion's proposals so far, and its acceptance average
     num_proposed: int = 0

@@ -80,7 +80,7 @@ class SchedulerService:
             self.ctx, config.block_manager_endpoint, config.rpc_timeout_s, mk, keys, self.block_manager_lost
         )
         self.core = Scheduler(
-            SchedulerLimits.from_config(config, self.model.max_model_len),
+            SchedulerLimits.from_config(config, self.model.max_model_len, self.model.rope_switch_at),
             self.model.eos_token_ids,
             self.model.tokenizer,
             owner=self.bm.owner,

@@ -31,6 +31,9 @@ class RequestState:
     proposal_index: Any = None
     lora_name: str | None = None  # the request's LoRA adapter (None: the base model)
     lora_path: str | None = None
+    # Tokens known when the worker (re)started it (prompt, plus outputs on a recompute): LongRoPE
+    # rotates all of a request's tokens with its long factors once this passes the original length.
+    num_tokens_at_start: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -17,6 +17,7 @@ from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budg
 from pagedserve.services.worker.layers.packed_linear import linears_kind
 from pagedserve.services.worker.layers.quant_linear import weight_types
 from pagedserve.services.worker.lora_slots import LoRASlots
+from pagedserve.services.worker.layers.rope import longrope_tokens
 from pagedserve.services.worker.models.registry import ModelConfig
 from pagedserve.services.worker.packed_batch import PackedBatch, RequestState, pack_batch
 from pagedserve.services.worker.proposers import Proposer, make_proposer
@@ -176,7 +177,13 @@ class ModelRunner:
                 ],
             )
         t_forward = time.perf_counter()
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_cache.layers(), batch.meta)
+        hidden = self.model(
+            batch.input_ids,
+            batch.positions,
+            self.kv_cache.layers(),
+            batch.meta,
+            self._long_tokens(scheduled, proposed, batch),
+        )
         if self.prompt_tallies:
             scored = [(s, n + len(proposed.get(i, ()))) for i, (s, n) in enumerate(scheduled)]
             prompt_logprobs.collect(self.prompt_tallies, scored, hidden, self.model.compute_logits)
@@ -221,6 +228,7 @@ class ModelRunner:
                 sampling=new.sampling,
                 lora_name=new.lora_name,
                 lora_path=new.lora_path,
+                num_tokens_at_start=len(new.token_ids),
             )
             if new.lora_name is not None and self.loras is None:
                 raise ValueError(
@@ -355,10 +363,23 @@ class ModelRunner:
             sampling=parent.sampling.with_seed(fork.seed),
             lora_name=parent.lora_name,
             lora_path=parent.lora_path,
+            num_tokens_at_start=parent.num_tokens_at_start,
         )
         # The child's grammar state is the parent's before this step's token (it samples its own).
         child.matcher = self.constraints.fork(parent)
         return child, row
+
+    def _long_tokens(
+        self, scheduled: list[tuple[RequestState, int]], proposed: dict[int, list[int]], batch: PackedBatch
+    ) -> torch.Tensor | None:
+        """LongRoPE models: the packed tokens (each request's rows, its proposals included) rotated with
+        the long factors (layers/rope.py); else None."""
+        long_from = self.model.rotary.long_from
+        if long_from is None:
+            return None
+        scored = [(s, n + len(proposed.get(i, ()))) for i, (s, n) in enumerate(scheduled)]
+        starts = [state.num_tokens_at_start for state, _ in scored]
+        return longrope_tokens(batch.positions, starts, [n for _, n in scored], long_from)
 
     def _check_blocks(self, owner: str, block_ids: list[int]) -> None:
         # A negative id would silently read another block; past the end it is a device assert on CUDA.

@@ -1,9 +1,16 @@
-"""Tiny random Hugging Face checkpoints (Llama, Qwen2, Qwen3, Mistral) for tests: a few MB, built in ~1 s.
+"""Tiny random Hugging Face checkpoints (Llama, Qwen2, Qwen3, Mistral, Gemma 2, Gemma 3, Phi-3) for tests:
+a few MB, built in ~1 s.
 
 `make_tiny_model("llama", folder)` writes config.json, generation_config.json, safetensors weights and a
 byte-level tokenizer (one token per byte, ids 3..258; <pad>=0, <s>=1, </s>=2; no BOS added) into `folder`.
-The four architectures differ on purpose (tied or not, GQA ratio 1/2/4, qkv bias, q/k norm, a
-head_dim that is not hidden/heads), so together they cover every switch of our model code.
+The Llama family's four differ on purpose (tied or not, GQA ratio 1/2/4, qkv bias, q/k norm, a
+head_dim that is not hidden/heads), so together they cover every switch of our model code. The others
+(`FAMILIES`) have odd shapes too (6 heads over 3 or 2 KV heads, head dims 24, 16 and 12) and sliding
+windows that are no power of two and shorter than the test prompts: Gemma 2 slides every other layer
+(13) and soft-caps attention (4) and logits (5); Gemma 3 slides two layers of three (11) with a local
+rotary base of its own and a linearly scaled global one, q/k norms and a logit cap (8); Phi-3 rotates
+half of each head (partial_rotary_factor 0.5) and slides every layer (29); `phi3-longrope` adds
+LongRoPE (short and long factors, original context 48).
 transformers is imported only when a model is built: conftest imports this module for everyone.
 """
 
@@ -13,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+FAMILIES = ("gemma2", "gemma3", "phi3", "phi3-longrope")
+LONGROPE_ORIGINAL = 48  # phi3-longrope's original_max_position_embeddings
 VOCAB_SIZE = 320  # > the tokenizer's 259 tokens, as in real models whose embedding is padded
 BOS_ID, EOS_ID, PAD_ID = 1, 2, 0
 
@@ -35,6 +44,52 @@ _PER_ARCH: dict[str, dict[str, Any]] = {
     "qwen2": {"tie_word_embeddings": False},
     "qwen3": {"num_key_value_heads": 1, "head_dim": 32, "tie_word_embeddings": True},
     "mistral": {"num_key_value_heads": 4, "tie_word_embeddings": False},
+    "gemma2": {
+        "hidden_size": 72,
+        "intermediate_size": 96,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 3,
+        "head_dim": 24,
+        "sliding_window": 13,
+        "query_pre_attn_scalar": 20,
+        "attn_logit_softcapping": 4.0,
+        "final_logit_softcapping": 5.0,
+    },
+    "gemma3": {
+        "hidden_size": 72,
+        "intermediate_size": 96,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "sliding_window": 11,
+        "sliding_window_pattern": 3,
+        "rope_local_base_freq": 100.0,
+        "rope_theta": 5000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        "query_pre_attn_scalar": 20,
+        "final_logit_softcapping": 8.0,
+    },
+    "phi3": {
+        "hidden_size": 72,
+        "intermediate_size": 96,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "partial_rotary_factor": 0.5,
+        "sliding_window": 29,
+        "tie_word_embeddings": False,
+    },
+}
+_PER_ARCH["phi3-longrope"] = {
+    **_PER_ARCH["phi3"],
+    "max_position_embeddings": 192,
+    "original_max_position_embeddings": LONGROPE_ORIGINAL,
+    "rope_scaling": {
+        "rope_type": "longrope",
+        "short_factor": [1.0, 1.3, 2.1],
+        "long_factor": [1.1, 2.9, 7.5],
+    },
 }
 
 
@@ -47,9 +102,13 @@ def tiny_config(arch: str, **overrides: Any) -> Any:
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
         "mistral": transformers.MistralConfig,
+        "gemma2": transformers.Gemma2Config,
+        "gemma3": transformers.Gemma3TextConfig,
+        "phi3": transformers.Phi3Config,
+        "phi3-longrope": transformers.Phi3Config,
     }
     if arch not in classes:
-        raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}; got {arch!r}")
+        raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES + FAMILIES)}; got {arch!r}")
     return classes[arch](**{**_COMMON, **_PER_ARCH[arch], **overrides})
 
 

@@ -1,10 +1,15 @@
-"""The gated MLP (SiLU(gate) * up, then down), gate and up fused into one projection."""
+"""The gated MLP (act(gate) * up, then down), gate and up fused into one projection.
+
+The activation is SiLU (Llama, Qwen, Mistral, Phi-3: one fused C++ kernel on the CPU) or GELU with the
+tanh approximation (Gemma's `gelu_pytorch_tanh`: torch's own op, the one transformers calls).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, LayerOps
 from torch import nn
 
@@ -12,12 +17,21 @@ if TYPE_CHECKING:
     from pagedserve.services.worker.models.registry import ModelConfig
 
 
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [T, 2I] = [gate | up] per row -> gelu_tanh(gate) * up [T, I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
 class GatedMLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.silu = cfg.hidden_act == "silu"
         self.ops: LayerOps = TORCH_LAYER_OPS  # the model sets its choice (use_fused_ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.forward(self.ops.silu_and_mul(self.gate_up_proj.forward(x)))
+        gate_up = self.gate_up_proj.forward(x)
+        hidden = self.ops.silu_and_mul(gate_up) if self.silu else gelu_tanh_and_mul(gate_up)
+        return self.down_proj.forward(hidden)

@@ -1,4 +1,12 @@
-"""RMSNorm, and the residual add fused into it (one C++ kernel on the CPU)."""
+"""RMSNorm, and the residual add fused into it (one C++ kernel on the CPU).
+
+Gemma's norms multiply by 1 + w where Llama's multiply by w; its checkpoints store w. The loader fills
+w, then `fold_unit_offset` adds the 1 once. In float32 the folded weight is the very value transformers
+computes (`1.0 + weight.float()`) and the norm runs the shared kernels. In a 16-bit dtype Gemma also
+rounds differently from Llama: transformers multiplies by 1 + w in float32 and rounds once, where Llama
+rounds the normalised x before the multiply. A 16-bit Gemma norm therefore runs that float32 formula in
+torch ops (with 1 + w kept in float32), not the shared kernels.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +16,39 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, *, unit_offset: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.unit_offset = unit_offset  # the checkpoint's w stands for 1 + w (Gemma)
+        self.offset_folded = False
+        # Gemma in a 16-bit dtype: 1 + w in float32, and the norm's own float32 formula (see above).
+        self.scale_f32: torch.Tensor | None = None
         self.ops: LayerOps = TORCH_LAYER_OPS  # the model sets its choice (use_fused_ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale_f32 is not None:
+            return self._gemma_norm(x)
         return self.ops.rms_norm(x, self.weight, self.eps)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (norm(x + residual), x + residual); may overwrite both inputs (the fused op does)."""
+        if self.scale_f32 is not None:
+            residual = x + residual
+            return self._gemma_norm(residual), residual
         return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+    def _gemma_norm(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.scale_f32 is not None
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.scale_f32).to(x.dtype)
+
+    @torch.no_grad()
+    def fold_unit_offset(self) -> None:
+        """Once the checkpoint's w is loaded: weight = 1 + w where the norm has a unit offset (idempotent)."""
+        if self.unit_offset and not self.offset_folded:
+            if self.weight.dtype != torch.float32:
+                self.scale_f32 = 1.0 + self.weight.float()
+            self.weight.add_(1.0)
+            self.offset_folded = True

@@ -1,7 +1,17 @@
 """Rotary position embeddings: inverse frequencies for each rope_scaling type, and their application.
 
-The rotation pairs dimension i with i + head_dim/2 (the "rotate half" layout Hugging Face checkpoints
-are trained with), not adjacent dimensions.
+The rotation pairs dimension i with i + rotary_dim/2 (the "rotate half" layout Hugging Face checkpoints
+are trained with), not adjacent dimensions. A partial rotary (`partial_rotary_factor`, Phi-4-mini's
+0.75) rotates the first rotary_dim dimensions of each head and leaves the rest as they are.
+
+LongRoPE (Phi-3 / Phi-4) has two sets of frequencies, `short_factor` and `long_factor`. Transformers
+picks one per forward call: long when the call's highest position + 1 exceeds
+`original_max_position_embeddings`, for every position of that call. Under `generate` a prompt is one
+call and each decoded token one more, so token p of a request with a P-token prompt was rotated with
+the long set exactly when P > original or p >= original. We apply that rule per token (`long_tokens`),
+which gives each token the rotation transformers gives it, however the prompt is chunked, batched,
+preempted and recomputed. The rotation of a cached K depends on its request's prompt length, so the
+prefix cache keys LongRoPE requests with prompts past the original length apart (docs/architectures-gemma-phi.md).
 """
 
 from __future__ import annotations
@@ -12,7 +22,10 @@ from typing import Any
 
 import torch
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+# Types whose original context transformers takes from a top-level `original_max_position_embeddings`
+# before the one inside the parameters (Phi-3 keeps it there).
+_ORIGINAL_LENGTH_TYPES = ("llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,12 +33,16 @@ class RopeConfig:
     rope_type: str
     theta: float
     params: dict[str, Any] = field(default_factory=dict)  # the rest of rope_scaling / rope_parameters
+    partial: float = 1.0  # the fraction of each head rotated (partial_rotary_factor)
 
     @classmethod
-    def from_hf(cls, hf: dict[str, Any]) -> RopeConfig:
+    def from_hf(cls, hf: dict[str, Any], params: dict[str, Any] | None = None) -> RopeConfig:
         """Read both spellings: `rope_theta` + `rope_scaling` (most checkpoints) and transformers 5's
-        `rope_parameters` (which carries the theta inside)."""
-        params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+        `rope_parameters` (which carries the theta inside). `params`: one layer type's parameters
+        where the config has several (Gemma 3), read the same way."""
+        if params is None:
+            params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        params = dict(params)
         rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
         params.pop("type", None)
         theta = float(params.pop("rope_theta", hf.get("rope_theta", 10000.0)))
@@ -33,22 +50,41 @@ class RopeConfig:
             raise ValueError(
                 f"rope type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
             )
-        partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
-        if partial != 1.0:
-            raise ValueError(f"partial_rotary_factor={partial} is not supported (only 1.0)")
-        return cls(rope_type, theta, params)
+        partial = float(params.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+        if not 0.0 < partial <= 1.0:
+            raise ValueError(f"partial_rotary_factor must be in (0, 1]; got {partial}")
+        if rope_type in _ORIGINAL_LENGTH_TYPES and hf.get("original_max_position_embeddings"):
+            params["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+        if rope_type == "longrope":
+            for key in ("short_factor", "long_factor"):
+                if not isinstance(params.get(key), list):
+                    raise ValueError(f"longrope needs rope_scaling.{key}, a list of numbers")
+            params.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings", 2048))
+        return cls(rope_type, theta, params, partial)
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """How many dimensions of each head rotate (transformers: int(head_dim * partial_rotary_factor))."""
+        return int(head_dim * self.partial)
+
+    @property
+    def long_from(self) -> int | None:
+        """LongRoPE: the original context length past which the long factors apply; else None."""
+        return int(self.params["original_max_position_embeddings"]) if self.rope_type == "longrope" else None
 
 
 def inverse_frequencies(
-    rope: RopeConfig, head_dim: int, max_position_embeddings: int
+    rope: RopeConfig, head_dim: int, max_position_embeddings: int, *, long: bool = False
 ) -> tuple[torch.Tensor, float]:
-    """-> (inv_freq [head_dim/2] float32, attention factor applied to cos and sin)."""
+    """-> (inv_freq [head_dim/2] float32, attention factor applied to cos and sin). `head_dim`: the
+    rotated dimensions (rotary_dim); `long`: LongRoPE's long factors instead of its short ones."""
     # Computed the way the checkpoints' reference code does (int64 arange, float32), so fp32 logits match.
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     base = 1.0 / (rope.theta**exponents)
     p = rope.params
     if rope.rope_type == "default":
         return base, 1.0
+    if rope.rope_type == "longrope":
+        return _longrope(rope, exponents, max_position_embeddings, long)
     if rope.rope_type == "dynamic":
         # Dynamic NTK changes nothing up to max_position_embeddings, and the worker never serves
         # longer contexts (max_model_len is capped there), so it is the default rotation.
@@ -58,6 +94,27 @@ def inverse_frequencies(
     if rope.rope_type == "llama3":
         return _llama3(base, p), 1.0
     return _yarn(rope, head_dim, max_position_embeddings)
+
+
+def _longrope(
+    rope: RopeConfig, exponents: torch.Tensor, max_position_embeddings: int, long: bool
+) -> tuple[torch.Tensor, float]:
+    """LongRoPE: each frequency divided by its own factor (short or long set); attention scaled by
+    sqrt(1 + ln(factor) / ln(original)), factor = max positions / original unless given."""
+    p = rope.params
+    original = int(p["original_max_position_embeddings"])
+    factors = p["long_factor" if long else "short_factor"]
+    if len(factors) != exponents.numel():
+        raise ValueError(
+            f"longrope {'long' if long else 'short'}_factor has {len(factors)} values; the rotary "
+            f"dimensions need {exponents.numel()} (rotary_dim / 2)"
+        )
+    factor = p.get("factor") or max_position_embeddings / original
+    attention_factor = p.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    ext = torch.tensor(factors, dtype=torch.float32)
+    return 1.0 / (ext * rope.theta**exponents), float(attention_factor)
 
 
 def _llama3(inv_freq: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
@@ -110,18 +167,33 @@ def _yarn(rope: RopeConfig, head_dim: int, max_position_embeddings: int) -> tupl
 class RotaryEmbedding(torch.nn.Module):
     def __init__(self, rope: RopeConfig, head_dim: int, max_position_embeddings: int) -> None:
         super().__init__()
-        # A plain attribute, not a buffer: the model may be built on the meta device (no weights
+        self.rotary_dim = rope.rotary_dim(head_dim)
+        self.long_from = rope.long_from
+        # Plain attributes, not buffers: the model may be built on the meta device (no weights
         # allocated before loading), and these frequencies must exist for real.
         with torch.device("cpu"):
             self.inv_freq, self.attention_factor = inverse_frequencies(
-                rope, head_dim, max_position_embeddings
+                rope, self.rotary_dim, max_position_embeddings
             )
+            self.long_inv_freq: torch.Tensor | None = None
+            if self.long_from is not None:
+                self.long_inv_freq, _ = inverse_frequencies(
+                    rope, self.rotary_dim, max_position_embeddings, long=True
+                )
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Once per step, shared by every layer -> cos, sin [T, 1, head_dim/2] in the model dtype."""
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype, long_tokens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Once per step, shared by every layer -> cos, sin [T, 1, rotary_dim/2] in the model dtype.
+        long_tokens [T] bool: LongRoPE's long factors for those tokens (see the module's docstring)."""
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)
-        freqs = positions[:, None].float() * self.inv_freq[None, :]
+            if self.long_inv_freq is not None:
+                self.long_inv_freq = self.long_inv_freq.to(positions.device)
+        inv_freq = self.inv_freq[None, :]
+        if self.long_inv_freq is not None and long_tokens is not None:
+            inv_freq = torch.where(long_tokens[:, None], self.long_inv_freq[None, :], inv_freq)
+        freqs = positions[:, None].float() * inv_freq
         cos, sin = freqs.cos(), freqs.sin()
         if self.attention_factor != 1.0:
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
@@ -133,3 +205,14 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def longrope_tokens(
+    positions: torch.Tensor, prompt_lens: list[int], query_lens: list[int], long_from: int
+) -> torch.Tensor:
+    """[T] bool: the packed tokens LongRoPE rotates with its long factors: every token of a request
+    whose prompt is longer than `long_from`, and any token at position >= long_from (request r has
+    query_lens[r] tokens in the packed batch, its prompt prompt_lens[r] tokens)."""
+    long_prompt = torch.tensor([p > long_from for p in prompt_lens], device=positions.device)
+    per_token = long_prompt.repeat_interleave(torch.tensor(query_lens, device=positions.device))
+    return per_token | (positions >= long_from)

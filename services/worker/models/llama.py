@@ -1,4 +1,5 @@
-"""The Llama decoder (and its close kin Mistral, Qwen2, Qwen3) over a paged KV cache.
+"""The Llama decoder (and its close kin Mistral, Qwen2, Qwen3; the base of Gemma and Phi-3) over a
+paged KV cache.
 
 One forward takes every scheduled token of every request packed into one flat batch
 (`input_ids [T]`, `positions [T]`) and returns hidden states [T, hidden]; logits are computed
@@ -9,14 +10,16 @@ Inside the layer stack, modules are called through `.forward`, not `__call__`: n
 bookkeeping costs about a microsecond a hop, a decode step makes ~7 hops per layer, and nothing here
 registers hooks.
 
-Sliding-window attention (Mistral, some Qwen2) is not implemented: the registry caps max_model_len
-at the window, so the context never exceeds it and full causal attention is exact.
+Per layer, attention may slide over a window (Mistral, Qwen2/3 with `use_sliding_window`, Gemma,
+Phi-3): each Attention carries its layer's rules and every backend applies them exactly. Layers that
+slide may rotate with their own rotary (Gemma 3's local base): `sliding_rotary`. Options a family
+sets through its config (models/registry.py): the embedding scale, the final logit softcap.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +30,7 @@ from pagedserve.services.worker.layers.mlp import GatedMLP
 from pagedserve.services.worker.layers.norm import RMSNorm
 from pagedserve.services.worker.layers.packed_linear import pack_linear, prepack_linears
 from pagedserve.services.worker.layers.rope import RotaryEmbedding
+from pagedserve.services.worker.layers.softcap import soft_cap
 from torch import nn
 
 if TYPE_CHECKING:
@@ -36,10 +40,10 @@ KVCaches = Sequence[tuple[torch.Tensor, torch.Tensor]]  # per layer (k_cache, v_
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, layer: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, backend)
+        self.self_attn = Attention(cfg, backend, layer)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg)
 
@@ -67,8 +71,9 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    decoder_layer: ClassVar[type[nn.Module]] = LlamaDecoderLayer
     # Checkpoint projections that live inside one of our fused matrices: name -> (ours, shard index).
-    fused_projections = {
+    fused_projections: ClassVar[dict[str, tuple[str, int]]] = {
         "q_proj": ("qkv_proj", 0),
         "k_proj": ("qkv_proj", 1),
         "v_proj": ("qkv_proj", 2),
@@ -84,12 +89,19 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(
             cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size)
         )
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(self.decoder_layer(cfg, backend, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=cfg.norm_unit_offset)
         self.lm_head = (
             None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         )
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+        self.sliding_rotary = (
+            None
+            if cfg.sliding_rope is None
+            else RotaryEmbedding(cfg.sliding_rope, cfg.head_dim, cfg.max_position_embeddings)
+        )
+        # Per layer: whether it takes the sliding layers' rotary.
+        self.slides = [cfg.window(i) is not None for i in range(cfg.num_layers)]
         self.tied_head: nn.Module | None = None  # the embedding packed for the LM head, once prepacked
         self.layer_ops: LayerOps | None = None  # chosen once the weights' device is real
 
@@ -120,24 +132,40 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: KVCaches,
         meta: AttentionMetadata,
+        long_tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Packed tokens -> final (normalised) hidden states [T, hidden]; writes this step's K/V."""
+        """Packed tokens -> final (normalised) hidden states [T, hidden]; writes this step's K/V.
+        long_tokens [T] bool: the tokens a LongRoPE model rotates with its long factors (rope.py)."""
         if self.layer_ops is None:
             self.use_fused_ops()
         x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        if self.config.embed_scale is not None:
+            # In the model dtype, as transformers scales (sqrt(3072) is 55.5 in bfloat16, not 55.43).
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
+        rotation = self.rotary.cos_sin(positions, x.dtype, long_tokens)
+        sliding = rotation if self.sliding_rotary is None else self.sliding_rotary.cos_sin(positions, x.dtype)
         residual = None
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+        for layer, slides, (k_cache, v_cache) in zip(self.layers, self.slides, kv_caches, strict=True):
+            cos, sin = sliding if slides else rotation
             x, residual = layer.forward(x, residual, cos, sin, k_cache, v_cache, meta)
         return self.norm(x) if residual is None else self.norm.add_and_norm(x, residual)[0]
 
+    def weights_loaded(self) -> None:
+        """The loader has filled every weight: norms whose checkpoint stores w for 1 + w fold the 1 in."""
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.fold_unit_offset()
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] of the rows that sample -> logits [N, vocab]."""
+        """hidden [N, hidden] of the rows that sample -> logits [N, vocab] (soft-capped where the model is)."""
         if self.lm_head is not None:
-            return self.lm_head(hidden)
-        if self.tied_head is not None:
-            return self.tied_head(hidden)
-        return F.linear(hidden, self.embed_tokens.weight)
+            logits = self.lm_head(hidden)
+        elif self.tied_head is not None:
+            logits = self.tied_head(hidden)
+        else:
+            logits = F.linear(hidden, self.embed_tokens.weight)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else soft_cap(logits, cap)
 
     def prepack_weights(self) -> int:
         """Pack every projection and the LM head for the CPU GEMM library, once, after loading;
@@ -174,7 +202,7 @@ class LlamaForCausalLM(nn.Module):
             parts = name.split(".")
             fused = parts[-2] if len(parts) >= 2 else ""
             prefix = "" if name.startswith("lm_head.") else "model."
-            if fused in ("qkv_proj", "gate_up_proj"):
+            if (fused, 0) in split:  # a matrix the checkpoint stores in parts
                 shards = 3 if fused == "qkv_proj" else 2
                 for shard in range(shards):
                     names.append(prefix + ".".join([*parts[:-2], split[(fused, shard)], parts[-1]]))

@@ -1,7 +1,9 @@
 """config.json -> which model class runs it, with which options.
 
-Every supported architecture is the Llama decoder with small switches (biases, per-head q/k norms),
-so the register is a table of those switches, and `ModelConfig` is the one parsed form of a config.
+Every supported architecture is the Llama decoder with small switches (biases, per-head q/k norms,
+sliding windows, soft-capping, the activation), or a family file beside it where the layer differs
+(models/gemma.py: four norms a layer; models/phi3.py: q/k/v and gate/up fused in the checkpoint).
+The register is a table of those, and `ModelConfig` is the one parsed form of a config.
 """
 
 from __future__ import annotations
@@ -11,7 +13,13 @@ from typing import Any
 
 from pagedserve.services.checkpoint import context_length, token_ids
 from pagedserve.services.worker.layers.rope import RopeConfig
+from pagedserve.services.worker.models import attention_layout as layout
+from pagedserve.services.worker.models.gemma import GemmaForCausalLM
 from pagedserve.services.worker.models.llama import LlamaForCausalLM
+from pagedserve.services.worker.models.phi3 import Phi3ForCausalLM
+
+# What the gated MLP may apply to its gate (config `hidden_act`, Gemma's `hidden_activation`).
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,16 +30,28 @@ class Architecture:
     mlp_bias: bool | None  # None: the config's `mlp_bias` decides
     qk_norm: bool = False  # RMSNorm over each head of q and k, before the rotation
     default_head_dim: int | None = None  # when config.json has none; None = hidden_size / heads
+    windows: layout.WindowLayout = layout.no_windows  # which layers slide, how far
+    ropes: layout.RopeLayout = layout.one_rope  # the rotary of full layers, and of sliding ones
+    attn_softcap: bool = False  # honours `attn_logit_softcapping` (transformers' Gemma 3 ignores it)
+    gemma: bool = False  # norms multiply by 1 + w; embeddings scaled by sqrt(hidden); query_pre_attn_scalar
+    defaults: tuple[tuple[str, Any], ...] = ()  # transformers' config defaults a config.json may leave out
 
+
+_GEMMA = {"qkv_bias": None, "o_bias": None, "mlp_bias": False, "gemma": True, "default_head_dim": 256}
+_GEMMA_DEFAULTS = (
+    ("hidden_activation", "gelu_pytorch_tanh"),
+    ("query_pre_attn_scalar", 256),
+    ("sliding_window", 4096),
+    ("tie_word_embeddings", True),
+)
 
 ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": Architecture(LlamaForCausalLM, qkv_bias=None, o_bias=None, mlp_bias=None),
-    "MistralForCausalLM": Architecture(LlamaForCausalLM, qkv_bias=False, o_bias=False, mlp_bias=False),
+    "MistralForCausalLM": Architecture(
+        LlamaForCausalLM, qkv_bias=False, o_bias=False, mlp_bias=False, windows=layout.every_layer
+    ),
     "Qwen2ForCausalLM": Architecture(
-        LlamaForCausalLM,
-        qkv_bias=True,
-        o_bias=False,
-        mlp_bias=False,
+        LlamaForCausalLM, qkv_bias=True, o_bias=False, mlp_bias=False, windows=layout.qwen_layers
     ),
     "Qwen3ForCausalLM": Architecture(
         LlamaForCausalLM,
@@ -40,6 +60,30 @@ ARCHITECTURES: dict[str, Architecture] = {
         mlp_bias=False,
         qk_norm=True,
         default_head_dim=128,
+        windows=layout.qwen_layers,
+    ),
+    "Gemma2ForCausalLM": Architecture(
+        GemmaForCausalLM,
+        **_GEMMA,
+        windows=layout.gemma2_layers,
+        attn_softcap=True,
+        defaults=(*_GEMMA_DEFAULTS, ("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0)),
+    ),
+    "Gemma3ForCausalLM": Architecture(
+        GemmaForCausalLM,
+        **_GEMMA,
+        qk_norm=True,
+        windows=layout.gemma3_layers,
+        ropes=layout.gemma3_ropes,
+        defaults=_GEMMA_DEFAULTS,
+    ),
+    "Phi3ForCausalLM": Architecture(
+        Phi3ForCausalLM,
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        windows=layout.every_layer,
+        ropes=layout.phi3_rope,
     ),
 }
 
@@ -62,8 +106,23 @@ class ModelConfig:
     o_bias: bool
     mlp_bias: bool
     qk_norm: bool
-    rope: RopeConfig
+    rope: RopeConfig  # full-attention layers' (every layer's, unless sliding_rope is set)
     eos_token_ids: tuple[int, ...]
+    hidden_act: str = "silu"
+    attention_scale: float = 0.0  # softmax(q k^T * scale); 0: head_dim ** -0.5
+    layer_windows: tuple[int | None, ...] = ()  # per layer: a sliding window, or None; () = none anywhere
+    sliding_rope: RopeConfig | None = None  # the sliding layers' rotary, where it differs (Gemma 3)
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    norm_unit_offset: bool = False  # Gemma: every RMSNorm multiplies by 1 + w
+    embed_scale: float | None = None  # Gemma: embeddings times sqrt(hidden_size), in the model dtype
+
+    def window(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    @property
+    def scale(self) -> float:
+        return self.attention_scale or self.head_dim**-0.5
 
 
 def resolve(hf: dict[str, Any]) -> tuple[type[LlamaForCausalLM], ModelConfig]:
@@ -83,8 +142,12 @@ def parse_config(hf: dict[str, Any]) -> ModelConfig:
         )
     name = supported[0]
     arch = ARCHITECTURES[name]
-    if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
+    hf = {**dict(arch.defaults), **hf}
+    activation = hf.get("hidden_activation") or hf.get("hidden_act", "silu")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"hidden_act {activation!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
+    if hf.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention (an encoder's attention) is not supported")
     hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
     kv_heads = hf.get("num_key_value_heads") or heads
     if heads % kv_heads:
@@ -94,9 +157,15 @@ def parse_config(hf: dict[str, Any]) -> ModelConfig:
     head_dim = hf.get("head_dim") or arch.default_head_dim or hidden // heads
     max_pos = hf.get("max_position_embeddings", 2048)
     attention_bias = bool(hf.get("attention_bias", False))
+    rope, sliding_rope = arch.ropes(hf)
+    scalar = hf["query_pre_attn_scalar"] if arch.gemma else None
 
     def pick(fixed: bool | None, key: str) -> bool:
         return bool(hf.get(key, False)) if fixed is None else fixed
+
+    def cap(key: str) -> float | None:
+        value = hf.get(key)
+        return float(value) if value else None
 
     return ModelConfig(
         architecture=name,
@@ -109,12 +178,20 @@ def parse_config(hf: dict[str, Any]) -> ModelConfig:
         head_dim=head_dim,
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         max_position_embeddings=max_pos,
-        max_model_len=context_length(hf),  # capped at a sliding window: services/checkpoint.py
+        max_model_len=context_length(hf),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=attention_bias if arch.qkv_bias is None else arch.qkv_bias,
         o_bias=attention_bias if arch.o_bias is None else arch.o_bias,
         mlp_bias=pick(arch.mlp_bias, "mlp_bias"),
         qk_norm=arch.qk_norm,
-        rope=RopeConfig.from_hf(hf),
+        rope=rope,
         eos_token_ids=token_ids(hf.get("eos_token_id")),
+        hidden_act=activation,
+        attention_scale=float(scalar) ** -0.5 if scalar else 0.0,
+        layer_windows=arch.windows(hf),
+        sliding_rope=sliding_rope,
+        attn_logit_softcap=cap("attn_logit_softcapping") if arch.attn_softcap else None,
+        final_logit_softcap=cap("final_logit_softcapping"),
+        norm_unit_offset=arch.gemma,
+        embed_scale=float(hidden) ** 0.5 if arch.gemma else None,
     )

@@ -122,6 +122,7 @@ def load_model(
             )
         model.to_empty(device=device)
         _fill_parameters(model, folder, skip, dense)
+        model.weights_loaded()
     model.eval().requires_grad_(False)
     return LoadedModel(model, config, checkpoint.eos_token_ids)
 

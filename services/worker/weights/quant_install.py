@@ -31,7 +31,7 @@ def install_quantized(
                 continue
             path = f"{module_name}.{child_name}" if module_name else child_name
             prefix = "" if path == "lm_head" else "model."
-            if child_name in ("qkv_proj", "gate_up_proj"):
+            if (child_name, 0) in split:  # the checkpoint stores it in parts (q/k/v, gate/up)
                 shards = 3 if child_name == "qkv_proj" else 2
                 names = [f"{prefix}{module_name}.{split[(child_name, i)]}.weight" for i in range(shards)]
             else:

@@ -54,6 +54,7 @@ def test_apply_reports_errors_per_op_without_raising(manager: BlockManager) -> N
             ["grow", "b", 1],  # arity
             ["alloc", "w0", "c", "s", "not tokens", 1, True],  # types
             ["alloc", "w0", "c", "s", [1, None], 1, True],
+            ["alloc", "w0", "c", "s", [1], 1, True, 3],  # a cache namespace that is no string
             ["teleport", "b"],  # unknown op
             "free",  # not a list
             [],
@@ -65,12 +66,12 @@ def test_apply_reports_errors_per_op_without_raising(manager: BlockManager) -> N
         0.0,
     )
     results = reply.results
-    assert len(results) == 15
-    assert results[2] == [[0], 0, 1] and results[14] == 1
-    errors = [r for i, r in enumerate(results) if i not in (2, 14)]
+    assert len(results) == 16
+    assert results[2] == [[0], 0, 1] and results[15] == 1
+    errors = [r for i, r in enumerate(results) if i not in (2, 15)]
     assert all(type(r) is dict and isinstance(r["error"], str) and r["error"] for r in errors)
     assert "nope" in results[0]["error"] and "ghost" in results[1]["error"]
-    assert "teleport" in results[8]["error"]
+    assert "cache_namespace" in results[8]["error"] and "teleport" in results[9]["error"]
     assert manager.check_invariants() == [] and manager.num_free_blocks("w0") == NUM_BLOCKS
 
 

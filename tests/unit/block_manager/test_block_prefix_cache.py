@@ -157,3 +157,21 @@ def test_identical_content_computed_twice_is_cached_once_and_the_chain_goes_on(m
     table_a_blocks = set(cached_ids(manager))
     assert c is not None and c.num_cached_tokens == 2 * BLOCK_SIZE
     assert set(c.block_ids[:2]) == table_a_blocks
+
+
+def test_a_cache_namespace_keeps_its_own_chains(manager: BlockManager) -> None:
+    """The same tokens under another salt are other KV (a LongRoPE request past its original length):
+    no hit across salts in either direction, hits within one."""
+    prompt = tokens(2 * BLOCK_SIZE + 1)
+    plain = manager.allocate("w0", "plain", "s", prompt, 100, 0.0)
+    salted = manager.allocate("w0", "salted", "s", prompt, 100, 0.0, cache_namespace="longrope")
+    assert plain is not None and salted is not None
+    assert salted.num_cached_tokens == 0 and not set(salted.block_ids) & set(plain.block_ids)
+    again = manager.allocate("w0", "salted-again", "s", prompt, 100, 0.0, cache_namespace="longrope")
+    plain_again = manager.allocate("w0", "plain-again", "s", prompt, 100, 0.0)
+    assert again is not None and plain_again is not None
+    assert again.num_cached_tokens == 2 * BLOCK_SIZE and again.block_ids[:2] == salted.block_ids[:2]
+    assert (
+        plain_again.num_cached_tokens == 2 * BLOCK_SIZE and plain_again.block_ids[:2] == plain.block_ids[:2]
+    )
+    assert manager.check_invariants() == []

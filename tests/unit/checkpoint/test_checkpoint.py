@@ -1,4 +1,4 @@
-"""services/checkpoint.py: the one reading of a checkpoint folder (context, sliding window, EOS,
+"""services/checkpoint.py: the one reading of a checkpoint folder (context, LongRoPE's switch, EOS,
 tokenizer), without torch; and the scheduler admitting only what its active workers serve."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagedserve.services.checkpoint import context_length, read_checkpoint, resolve_model
+from pagedserve.services.checkpoint import context_length, read_checkpoint, resolve_model, rope_switch_at
 from pagedserve.services.scheduler.liveness import WorkerLiveness
 from pagedserve.services.scheduler.step_clock import StepClock
 from pagedserve.shared.protocol.control import Heartbeat
@@ -24,22 +24,45 @@ def write_checkpoint(folder: Path, **config: Any) -> Path:
     return folder
 
 
-def test_a_mistral_window_caps_the_context() -> None:
-    assert context_length({**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 64}) == 64
-    assert context_length({**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": None}) == 512
-    assert context_length({**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 4096}) == 512
-
-
-@pytest.mark.parametrize("arch", ["Qwen2ForCausalLM", "Qwen3ForCausalLM"])
-def test_a_qwen_window_applies_only_with_use_sliding_window(arch: str) -> None:
-    config = {**BASE, "architectures": [arch], "sliding_window": 64}
-    assert context_length(config) == 512
-    assert context_length({**config, "use_sliding_window": True}) == 64
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"architectures": ["MistralForCausalLM"], "sliding_window": 64},
+        {"architectures": ["Qwen2ForCausalLM"], "sliding_window": 64, "use_sliding_window": True},
+        {"architectures": ["Gemma2ForCausalLM"], "sliding_window": 13},
+        {"architectures": ["Phi3ForCausalLM"], "sliding_window": 29},
+    ],
+)
+def test_a_sliding_window_no_longer_caps_the_context(config: dict[str, Any]) -> None:
+    """Windows are exact in every attention backend: the model serves all its positions."""
+    assert context_length({**BASE, **config}) == 512
 
 
 def test_a_nested_text_config_is_read() -> None:
-    nested = {"architectures": ["MistralForCausalLM"], "text_config": {**BASE, "sliding_window": 32}}
-    assert context_length(nested) == 32
+    nested = {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "text_config": {**BASE, "sliding_window": 32},
+    }
+    assert context_length(nested) == 512
+
+
+def test_longrope_switches_at_the_original_length() -> None:
+    phi3 = {**BASE, "architectures": ["Phi3ForCausalLM"], "original_max_position_embeddings": 48}
+    assert (
+        rope_switch_at(
+            {**phi3, "rope_scaling": {"rope_type": "longrope", "short_factor": [1], "long_factor": [2]}}
+        )
+        == 48
+    )
+    assert rope_switch_at({**phi3, "rope_scaling": {"type": "su"}}) == 48  # the older name
+    assert rope_switch_at({**phi3, "rope_scaling": {"type": "yarn"}}) == 48  # Phi-3's yarn is LongRoPE
+    assert rope_switch_at({**phi3, "rope_scaling": None}) is None
+    llama = {
+        **BASE,
+        "architectures": ["LlamaForCausalLM"],
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
+    }
+    assert rope_switch_at(llama) is None
 
 
 def test_eos_ids_are_config_and_generation_config_together(tmp_path: Path) -> None:
@@ -55,10 +78,10 @@ def test_eos_ids_are_config_and_generation_config_together(tmp_path: Path) -> No
     )
 
 
-def test_the_configured_length_never_exceeds_the_window(tmp_path: Path) -> None:
+def test_the_configured_length_never_exceeds_the_positions(tmp_path: Path) -> None:
     folder = write_checkpoint(tmp_path / "m", architectures=["MistralForCausalLM"], sliding_window=64)
     checkpoint = read_checkpoint(folder)
-    assert [checkpoint.served_len(n) for n in (None, 1000, 40)] == [64, 64, 40]
+    assert [checkpoint.served_len(n) for n in (None, 1000, 40)] == [512, 512, 40]
 
 
 def test_a_folder_without_config_or_vocab_is_a_clear_error(tmp_path: Path) -> None:
@@ -76,7 +99,7 @@ def test_reading_a_checkpoint_imports_no_torch(tmp_path: Path) -> None:
         f"print(load_checkpoint({str(folder)!r}).max_model_len, 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["64", "False"]
+    assert out.split() == ["512", "False"]
     assert resolve_model(str(folder)) == folder
 
 

@@ -6,7 +6,8 @@ fails. Shapes, block sizes 8-128, GQA ratios, mixed decode / prefill / continued
 and bfloat16 caches; head dims that take the fast path on every path (multiples of 16 up to 128),
 ones that take it on the 8-lane paths only (40, 72) and ones no path's fast path takes (36, 160),
 and the generic algorithm called on its own. Unused cache slots hold large garbage, so a read past a
-row's context shows.
+row's context shows. Half the steps run under a layer's rules too: a sliding window (odd sizes, some
+shorter than a block, some longer than the context) and a logit softcap.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pagedserve.kernels.attention import get_backend
+from pagedserve.kernels.attention import CAUSAL, AttentionRules, get_backend
 from pagedserve.kernels.cpu.backend import CppAttentionBackend
 from pagedserve.kernels.cpu.build import PAGED_ATTENTION, load_extension
 from pagedserve.kernels.cpu.isa import ISA_ENV, runnable_isas
@@ -50,20 +51,29 @@ def steps(draw: st.DrawFn) -> dict:
     }
 
 
+@st.composite
+def rules(draw: st.DrawFn) -> AttentionRules:
+    if draw(st.booleans()):
+        return CAUSAL
+    window = draw(st.sampled_from([None, 1, 3, 7, 13, 31, 100, 1000]))
+    softcap = draw(st.sampled_from([None, 0.5, 5.0, 50.0]))
+    return AttentionRules(window, softcap)
+
+
 @settings(
     max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-@given(case=steps())
-def test_cpp_matches_the_torch_backend(isa: str, case: dict) -> None:
+@given(case=steps(), rule=rules())
+def test_cpp_matches_the_torch_backend(isa: str, case: dict, rule: AttentionRules) -> None:
     batch = make_paged_batch(**case, device=torch.device("cpu"))
     meta = batch.metadata()
     scale = case["head_dim"] ** -0.5
-    expected = TorchAttentionBackend().forward(batch.query, batch.k_cache, batch.v_cache, meta, scale)
+    expected = TorchAttentionBackend().forward(batch.query, batch.k_cache, batch.v_cache, meta, scale, rule)
     backend = CppAttentionBackend(isa)
     assert backend.isa == isa
-    got = backend.forward(batch.query, batch.k_cache, batch.v_cache, meta, scale)
+    got = backend.forward(batch.query, batch.k_cache, batch.v_cache, meta, scale, rule)
     atol, rtol = TOLERANCE[case["dtype"]]
     assert got.dtype == expected.dtype
     torch.testing.assert_close(got.float(), expected.float(), atol=atol, rtol=rtol)
@@ -72,7 +82,7 @@ def test_cpp_matches_the_torch_backend(isa: str, case: dict) -> None:
     fused = torch.full((batch.query.shape[0], case["num_heads"] + 2, case["head_dim"]), float("nan"))
     fused = fused.to(case["dtype"])
     fused[:, : case["num_heads"]] = batch.query
-    strided = backend.forward(fused[:, : case["num_heads"]], batch.k_cache, batch.v_cache, meta, scale)
+    strided = backend.forward(fused[:, : case["num_heads"]], batch.k_cache, batch.v_cache, meta, scale, rule)
     assert torch.equal(strided, got)
     # The generic algorithm of this path on the same step, whichever algorithm `got` took.
     generic = torch.empty_like(batch.query)
@@ -84,6 +94,8 @@ def test_cpp_matches_the_torch_backend(isa: str, case: dict) -> None:
         meta.seq_lens,
         meta.block_tables,
         scale,
+        rule.window or 0,
+        rule.softcap or 0.0,
         generic,
     )
     torch.testing.assert_close(generic.float(), expected.float(), atol=atol, rtol=rtol)
@@ -115,6 +127,8 @@ def test_the_isa_environment_variable_picks_the_path(isa: str, monkeypatch: pyte
         meta.seq_lens,
         meta.block_tables,
         0.125,
+        0,
+        0.0,
         by_name,
     )
     assert torch.equal(got, by_name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import triton_env  # noqa: F401  (must come before the kernels are imported)
 
 from pagedserve import LLM, SamplingParams
@@ -12,6 +13,23 @@ def test_engine_with_triton_backend_matches_torch_backend(tiny_model):
     prompts = [[5, 9, 33, 70, 2 + i] * (1 + 3 * i) for i in range(4)]  # 5..50 tokens: prefill, then decode
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     kwargs = {"num_blocks": 64, "block_size": 16, "max_num_batched_tokens": 24}  # chunked prefill too
+    torch_out = [
+        o.token_ids for o in LLM(path, attention_backend="torch", **kwargs).generate(prompts, params)
+    ]
+    triton_out = [
+        o.token_ids for o in LLM(path, attention_backend="triton", **kwargs).generate(prompts, params)
+    ]
+    assert triton_out == torch_out
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "phi3"])
+def test_sliding_windows_and_softcaps_on_triton_match_the_torch_backend(tiny_model, arch):
+    """Gemma 2 (window 13 on alternate layers, attention softcap, head_dim 24) and Phi-3 (window 29 in
+    every layer, head_dim 12) with prompts longer than their windows, prefill chunked."""
+    path = str(tiny_model(arch))
+    prompts = [[7 + (5 * j + i) % 250 for j in range(n)] for i, n in enumerate((9, 31, 50))]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    kwargs = {"num_blocks": 64, "block_size": 16, "max_num_batched_tokens": 24}
     torch_out = [
         o.token_ids for o in LLM(path, attention_backend="torch", **kwargs).generate(prompts, params)
     ]

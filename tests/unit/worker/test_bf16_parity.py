@@ -61,8 +61,15 @@ def _distance(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().mean())
 
 
-@pytest.mark.parametrize("backend", ["cpp", "torch"])
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+CASES = [
+    *((arch, backend) for arch in ("llama", "qwen3") for backend in ("cpp", "torch")),
+    ("gemma2", "cpp"),  # (1 + w) norms folded in bfloat16, the embedding scale, softcaps
+    ("gemma3", "torch"),
+    ("phi3", "cpp"),
+]
+
+
+@pytest.mark.parametrize(("arch", "backend"), CASES)
 def test_bf16_logits_add_no_error_of_our_own(tiny_model, arch, backend):
     path = tiny_model(arch)
     prompts = _prompts()

@@ -118,9 +118,10 @@ def test_config_switches_per_architecture():
     qwen3 = parse_config({**base, "architectures": ["Qwen3ForCausalLM"]})
     assert qwen3.head_dim == 128 and qwen3.qk_norm and not qwen3.qkv_bias  # Qwen3's default head_dim
     qwen2 = parse_config({**base, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 32})
-    assert qwen2.qkv_bias and not qwen2.o_bias and qwen2.max_model_len == 2048  # window unused
+    assert qwen2.qkv_bias and not qwen2.o_bias and qwen2.layer_windows == (None,)  # window unused
     mistral = parse_config({**base, "architectures": ["MistralForCausalLM"], "sliding_window": 32})
-    assert mistral.max_model_len == 32 and mistral.num_kv_heads == 4 and mistral.head_dim == 16
+    assert mistral.layer_windows == (32,) and mistral.num_kv_heads == 4 and mistral.head_dim == 16
+    assert mistral.max_model_len == 2048  # the window is exact: it caps nothing
     llama = parse_config(
         {**base, "architectures": ["LlamaForCausalLM"], "attention_bias": True, "eos_token_id": 9}
     )
