@@ -16,8 +16,8 @@ from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
 from pagedserve.services.worker.layers.packed_linear import linears_kind
 from pagedserve.services.worker.layers.quant_linear import weight_types
-from pagedserve.services.worker.lora_slots import LoRASlots
 from pagedserve.services.worker.layers.rope import longrope_tokens
+from pagedserve.services.worker.lora_slots import LoRASlots
 from pagedserve.services.worker.models.registry import ModelConfig
 from pagedserve.services.worker.packed_batch import PackedBatch, RequestState, pack_batch
 from pagedserve.services.worker.proposers import Proposer, make_proposer
