@@ -7,10 +7,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pagedserve.services.api.chat_template import render_chat
+from pagedserve.services.api.choices import chat_choice, usage_body
 from pagedserve.services.api.disconnect import ClientGone
 from pagedserve.services.api.errors import as_api_errors
 from pagedserve.services.api.generation import Fanout, generate_all
-from pagedserve.services.api.responses import chat_choice, usage_body
 from pagedserve.services.api.sampling import Prompt, chat_sampling
 from pagedserve.services.api.schemas import ChatCompletionRequest
 from pagedserve.services.api.state import (

@@ -11,16 +11,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedserve.services.api.echo import end_offset, prompt_logprobs_body
-from pagedserve.services.api.errors import APIError, from_request_error
-from pagedserve.services.api.generation import Event
-from pagedserve.services.api.model_card import ModelCard
-from pagedserve.services.api.responses import (
+from pagedserve.services.api.choices import (
     chat_logprobs,
     completion_logprobs,
     finish_reason,
     usage_body,
 )
+from pagedserve.services.api.echo import end_offset, prompt_logprobs_body
+from pagedserve.services.api.errors import APIError, from_request_error
+from pagedserve.services.api.generation import Event
+from pagedserve.services.api.model_card import ModelCard
 from pagedserve.services.api.tool_stream import ChoiceToolStream
 from pagedserve.services.api.tools import ToolMode
 from pagedserve.shared.sdk import RequestError, Result, StreamDelta

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pagedserve.services.api.responses import chat_message
+from pagedserve.services.api.choices import chat_message
 from pagedserve.services.api.tool_parsers import HermesParser
 from pagedserve.services.api.tool_stream import ChoiceToolStream
 from pagedserve.services.api.tools import ToolMode
