@@ -55,6 +55,8 @@ def schedulable(req: Request) -> bool:
     known = len(req.prompt_token_ids) + num_output
     if req.num_slots_used < known:
         return True  # prefilling
+    if req.sampling.pooling is not None:
+        return False  # prefill only: it ends with the step that computes its prompt's end
     return num_output + req.pending < req.sampling.max_tokens and req.num_slots_used < known + req.pending
 
 
@@ -171,7 +173,7 @@ class Planner:
                     draft.owner,
                     tokens,
                     max_new,
-                    use_prefix_cache=not req.wants_prompt_logprobs,
+                    use_prefix_cache=not req.computes_whole_prompt,
                 )
             )
             if max_new == len(tokens):

@@ -40,6 +40,7 @@ class Request:
     shares_last_block: bool = False  # forked: the next write may copy-on-write
     fork_children: int = 0  # n - 1 children still to fork when the prompt completes
     prompt_logprobs: PromptLogprobs | None = None  # received (sampling.prompt_logprobs; the parent's)
+    pooled: bytes | None = None  # sampling.pooling: the vector the worker sent in place of a token
     # --- timing (for metrics)
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -69,6 +70,13 @@ class Request:
             and self.parent_id is None
             and self.prompt_logprobs is None
         )
+
+    @property
+    def computes_whole_prompt(self) -> bool:
+        """Its next allocation takes no prefix-cache hits: the worker reads something from every
+        prompt position's hidden state (prompt logprobs, mean or CLS pooling)."""
+        pooling = self.sampling.pooling
+        return self.wants_prompt_logprobs or (pooling is not None and pooling.whole_prompt)
 
     @property
     def prefilling(self) -> bool:

@@ -50,6 +50,9 @@ class PackedBatch:
     meta: AttentionMetadata
     sample_rows: list[int]  # indices into the scheduled list of the requests that sample this step
     logits_indices: torch.Tensor  # [len(sample_rows)] int64: their last token in the packed batch
+    # Pooling requests (sampling.pooling) that reach their prompt's end: pooled, never sampled.
+    pool_rows: list[int]  # indices into the scheduled list
+    pool_indices: list[int]  # their last token in the packed batch
 
 
 def pack_batch(
@@ -69,6 +72,8 @@ def pack_batch(
     tables: list[list[int]] = []
     sample_rows: list[int] = []
     logits_indices: list[int] = []
+    pool_rows: list[int] = []
+    pool_indices: list[int] = []
     for row, (state, n) in enumerate(scheduled):
         start = state.num_computed_tokens
         end = start + n
@@ -96,8 +101,12 @@ def pack_batch(
         seq_lens.append(end)
         tables.append(blocks[:num_blocks])
         if end == known:
-            sample_rows.append(row)
-            logits_indices.append(query_start_loc[-1] - 1)
+            if state.sampling.pooling is None:
+                sample_rows.append(row)
+                logits_indices.append(query_start_loc[-1] - 1)
+            else:
+                pool_rows.append(row)
+                pool_indices.append(query_start_loc[-1] - 1)
 
     width = max(len(t) for t in tables)
     padded = [t + [0] * (width - len(t)) if len(t) < width else t for t in tables]
@@ -117,6 +126,8 @@ def pack_batch(
         meta=meta,
         sample_rows=sample_rows,
         logits_indices=_tensor(logits_indices, torch.int64, device),
+        pool_rows=pool_rows,
+        pool_indices=pool_indices,
     )
 
 

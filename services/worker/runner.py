@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 from pagedserve.kernels.attention import get_backend
-from pagedserve.services.worker import prompt_logprobs
+from pagedserve.services.worker import pooling, prompt_logprobs
 from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
 from pagedserve.services.worker.layers.packed_linear import linears_kind
@@ -74,6 +74,8 @@ class ModelRunner:
         self.requests: dict[str, RequestState] = {}
         # Requests computing their prompt's logprobs (sampling.prompt_logprobs); empty: no cost.
         self.prompt_tallies: dict[str, prompt_logprobs.PromptTally] = {}
+        # Pooling requests (sampling.pooling mean/cls) folding their prompt's rows; empty: no cost.
+        self.pool_tallies: dict[str, pooling.PoolTally] = {}
 
     # ------------------------------------------------------------------ what the worker reports
 
@@ -146,11 +148,20 @@ class ModelRunner:
         hidden = self.model(batch.input_ids, batch.positions, self.kv_cache.layers(), batch.meta)
         if self.prompt_tallies:
             prompt_logprobs.collect(self.prompt_tallies, scheduled, hidden, self.model.compute_logits)
+        if self.pool_tallies:
+            pooling.collect(self.pool_tallies, scheduled, hidden)
         for state, n in scheduled:
             state.num_computed_tokens += n
         logits = self.model.compute_logits(hidden[batch.logits_indices]) if batch.sample_rows else None
         t_sample = time.perf_counter()
         result = self._sample(step, scheduled, batch, logits)
+        if batch.pool_rows:
+            result.pooled = pooling.pooled_outputs(
+                [scheduled[row][0] for row in batch.pool_rows],
+                hidden[torch.tensor(batch.pool_indices, device=hidden.device)],
+                self.pool_tallies,
+                self.model.compute_logits,
+            )
         t_end = time.perf_counter()
         result.timings = {
             "prepare_s": t_forward - t_start,
@@ -165,6 +176,7 @@ class ModelRunner:
         for request_id in step.finished_ids:
             self.requests.pop(request_id, None)
             self.prompt_tallies.pop(request_id, None)
+            self.pool_tallies.pop(request_id, None)
         scheduled: list[tuple[RequestState, int]] = []
         for new in step.new_requests:
             self._check_blocks(new.request_id, new.block_ids)
@@ -179,6 +191,8 @@ class ModelRunner:
             self.requests[new.request_id] = state
             if (tally := prompt_logprobs.wanted(state)) is not None:
                 self.prompt_tallies[new.request_id] = tally
+            if (pool := pooling.wanted(state)) is not None:
+                self.pool_tallies[new.request_id] = pool
             if new.num_scheduled_tokens:
                 scheduled.append((state, new.num_scheduled_tokens))
         for cached in step.cached_requests:
