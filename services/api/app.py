@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import Depends, FastAPI
-from pagedserve.services.api import chat, completions, routes
+from pagedserve.services.api import chat, completions, embeddings, routes, scoring, tokenize
 from pagedserve.services.api.api_keys import load_api_keys
 from pagedserve.services.api.errors import HANDLERS
 from pagedserve.services.api.metrics import APIMetrics, MetricsMiddleware
@@ -46,13 +46,22 @@ def create_app(config: ServeConfig, card: ModelCard | None = None) -> FastAPI:
     # Read here, before serving: a bad keys file stops the API at start with the file's problem.
     app.state.api_keys = load_api_keys(config.api_keys_file) if config.api_keys_file else None
     guarded = [Depends(routes.require_api_key)]
-    app.include_router(routes.router, dependencies=guarded)
-    app.include_router(completions.router, dependencies=guarded)
-    app.include_router(chat.router, dependencies=guarded)
-    app.include_router(routes.health_router)
+    api_routers = [
+        routes.router,
+        completions.router,
+        chat.router,
+        embeddings.router,
+        scoring.router,
+        tokenize.router,
+    ]
+    open_routers = [routes.health_router, tokenize.version_router]
+    for router in api_routers:
+        app.include_router(router, dependencies=guarded)
+    for router in open_routers:
+        app.include_router(router)
     for exc_class, handler in HANDLERS.items():
         app.add_exception_handler(exc_class, handler)
-    known = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics"}
+    known = {route.path for router in api_routers + open_routers for route in router.routes}
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=known)
     app.add_middleware(RequestIdMiddleware)
     return app

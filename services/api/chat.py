@@ -36,6 +36,7 @@ router = APIRouter()
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> dict[str, Any] | Response:
     state = api_state(request)
     check_model(state, body.model)
+    state.card.kind.require("generate", "/v1/chat/completions", state.card.name)
     card = state.card
     mode = tool_mode(body)
     constraint = chat_constraint(body, mode)

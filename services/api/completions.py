@@ -40,6 +40,7 @@ router = APIRouter()
 async def create_completion(body: CompletionRequest, request: Request) -> dict[str, Any] | Response:
     state = api_state(request)
     check_model(state, body.model)
+    state.card.kind.require("generate", "/v1/completions", state.card.name)
     constraint = request_constraint(body)
     sampling = completion_sampling(body, constraint)
     prompts = completion_prompts(body)
