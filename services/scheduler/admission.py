@@ -57,6 +57,12 @@ def check_request(
             f"sampling.logit_bias names token {bad}, outside the vocabulary [0, {vocab_size})",
         )
     if sampling.structured_outputs is not None:
+        bad = next((t for t in sampling.structured_outputs.starts_after or () if t >= vocab_size), None)
+        if bad is not None:
+            raise RequestRejected(
+                "invalid_constraint",
+                f"sampling.structured_outputs.starts_after holds {bad}, outside the vocabulary [0, {vocab_size})",
+            )
         check_structured_outputs(sampling, can_stop_on_strings)
 
 

@@ -27,6 +27,7 @@ class RequestState:
     # The grammar matcher of a constrained request (services/constraints), built at its first sampled
     # token by replaying output_token_ids; None for an unconstrained one (or before that token).
     matcher: Any = None
+    marker_scanned: int = 0  # a constraint's starts_after: outputs before this end were searched
 
     @property
     def num_tokens(self) -> int:
