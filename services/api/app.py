@@ -13,6 +13,8 @@ from pagedserve.services.api.errors import HANDLERS
 from pagedserve.services.api.metrics import APIMetrics, MetricsMiddleware
 from pagedserve.services.api.model_card import ModelCard, load_model_card
 from pagedserve.services.api.request_ids import RequestIdMiddleware
+from pagedserve.services.api.responses import routes as responses_routes
+from pagedserve.services.api.responses.store import ResponseStore
 from pagedserve.services.api.state import APIState
 from pagedserve.services.api.tool_parsers import check_parser
 from pagedserve.shared.config import ServeConfig
@@ -38,7 +40,9 @@ def create_app(config: ServeConfig, card: ModelCard | None = None) -> FastAPI:
             **keys,
         )
         async with client, httpx.AsyncClient(timeout=HEALTH_TIMEOUT_S) as http:
-            app.state.api = APIState(config, card, client, http, metrics)
+            app.state.api = APIState(
+                config, card, client, http, metrics, ResponseStore(config.responses_kept)
+            )
             yield
 
     app = FastAPI(title="pagedserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -53,6 +57,7 @@ def create_app(config: ServeConfig, card: ModelCard | None = None) -> FastAPI:
         embeddings.router,
         scoring.router,
         tokenize.router,
+        responses_routes.router,
     ]
     open_routers = [routes.health_router, tokenize.version_router]
     for router in api_routers:
