@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
+import structlog
 from fastapi import Depends, FastAPI
 from pagedserve.services.api import chat, completions, embeddings, routes, scoring, tokenize
 from pagedserve.services.api.api_keys import load_api_keys
@@ -21,6 +22,16 @@ from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.sdk import AsyncClient, load_client_keys
 
 HEALTH_TIMEOUT_S = 2.0
+
+
+def log_start_phases(app: FastAPI) -> None:
+    """What this process's start spent, as seconds since it began (server.py fills the first ones)."""
+    phases = getattr(app.state, "start_phases", None)
+    if phases is None:
+        return
+    from pagedserve.services.api.server import process_age_s
+
+    structlog.get_logger().bind(service="api").info("api_start_phases", **phases, serving_s=process_age_s())
 
 
 def create_app(config: ServeConfig, card: ModelCard | None = None) -> FastAPI:
@@ -40,6 +51,7 @@ def create_app(config: ServeConfig, card: ModelCard | None = None) -> FastAPI:
             **keys,
         )
         async with client, httpx.AsyncClient(timeout=HEALTH_TIMEOUT_S) as http:
+            log_start_phases(app)
             app.state.api = APIState(
                 config, card, client, http, metrics, ResponseStore(config.responses_kept)
             )
