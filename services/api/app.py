@@ -11,6 +11,7 @@ from fastapi import Depends, FastAPI
 from pagedserve.services.api import chat, completions, embeddings, routes, scoring, tokenize
 from pagedserve.services.api.api_keys import load_api_keys
 from pagedserve.services.api.errors import HANDLERS
+from pagedserve.services.api.messages import routes as messages_routes
 from pagedserve.services.api.metrics import APIMetrics, MetricsMiddleware
 from pagedserve.services.api.model_card import ModelCard, load_model_card
 from pagedserve.services.api.request_ids import RequestIdMiddleware
@@ -70,6 +71,7 @@ def create_app(config: ServeConfig, card: ModelCard | None = None) -> FastAPI:
         scoring.router,
         tokenize.router,
         responses_routes.router,
+        messages_routes.router,
     ]
     open_routers = [routes.health_router, tokenize.version_router]
     for router in api_routers:
