@@ -5,8 +5,10 @@ own answers for them (the references the pooling tests compare with).
   a sentence-transformers `modules.json` with `1_Pooling/config.json` (last-token pooling) and a
   `2_Normalize` module, and a tokenizer whose post-processor appends the end-of-text token, as
   Qwen3-Embedding's does.
-- Reranker form: a `Qwen3ForCausalLM` whose tokenizer has "yes" and "no" as single tokens and the
-  chat markers (`<|im_start|>`, `<|im_end|>`, `<think>`, `</think>`) as special tokens.
+- Reranker form: a `Qwen3ForCausalLM` whose tokenizer has "yes" and "no" as single tokens, the chat
+  markers (`<|im_start|>`, `<|im_end|>`) as special tokens and `<think>`, `</think>` as plain added
+  tokens (decoded as text, as Qwen3's are), and a small Qwen-style chat template that honours
+  `enable_thinking`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 
 from harness.tiny_models import EOS_ID, tiny_config
 
-SPECIALS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+SPECIALS = ["<|im_start|>", "<|im_end|>"]
+THINK_TAGS = ["<think>", "</think>"]  # added tokens that are not special, as in Qwen3's: decoded as text
 WORDS = {"ye": ("y", "e"), "yes": ("ye", "s"), "no": ("n", "o")}
 
 
@@ -44,6 +47,7 @@ def save_word_tokenizer(folder: Path, append_eos: bool) -> None:
         tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
     )
     fast.add_special_tokens({"additional_special_tokens": SPECIALS})
+    fast.add_tokens(THINK_TAGS)
     fast.save_pretrained(folder)
 
 
@@ -107,7 +111,16 @@ def make_tiny_reranker(folder: Path, seed: int = 0) -> Path:
     _random_norms(model, seed)
     model.save_pretrained(folder)
     save_word_tokenizer(folder, append_eos=False)
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     return folder
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"
+)
 
 
 # ---------------------------------------------------------------- transformers' answers

@@ -1,6 +1,6 @@
 """/v1/embeddings, /v1/score and /v1/rerank over raw HTTP, against real processes, checked against
-transformers: one deployment of a tiny Qwen3-Reranker-form model, with two API processes in front
-of it, one serving it as an embedding model (`--runner embed --pooling mean`), one as a reranker."""
+transformers: the shared deployment of a tiny Qwen3-Reranker-form model, with two API processes in
+front of it, one serving it as an embedding model (`--runner embed --pooling mean`), one as a reranker."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import struct
 import httpx
 import pytest
 from harness.api_server import ApiServer
-from harness.deployment import start
-from harness.pooling_models import cosine, make_tiny_reranker, reference_embeddings, reference_rerank_scores
+from harness.pooling_models import cosine, reference_embeddings, reference_rerank_scores
 from pagedserve.services.api.rerank_template import judge_prompt
 from transformers import AutoTokenizer
 
@@ -20,20 +19,17 @@ DOCS = ["a block table maps tokens to blocks", "yes", "no idea", "paged attentio
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    folder = make_tiny_reranker(tmp_path_factory.mktemp("pool-model") / "tiny-reranker")
-    logs = tmp_path_factory.mktemp("pool-logs")
-    sup = start(folder, workers=1, log_dir=logs, max_num_batched_tokens=64)
-    embed = ApiServer(sup.config, logs / "api-embed.log", "--runner", "embed", "--pooling", "mean")
-    rerank = ApiServer(sup.config, logs / "api-rerank.log", "--runner", "rerank")
+def servers(word_model_deployment):
+    dep = word_model_deployment
+    embed = ApiServer(dep.sup.config, dep.log_dir / "api-embed.log", "--runner", "embed", "--pooling", "mean")
+    rerank = ApiServer(dep.sup.config, dep.log_dir / "api-rerank.log", "--runner", "rerank")
     try:
         embed.wait_healthy()
         rerank.wait_healthy()
-        yield folder, embed, rerank, sup
+        yield dep.model_path, embed, rerank, dep.sup
     finally:
         embed.stop()
         rerank.stop()
-        sup.stop()
 
 
 def post(server: ApiServer, path: str, body: dict) -> httpx.Response:
