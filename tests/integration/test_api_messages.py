@@ -125,6 +125,7 @@ def test_a_tool_use_turn_and_its_result(client, api_deployment):
         model=model, messages=follow, tools=[TOOL], max_tokens=8, extra_body=GREEDY
     )
     assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
     def prompt(usage) -> int:
         return usage.input_tokens + (usage.cache_read_input_tokens or 0)
 

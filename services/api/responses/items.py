@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pagedserve.services.api.errors import APIError, describe_validation
@@ -149,10 +148,3 @@ def output_as_items(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif item["type"] == "function_call":
             items.append({k: item[k] for k in ("type", "call_id", "name", "arguments")})
     return items
-
-
-def arguments_object(arguments: str) -> Any:
-    try:
-        return json.loads(arguments)
-    except ValueError:
-        return {}
