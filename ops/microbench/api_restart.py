@@ -23,10 +23,10 @@ from typing import Any
 
 import httpx
 from pagedserve.kernels.cpu.isa import cpu_model
-from pagedserve.ops.chaos.deployment import CHAOS_RESTARTS, free_ports
+from pagedserve.ops.chaos.deployment import CHAOS_RESTARTS
+from pagedserve.ops.deploy.local_api import local_config
 from pagedserve.ops.deploy.supervisor import Supervisor
 from pagedserve.ops.results import write_json
-from pagedserve.shared.config import ServeConfig
 
 
 def _until(check: Any, timeout_s: float) -> float:
@@ -56,22 +56,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kills", type=int, default=10)
     ap.add_argument("--out", type=Path, default=Path("bench/results/api_restart.json"))
     args = ap.parse_args(argv)
-    front, workers, bm, sched_ops, bm_ops, api_port = free_ports(6)
-    config = ServeConfig(
-        model=args.model,
-        front_endpoint=f"tcp://127.0.0.1:{front}",
-        worker_endpoint=f"tcp://127.0.0.1:{workers}",
-        block_manager_endpoint=f"tcp://127.0.0.1:{bm}",
-        scheduler_ops_port=sched_ops,
-        block_manager_ops_port=bm_ops,
-        api_port=api_port,
-        log_format="json",
-        num_blocks=256,
-    )
+    config = local_config(args.model, num_blocks=256)
     log_dir = Path(tempfile.mkdtemp(prefix="pagedserve-api-restart-"))
     sup = Supervisor(config, workers=1, log_dir=log_dir, policy=CHAOS_RESTARTS, api=True)
     sup.start()
-    base = f"http://127.0.0.1:{api_port}"
+    base = f"http://127.0.0.1:{config.api_port}"
     health, answered = [], []
     try:
         sup.wait_ready(timeout_s=600)
