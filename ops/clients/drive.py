@@ -38,7 +38,7 @@ def run_client(python: Path, name: str, base: str, timeout_s: float) -> dict[str
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--clients", default="agents_sdk")
+    ap.add_argument("--clients", default="agents_sdk,langchain_responses")
     ap.add_argument("--venv", type=Path, default=REPO / ".venv-clients")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per client script")
     ap.add_argument("--out", type=Path, default=Path("bench/results/clients.json"))
