@@ -64,6 +64,9 @@ class SamplingParams(_Strict):
     pooling: PoolingParams | None = Field(
         None, description="prefill only: the prompt pooled into one vector, no token sampled (pooling.py)"
     )
+    speculate: bool = Field(
+        True, description="false: no speculative decoding for this request, even where the deployment has it"
+    )
 
     @model_validator(mode="after")
     def _min_below_max(self) -> SamplingParams:
