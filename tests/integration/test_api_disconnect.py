@@ -102,15 +102,31 @@ def test_a_non_streaming_client_that_hangs_up_aborts_its_request_and_frees_its_b
     assert_aborted_and_pool_whole(dep, prefix, hung_up_at)
 
 
+# Neither API takes ignore_eos: a JSON string of at least LONG characters keeps the tiny model from
+# ending early (the grammar forbids the end of text before it), so the request is running when the
+# client hangs up.
+LONG = {
+    "type": "object",
+    "properties": {"story": {"type": "string", "minLength": 400}},
+    "required": ["story"],
+}
 STREAMED_ELSEWHERE = {
     # path: (body, the scheduler ids' prefix, auth header); both ids are made up per response.
     "/v1/responses": (
-        {"input": "Tell me everything.", "max_output_tokens": MAX_TOKENS},
+        {
+            "input": "Tell me everything.",
+            "max_output_tokens": MAX_TOKENS,
+            "text": {"format": {"type": "json_schema", "name": "long", "schema": LONG}},
+        },
         "resp_",
         "Authorization",
     ),
     "/v1/messages": (
-        {"messages": [{"role": "user", "content": "Tell me everything."}], "max_tokens": MAX_TOKENS},
+        {
+            "messages": [{"role": "user", "content": "Tell me everything."}],
+            "max_tokens": MAX_TOKENS,
+            "output_config": {"format": {"type": "json_schema", "schema": LONG}},
+        },
         "msg_",
         "x-api-key",
     ),
