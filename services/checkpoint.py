@@ -129,7 +129,23 @@ def load_tokenizer(folder: Path | None) -> Any | None:
     """The transformers tokenizer in `folder` (a checkpoint's tokenizer_path), or None for none."""
     if folder is None or not any((Path(folder) / f).exists() for f in TOKENIZER_FILES):
         return None
-    from transformers import AutoTokenizer  # lazily: a second or two of imports
+    return _folder_tokenizer(Path(folder))
+
+
+def _folder_tokenizer(folder: Path) -> Any:
+    """The class tokenizer_config.json names, imported alone. AutoTokenizer would pick that same class
+    but first import torch to read the model's config: 3 s of every API and scheduler start."""
+    import transformers  # lazily: a second of imports
+
+    config_file = folder / "tokenizer_config.json"
+    name = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.is_file() else None
+    for candidate in [f"{name.removesuffix('Fast')}Fast", name.removesuffix("Fast")] if name else []:
+        try:  # AutoTokenizer's order: the fast class first
+            cls = getattr(transformers, candidate)
+        except (AttributeError, ImportError):
+            continue
+        return cls.from_pretrained(str(folder))
+    from transformers import AutoTokenizer  # no class named, or not one of transformers': its own search
 
     return AutoTokenizer.from_pretrained(str(folder))
 

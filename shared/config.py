@@ -177,6 +177,33 @@ class ServeConfig(BaseSettings):
         "hermes",
         description="how tool calls are read from free text (tool_choice auto): hermes (<tool_call> tags)",
     )
+    reasoning_parser: Literal["qwen3", "deepseek_r1"] | None = Field(
+        None,
+        description="move <think>...</think> out of the answer into reasoning_content; structured outputs "
+        "and tool calls then apply to the answer after it (None = the output is all answer)",
+    )
+    runner: Literal["auto", "generate", "embed", "rerank"] = Field(
+        "auto",
+        description="what the API serves: generate (completions, chat, responses, messages); embed "
+        "(/v1/embeddings, and /v1/score, /v1/rerank by cosine similarity) from pooled hidden states; "
+        "rerank (/v1/score, /v1/rerank from a Qwen3-Reranker-style model's yes/no logits); auto = embed "
+        "when the checkpoint has a sentence-transformers Pooling module (modules.json), else generate",
+    )
+    pooling: Literal["auto", "last", "mean", "cls"] = Field(
+        "auto",
+        description="embed: how a prompt's hidden states become one vector; auto = 1_Pooling's, else last",
+    )
+    normalize_embeddings: bool | None = Field(
+        None,
+        description="embed: L2-normalise embeddings; default: when modules.json has a Normalize module "
+        "(or none at all)",
+    )
+    responses_kept: int = Field(
+        1000,
+        ge=0,
+        le=1 << 20,
+        description="Responses API: responses kept per API process for previous_response_id",
+    )
 
     # --- security
     curve_keys_dir: str | None = Field(

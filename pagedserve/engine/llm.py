@@ -20,6 +20,7 @@ from pagedserve.services.scheduler.admission import check_request
 from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
 from pagedserve.shared.config import ServeConfig, config_default
 from pagedserve.shared.protocol.frontend import CompletionOutput, SamplingParams
+from pagedserve.shared.protocol.pooling import PoolingParams, unpack_floats
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 from tqdm import tqdm
 
@@ -33,6 +34,14 @@ class RequestOutput:
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     prompt_logprobs: PromptLogprobs | None = None  # SamplingParams.prompt_logprobs asked for them
+    pooled: bytes | None = None  # SamplingParams.pooling: the vector (float32, little-endian)
+
+    @property
+    def vector(self) -> list[float]:
+        """A pooling request's vector: an embedding, or the logits of pooling.token_ids."""
+        if self.pooled is None:
+            raise ValueError(f"request {self.request_id!r} asked for no pooling: it has no vector")
+        return unpack_floats(self.pooled)
 
     @property
     def token_ids(self) -> list[int]:
@@ -198,6 +207,17 @@ class LLM:
         self.engine.flush()
         return [done[rid] for rid in ids]
 
+    def embed(
+        self, prompts: Sequence[str] | Sequence[Sequence[int]], pooling: PoolingParams | None = None
+    ) -> list[list[float]]:
+        """One pooled vector per prompt (prefill only; `pooling` defaults to last-token pooling)."""
+        params = SamplingParams(max_tokens=1, pooling=pooling or PoolingParams())
+        outputs = self.generate(prompts, params)
+        for out in outputs:
+            if out.error is not None:
+                raise RuntimeError(f"request {out.request_id}: {out.error}")
+        return [out.vector for out in outputs]
+
     @staticmethod
     def _to_output(done: RequestDone, prompt: list[int]) -> RequestOutput:
         outputs = done.completion_outputs("error")
@@ -208,4 +228,5 @@ class LLM:
             done.num_cached_tokens,
             done.error_code,
             prompt_logprobs=done.prompt_logprobs,
+            pooled=done.pooled,
         )

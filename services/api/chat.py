@@ -6,12 +6,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pagedserve.services.api.chat_template import render_chat
+from pagedserve.services.api.chat_plan import ChatPlan, plan_chat
+from pagedserve.services.api.choices import Reading, chat_choice, usage_body
 from pagedserve.services.api.disconnect import ClientGone
 from pagedserve.services.api.errors import as_api_errors
 from pagedserve.services.api.generation import Fanout, generate_all
-from pagedserve.services.api.responses import chat_choice, usage_body
-from pagedserve.services.api.sampling import Prompt, chat_sampling
+from pagedserve.services.api.sampling import Prompt
 from pagedserve.services.api.schemas import ChatCompletionRequest
 from pagedserve.services.api.state import (
     CLIENT_CLOSED_REQUEST,
@@ -26,8 +26,6 @@ from pagedserve.services.api.state import (
 )
 from pagedserve.services.api.streaming import StreamShape, chat_chunks
 from pagedserve.services.api.structured import constraint_errors
-from pagedserve.services.api.tools import ToolMode, chat_constraint, template_tools, tool_mode
-from pagedserve.shared.protocol.frontend import SamplingParams
 
 router = APIRouter()
 
@@ -36,34 +34,29 @@ router = APIRouter()
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> dict[str, Any] | Response:
     state = api_state(request)
     check_model(state, body.model)
-    card = state.card
-    mode = tool_mode(body)
-    constraint = chat_constraint(body, mode)
-    token_ids = render_chat(card, body.messages, body.add_generation_prompt, template_tools(body))
-    sampling = chat_sampling(body, len(token_ids), card.max_model_len, constraint)
-    with constraint_errors(constraint):  # the scheduler refused the constraint: name the request's field
-        return await _run(request, body, state, token_ids, sampling, mode)
+    state.card.kind.require("generate", "/v1/chat/completions", state.card.name)
+    plan = plan_chat(state, body)
+    with constraint_errors(plan.constraint):  # the scheduler refused the constraint: name the request's field
+        return await _run(request, body, state, plan)
+
+
+def reading_of(state: APIState, plan: ChatPlan) -> Reading:
+    return Reading(plan.mode, state.config.tool_call_parser, state.config.reasoning_parser, plan.reasoning)
 
 
 async def _run(
-    request: Request,
-    body: ChatCompletionRequest,
-    state: APIState,
-    token_ids: list[int],
-    sampling: SamplingParams,
-    mode: ToolMode,
+    request: Request, body: ChatCompletionRequest, state: APIState, plan: ChatPlan
 ) -> dict[str, Any] | Response:
     lora = check_model(state, body.model)  # the adapter the request runs with (None: base)
     card = state.card
-    parser = state.config.tool_call_parser
-    prompts = [Prompt(token_ids=token_ids)]
+    sampling = plan.sampling
+    reading = reading_of(state, plan)
+    prompts = [Prompt(token_ids=plan.token_ids)]
     rid = response_id(request, "chatcmpl")
     created = now_s()
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        shape = StreamShape(
-            card, rid, created, sampling.n, 1, include_usage, body.logprobs, tools=mode, tool_parser=parser
-        )
+        shape = StreamShape(card, rid, created, sampling.n, 1, include_usage, body.logprobs, reading=reading)
         with as_api_errors("messages"):
             fanout = await Fanout.open(state.client, prompts, sampling, rid, caller(request, body.user), lora)
         return await stream_response(request, fanout, lambda events: chat_chunks(shape, events), "messages")
@@ -80,7 +73,7 @@ async def _run(
         "object": "chat.completion",
         "created": created,
         "model": card.name,
-        "choices": [chat_choice(card, out.index, out, body.logprobs, mode, parser) for out in result.outputs],
+        "choices": [chat_choice(card, out.index, out, body.logprobs, reading) for out in result.outputs],
         "usage": usage_body([result]),
         "system_fingerprint": None,
     }

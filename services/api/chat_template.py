@@ -46,7 +46,32 @@ def render_chat(
     messages: list[ChatMessage],
     add_generation_prompt: bool,
     tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+    *,
+    continue_final_message: bool = False,
 ) -> list[int]:
+    """`template_kwargs` (chat_template_kwargs) reach the template as variables (`enable_thinking`)."""
+    text = render_chat_text(
+        card,
+        messages,
+        add_generation_prompt,
+        tools,
+        template_kwargs,
+        continue_final_message=continue_final_message,
+    )
+    return list(card.tokenizer.encode(text, add_special_tokens=False))
+
+
+def render_chat_text(
+    card: ModelCard,
+    messages: list[ChatMessage] | list[dict[str, Any]],
+    add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+    *,
+    continue_final_message: bool = False,
+) -> str:
+    """The prompt as text (turns as ChatMessages, or dicts already in the templates' shape)."""
     tokenizer = card.tokenizer
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise APIError(
@@ -55,10 +80,31 @@ def render_chat(
             "messages",
             "no_chat_template",
         )
-    turns = [_turn(m) for m in messages]
+    turns = [m if isinstance(m, dict) else _turn(m) for m in messages]
+    reserved = {
+        "tools",
+        "tokenize",
+        "add_generation_prompt",
+        "continue_final_message",
+        "messages",
+        "conversation",
+    }
+    clash = sorted(reserved & set(template_kwargs or {}))
+    if clash:
+        raise APIError(
+            400,
+            f"chat_template_kwargs: {', '.join(clash)} are set by the request itself",
+            "chat_template_kwargs",
+            "invalid_value",
+        )
     try:
-        text = tokenizer.apply_chat_template(
-            turns, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+        return tokenizer.apply_chat_template(
+            turns,
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
+            continue_final_message=continue_final_message,
+            **(template_kwargs or {}),
         )
     except (
         Exception
@@ -66,4 +112,3 @@ def render_chat(
         raise APIError(
             400, f"messages: the chat template refused them: {exc}", "messages", "invalid_value"
         ) from None
-    return list(tokenizer.encode(text, add_special_tokens=False))

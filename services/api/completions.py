@@ -6,11 +6,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from pagedserve.services.api.choices import completion_choice, usage_body
 from pagedserve.services.api.disconnect import ClientGone
 from pagedserve.services.api.echo import without_generated
 from pagedserve.services.api.errors import as_api_errors
 from pagedserve.services.api.generation import Fanout, generate_all
-from pagedserve.services.api.responses import completion_choice, usage_body
 from pagedserve.services.api.sampling import (
     Prompt,
     asks_prompt_only,
@@ -40,6 +40,7 @@ router = APIRouter()
 async def create_completion(body: CompletionRequest, request: Request) -> dict[str, Any] | Response:
     state = api_state(request)
     check_model(state, body.model)
+    state.card.kind.require("generate", "/v1/completions", state.card.name)
     constraint = request_constraint(body)
     sampling = completion_sampling(body, constraint)
     prompts = completion_prompts(body)

@@ -48,6 +48,20 @@ SCHEDULER_CODES: dict[str, tuple[int, str | None]] = {
 }
 
 
+# Anthropic's error types by status (/v1/messages answers in its shape).
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATHS = ("/v1/messages",)
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -60,8 +74,15 @@ class APIError(Exception):
         kind = ERROR_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+    def response(self, request: Request | None = None) -> JSONResponse:
+        """In OpenAI's shape, or Anthropic's for a request to its API."""
+        anthropic = request is not None and request.url.path.startswith(ANTHROPIC_PATHS)
+        return JSONResponse(anthropic_error_body(self) if anthropic else self.body(), status_code=self.status)
+
+
+def anthropic_error_body(exc: APIError) -> dict[str, Any]:
+    kind = ANTHROPIC_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": exc.message}}
 
 
 def from_request_error(exc: RequestError, param_prefix: str | None = None) -> APIError:
@@ -117,15 +138,15 @@ def as_api_errors(prompt_field: str = "prompt") -> Iterator[None]:
 # ---------------------------------------------------------------- the app's handlers
 
 
-async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
+async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
-    return exc.response()
+    return exc.response(request)
 
 
-async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     message, param = describe_validation(list(exc.errors()))
-    return APIError(400, message, param, "invalid_value").response()
+    return APIError(400, message, param, "invalid_value").response(request)
 
 
 async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -136,7 +157,7 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         message = f"{request.method} is not allowed on {request.url.path}"
     else:
         message = str(exc.detail)
-    return APIError(exc.status_code, message, None, None).response()
+    return APIError(exc.status_code, message, None, None).response(request)
 
 
 HANDLERS = {

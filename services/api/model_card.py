@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer
+from pagedserve.services.api.served_kind import ServedKind, served_kind
+from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer, text_config
 from pagedserve.shared.config import ServeConfig
 
 
@@ -42,6 +43,8 @@ class ModelCard:
     tokenizer: Any | None  # a transformers tokenizer; None for a checkpoint without one
     max_model_len: int
     created: int  # seconds since the epoch, for /v1/models
+    kind: ServedKind = ServedKind("generate")  # what it is served as (--runner): generate, embed, rerank
+    hidden_size: int = 0  # the largest `dimensions` an embedding can have
 
     def token_text(self, token_id: int) -> str:
         """How one token reads on its own (logprobs name tokens by text, as OpenAI does)."""
@@ -79,4 +82,7 @@ def load_model_card(config: ServeConfig) -> ModelCard:
     max_model_len = checkpoint.served_len(config.max_model_len)
     name = config.served_model_name or checkpoint.path.name
     created = int((checkpoint.path / "config.json").stat().st_mtime)
-    return ModelCard(name, checkpoint.path, load_tokenizer(checkpoint.tokenizer_path), max_model_len, created)
+    tokenizer = load_tokenizer(checkpoint.tokenizer_path)
+    kind = served_kind(config, checkpoint.path, tokenizer)
+    hidden_size = int(text_config(checkpoint.config).get("hidden_size", 0))
+    return ModelCard(name, checkpoint.path, tokenizer, max_model_len, created, kind, hidden_size)

@@ -17,13 +17,14 @@ router = APIRouter()
 
 
 def require_api_key(request: Request) -> None:
-    """With an api_key or named keys configured, /v1 wants `Authorization: Bearer <key>` (401
+    """With an api_key or named keys configured, /v1 wants `Authorization: Bearer <key>` or `x-api-key` (401
     otherwise); a named key's name becomes the request's user (request.state.key_name)."""
     named, expected = request.app.state.api_keys, api_state(request).config.api_key
     if named is None and expected is None:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     token = token.strip() if scheme.lower() == "bearer" else ""
+    token = token or request.headers.get("x-api-key", "").strip()  # Anthropic's clients send their key here
     if named is not None:
         request.state.key_name = key_owner(named, token) if token else None
         if request.state.key_name is not None:

@@ -129,3 +129,4 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: variables for the template (enable_thinking)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import resource
 import socket
+from pathlib import Path
 
 import uvicorn
 from pagedserve.services.api.api_keys import KeysFileError
@@ -17,14 +19,26 @@ def base_url(config: ServeConfig) -> str:
     return f"http://{host}:{config.api_port}/v1"
 
 
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux: /proc), for the start log; None elsewhere."""
+    try:
+        started_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime_s - started_ticks / os.sysconf("SC_CLK_TCK")
+
+
 def run(config: ServeConfig) -> None:
     log = configure_logging("api", config.log_format, config.log_level)
+    imported_at = process_age_s()
     open_files = raise_open_files_limit()
     try:
         app = create_app(config)
     except KeysFileError as exc:  # the file's name and its problem, not a traceback
         log.error("api_keys_file_refused", reason=str(exc))
         raise SystemExit(f"pagedserve api: {exc}") from None
+    app.state.start_phases = {"imported_s": imported_at, "app_built_s": process_age_s()}
     log.info(
         "api_starting",
         base_url=base_url(config),

@@ -16,6 +16,7 @@ from pagedserve.services.api.errors import APIError, as_api_errors
 from pagedserve.services.api.generation import Event, Fanout
 from pagedserve.services.api.metrics import APIMetrics
 from pagedserve.services.api.model_card import ModelCard
+from pagedserve.services.api.responses.store import ResponseStore
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.sdk import AsyncClient
 
@@ -30,6 +31,7 @@ class APIState:
     client: AsyncClient
     http: httpx.AsyncClient  # for the scheduler's /readyz
     metrics: APIMetrics
+    responses: ResponseStore  # the Responses API's kept responses (previous_response_id) and running ones
 
 
 def api_state(request: Request) -> APIState:

@@ -11,18 +11,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedserve.services.api.echo import end_offset, prompt_logprobs_body
-from pagedserve.services.api.errors import APIError, from_request_error
-from pagedserve.services.api.generation import Event
-from pagedserve.services.api.model_card import ModelCard
-from pagedserve.services.api.responses import (
+from pagedserve.services.api.choices import (
+    Reading,
     chat_logprobs,
     completion_logprobs,
     finish_reason,
     usage_body,
 )
-from pagedserve.services.api.tool_stream import ChoiceToolStream
-from pagedserve.services.api.tools import ToolMode
+from pagedserve.services.api.echo import end_offset, prompt_logprobs_body
+from pagedserve.services.api.errors import APIError, from_request_error
+from pagedserve.services.api.generation import Event
+from pagedserve.services.api.model_card import ModelCard
+from pagedserve.services.api.output_reader import OutputReader, chat_delta
 from pagedserve.shared.sdk import RequestError, Result, StreamDelta
 
 DONE = "data: [DONE]\n\n"
@@ -45,18 +45,19 @@ class StreamShape:
     want_logprobs: bool
     echo: list[str] | None = None  # completions: the prompt text to send first, per prompt
     text_offsets: dict[int, int] = field(default_factory=dict)  # completions logprobs, per choice
-    tools: ToolMode | None = None  # chat: how the output relates to tools (None: it does not)
-    tool_parser: str = "hermes"
-    tool_streams: dict[int, ChoiceToolStream] = field(default_factory=dict)
+    reading: Reading | None = None  # chat: tools and reasoning (None: the output is plain content)
+    readers: dict[int, OutputReader] = field(default_factory=dict)
     prompt_only: bool = False  # completions echo with max_tokens 0: the generated token is not sent
     echoed: set[int] = field(default_factory=set)  # prompts whose echo went out (echo with logprobs)
 
-    def tool_stream(self, index: int) -> ChoiceToolStream | None:
-        if self.tools is None or not self.tools.calls_tools:
+    def reader(self, index: int) -> OutputReader | None:
+        """The choice's reader, or None when its text is plain content (deltas go out as they are)."""
+        r = self.reading
+        if r is None or (not r.mode.calls_tools and r.reasoning_parser is None):
             return None
-        if index not in self.tool_streams:
-            self.tool_streams[index] = ChoiceToolStream(self.tools, self.tool_parser)
-        return self.tool_streams[index]
+        if index not in self.readers:
+            self.readers[index] = OutputReader(r.mode, r.tool_parser, r.reasoning_parser, r.think)
+        return self.readers[index]
 
     def chunk(self, kind: str, choices: list[dict[str, Any]]) -> str:
         body: dict[str, Any] = {
@@ -109,12 +110,12 @@ async def chat_chunks(shape: StreamShape, events: AsyncIterator[Event]) -> Async
     try:
         async for prompt_index, event in events:
             if isinstance(event, StreamDelta):
-                tools = shape.tool_stream(prompt_index * shape.n + event.index)
-                if tools is not None:
-                    for delta in tools.delta(event.text):
+                reader = shape.reader(prompt_index * shape.n + event.index)
+                if reader is not None:
+                    for piece in reader.feed(event.text):
                         choice = {
                             "index": prompt_index * shape.n + event.index,
-                            "delta": delta,
+                            "delta": chat_delta(piece),
                             "logprobs": None,
                             "finish_reason": None,
                         }
@@ -138,14 +139,15 @@ async def chat_chunks(shape: StreamShape, events: AsyncIterator[Event]) -> Async
                 for out in event.outputs:
                     index = prompt_index * shape.n + out.index
                     reason = finish_reason(out.finish_reason)
-                    tools = shape.tool_stream(index)
-                    if tools is not None:
-                        for delta in tools.finish():
+                    reader = shape.reader(index)
+                    if reader is not None:
+                        for piece in reader.finish():
+                            delta = chat_delta(piece)
                             yield shape.chunk(
                                 kind,
                                 [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}],
                             )
-                        if tools.num_calls and reason == "stop":
+                        if reader.num_calls and reason == "stop":
                             reason = "tool_calls"
                     choice = {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}
                     yield shape.chunk(kind, [choice])

@@ -23,13 +23,15 @@ def check_request(
 ) -> None:
     if not prompt_token_ids:
         raise RequestRejected("invalid_request", "prompt is empty: at least one token is needed")
-    if len(prompt_token_ids) >= max_model_len:
+    if sampling.pooling is not None:
+        check_pooling(prompt_token_ids, sampling, max_model_len, vocab_size)
+    elif len(prompt_token_ids) >= max_model_len:
         raise RequestRejected(
             "prompt_too_long",
             f"prompt has {len(prompt_token_ids)} tokens; the model's context (max_model_len) is "
             f"{max_model_len}, leaving room for at least one generated token",
         )
-    if len(prompt_token_ids) + sampling.max_tokens > max_model_len:
+    elif len(prompt_token_ids) + sampling.max_tokens > max_model_len:
         raise RequestRejected(
             "max_tokens_too_large",
             f"max_tokens={sampling.max_tokens} with a prompt of {len(prompt_token_ids)} tokens exceeds "
@@ -55,7 +57,31 @@ def check_request(
             f"sampling.logit_bias names token {bad}, outside the vocabulary [0, {vocab_size})",
         )
     if sampling.structured_outputs is not None:
+        bad = next((t for t in sampling.structured_outputs.starts_after or () if t >= vocab_size), None)
+        if bad is not None:
+            raise RequestRejected(
+                "invalid_constraint",
+                f"sampling.structured_outputs.starts_after holds {bad}, outside the vocabulary [0, {vocab_size})",
+            )
         check_structured_outputs(sampling, can_stop_on_strings)
+
+
+def check_pooling(
+    prompt_token_ids: Sequence[int], sampling: SamplingParams, max_model_len: int, vocab_size: int
+) -> None:
+    """A pooling request generates nothing: its prompt may fill the context, max_tokens is not read."""
+    if len(prompt_token_ids) > max_model_len:
+        raise RequestRejected(
+            "prompt_too_long",
+            f"prompt has {len(prompt_token_ids)} tokens; the model's context (max_model_len) is {max_model_len}",
+        )
+    assert sampling.pooling is not None
+    bad = next((t for t in sampling.pooling.token_ids or () if t >= vocab_size), None)
+    if bad is not None:
+        raise RequestRejected(
+            "token_out_of_vocab",
+            f"sampling.pooling.token_ids holds {bad}, outside the vocabulary [0, {vocab_size})",
+        )
 
 
 def check_structured_outputs(sampling: SamplingParams, has_tokenizer: bool) -> None:

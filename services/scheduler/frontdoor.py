@@ -261,6 +261,7 @@ class FrontDoor:
                     cached_tokens=done.num_cached_tokens,
                 ),
                 prompt_logprobs=done.prompt_logprobs,
+                pooled=done.pooled,
             )
         self.finished.put(done.request_id, reply)
         self.log.info(

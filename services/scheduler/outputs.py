@@ -48,6 +48,10 @@ class RequestDone:
         return self.completions[0].prompt_logprobs
 
     @property
+    def pooled(self) -> bytes | None:
+        return self.completions[0].pooled
+
+    @property
     def num_completion_tokens(self) -> int:
         return sum(len(r.output_token_ids) for r in self.completions)
 

@@ -65,6 +65,8 @@ def schedulable(req: Request) -> bool:
     known = len(req.prompt_token_ids) + num_output
     if req.num_slots_used < known:
         return True  # prefilling
+    if req.sampling.pooling is not None:
+        return False  # prefill only: it ends with the step that computes its prompt's end
     # Tokens known once the steps in flight answer: at least one each, at most one more per proposal
     # slot. num_slots_used counts every proposal slot as if accepted, so both sides are upper bounds.
     return (
@@ -231,7 +233,7 @@ class Planner:
                     draft.owner,
                     tokens,
                     max_new,
-                    use_prefix_cache=not req.wants_prompt_logprobs,
+                    use_prefix_cache=not req.computes_whole_prompt,
                     cache_namespace=cache_namespace(req),
                 )
             )

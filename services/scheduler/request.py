@@ -52,6 +52,7 @@ class Request:
     # them with the long factors (set at each admission; services/checkpoint.py rope_switch_at).
     rope_long: bool = False
     prompt_logprobs: PromptLogprobs | None = None  # received (sampling.prompt_logprobs; the parent's)
+    pooled: bytes | None = None  # sampling.pooling: the vector the worker sent in place of a token
     # --- speculation (speculation.py): this completion's proposals so far, and its acceptance average
     num_proposed: int = 0
     num_accepted: int = 0
@@ -85,6 +86,13 @@ class Request:
             and self.parent_id is None
             and self.prompt_logprobs is None
         )
+
+    @property
+    def computes_whole_prompt(self) -> bool:
+        """Its next allocation takes no prefix-cache hits: the worker reads something from every
+        prompt position's hidden state (prompt logprobs, mean or CLS pooling)."""
+        pooling = self.sampling.pooling
+        return self.wants_prompt_logprobs or (pooling is not None and pooling.whole_prompt)
 
     @property
     def prefilling(self) -> bool:

@@ -400,6 +400,14 @@ class Scheduler:
                 done_groups.add(req.parent_id or req.request_id)
             if prompt and rid in prompt and req.prompt_logprobs is not None:
                 events[-1].prompt_logprobs = req.prompt_logprobs
+        for pooled in result.pooled:
+            req = self.requests.get(pooled.request_id)
+            if req is None or req.status is not Status.RUNNING:
+                continue  # aborted (or moved) while its step ran
+            req.pending -= 1
+            req.pooled = pooled.data
+            events.extend(self._finish(req, "stop"))
+            done_groups.add(req.parent_id or req.request_id)
         outcomes = {result.request_ids[s.row]: s for s in result.speculation} if step.lookahead else {}
         for rid in step.request_ids:
             req = self.requests.get(rid)

@@ -27,6 +27,7 @@ class RequestState:
     # The grammar matcher of a constrained request (services/constraints), built at its first sampled
     # token by replaying output_token_ids; None for an unconstrained one (or before that token).
     matcher: Any = None
+    marker_scanned: int = 0  # a constraint's starts_after: outputs before this end were searched
     # The proposer's index over this request's tokens (proposers/ngram.py), built at its first proposal.
     proposal_index: Any = None
     lora_name: str | None = None  # the request's LoRA adapter (None: the base model)
@@ -59,6 +60,9 @@ class PackedBatch:
     # Their rows in the packed batch whose logits are read: the last token of each, or for a decode
     # with proposed tokens its input and each proposal (1 + p rows, in order).
     logits_indices: torch.Tensor
+    # Pooling requests (sampling.pooling) that reach their prompt's end: pooled, never sampled.
+    pool_rows: list[int]  # indices into the scheduled list
+    pool_indices: list[int]  # their last token in the packed batch
 
 
 def pack_batch(
@@ -82,6 +86,8 @@ def pack_batch(
     tables: list[list[int]] = []
     sample_rows: list[int] = []
     logits_indices: list[int] = []
+    pool_rows: list[int] = []
+    pool_indices: list[int] = []
     for row, (state, n) in enumerate(scheduled):
         start = state.num_computed_tokens
         end = start + n
@@ -124,11 +130,15 @@ def pack_batch(
         seq_lens.append(end)
         tables.append(blocks[:num_blocks])
         if end == known + (len(extra) if extra else 0):
-            sample_rows.append(row)
-            if extra:
-                logits_indices += range(query_start_loc[-1] - 1 - len(extra), query_start_loc[-1])
+            if state.sampling.pooling is not None:  # never speculates: it has no decode
+                pool_rows.append(row)
+                pool_indices.append(query_start_loc[-1] - 1)
             else:
-                logits_indices.append(query_start_loc[-1] - 1)
+                sample_rows.append(row)
+                if extra:
+                    logits_indices += range(query_start_loc[-1] - 1 - len(extra), query_start_loc[-1])
+                else:
+                    logits_indices.append(query_start_loc[-1] - 1)
 
     width = max(len(t) for t in tables)
     padded = [t + [0] * (width - len(t)) if len(t) < width else t for t in tables]
@@ -148,6 +158,8 @@ def pack_batch(
         meta=meta,
         sample_rows=sample_rows,
         logits_indices=_tensor(logits_indices, torch.int64, device),
+        pool_rows=pool_rows,
+        pool_indices=pool_indices,
     )
 
 

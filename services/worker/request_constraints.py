@@ -39,12 +39,19 @@ class RequestConstraints:
         return self._compiler
 
     def matcher_of(self, state: RequestState) -> SequenceMatcher | None:
-        """The request's matcher, built (and replayed over its accepted tokens) on first use."""
+        """The request's matcher, built (and replayed over its accepted tokens) on first use; for a
+        constraint that `starts_after` a marker, once the output holds it (None until then)."""
         spec = state.sampling.structured_outputs
         if state.matcher is None and spec is not None:
+            accepted = state.output_token_ids
+            if spec.starts_after:
+                start = _after_marker(state, spec.starts_after)
+                if start is None:
+                    return None  # still reasoning: the output is free
+                accepted = accepted[start:]
             from pagedserve.services.constraints.matcher import SequenceMatcher
 
-            state.matcher = SequenceMatcher.start(self.compiler.compile(spec), state.output_token_ids)
+            state.matcher = SequenceMatcher.start(self.compiler.compile(spec), accepted)
         return state.matcher
 
     def mask(self, states: Sequence[RequestState]) -> TokenMask | None:
@@ -72,3 +79,15 @@ class RequestConstraints:
     def fork(self, parent: RequestState) -> SequenceMatcher | None:
         matcher = self.matcher_of(parent)
         return None if matcher is None else matcher.fork()
+
+
+def _after_marker(state: RequestState, marker: list[int]) -> int | None:
+    """Where the output continues after its first `marker`, or None while it holds none. Each token is
+    looked at once over the request's life (state.marker_scanned), however long it reasons."""
+    tokens = state.output_token_ids
+    width = len(marker)
+    for end in range(max(state.marker_scanned, width), len(tokens) + 1):
+        if tokens[end - width : end] == marker:
+            return end
+    state.marker_scanned = max(len(tokens) + 1, width)
+    return None

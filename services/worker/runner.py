@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 from pagedserve.kernels.attention import get_backend
-from pagedserve.services.worker import prompt_logprobs
+from pagedserve.services.worker import pooling, prompt_logprobs
 from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
 from pagedserve.services.worker.layers.packed_linear import linears_kind
@@ -94,6 +94,8 @@ class ModelRunner:
         self.requests: dict[str, RequestState] = {}
         # Requests computing their prompt's logprobs (sampling.prompt_logprobs); empty: no cost.
         self.prompt_tallies: dict[str, prompt_logprobs.PromptTally] = {}
+        # Pooling requests (sampling.pooling mean/cls) folding their prompt's rows; empty: no cost.
+        self.pool_tallies: dict[str, pooling.PoolTally] = {}
         # Speculative decoding: who proposes the tokens a decode's lookahead is filled with.
         self.proposer: Proposer | None = make_proposer(speculative_config) if speculative_config else None
 
@@ -184,9 +186,12 @@ class ModelRunner:
             batch.meta,
             self._long_tokens(scheduled, proposed, batch),
         )
+        # Each request's rows in the packed batch: its scheduled tokens, then any proposals after them.
+        scored = [(s, n + len(proposed.get(i, ()))) for i, (s, n) in enumerate(scheduled)]
         if self.prompt_tallies:
-            scored = [(s, n + len(proposed.get(i, ()))) for i, (s, n) in enumerate(scheduled)]
             prompt_logprobs.collect(self.prompt_tallies, scored, hidden, self.model.compute_logits)
+        if self.pool_tallies:
+            pooling.collect(self.pool_tallies, scored, hidden)
         for state, n in scheduled:
             state.num_computed_tokens += n  # a speculating decode adds its accepted proposals later
         logits = self.model.compute_logits(hidden[batch.logits_indices]) if batch.sample_rows else None
@@ -194,6 +199,13 @@ class ModelRunner:
             failpoints.fire("worker.mid_verification")  # the KV of proposals is written, none judged yet
         t_sample = time.perf_counter()
         result = self._sample(step, scheduled, batch, logits, proposed)
+        if batch.pool_rows:
+            result.pooled = pooling.pooled_outputs(
+                [scheduled[row][0] for row in batch.pool_rows],
+                hidden[torch.tensor(batch.pool_indices, device=hidden.device)],
+                self.pool_tallies,
+                self.model.compute_logits,
+            )
         t_end = time.perf_counter()
         result.timings = {
             "prepare_s": t_forward - t_start,
@@ -213,6 +225,7 @@ class ModelRunner:
         for request_id in step.finished_ids:
             state = self.requests.pop(request_id, None)
             self.prompt_tallies.pop(request_id, None)
+            self.pool_tallies.pop(request_id, None)
             if state is not None and self.proposer is not None:
                 self.proposer.finished(state)
         scheduled: list[tuple[RequestState, int]] = []
@@ -237,6 +250,8 @@ class ModelRunner:
             self.requests[new.request_id] = state
             if (tally := prompt_logprobs.wanted(state)) is not None:
                 self.prompt_tallies[new.request_id] = tally
+            if (pool := pooling.wanted(state)) is not None:
+                self.pool_tallies[new.request_id] = pool
             if new.num_scheduled_tokens:
                 scheduled.append((state, new.num_scheduled_tokens))
         for cached in step.cached_requests:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pagedserve.services.checkpoint import read_checkpoint
+from pagedserve.shared.protocol.pooling import PooledOutput, pack_floats
 from pagedserve.shared.protocol.step import Execute, StepResult
 
 FIRST_TOKEN = 3
@@ -27,6 +28,7 @@ class SimulatedRequest:
     token_ids: list[int]  # prompt, then outputs
     num_computed_tokens: int
     num_blocks: int
+    pools: bool = False  # sampling.pooling: a fake vector at the prompt's end instead of a token
 
 
 def fake_token(last: int, length: int, vocab_size: int) -> int:
@@ -65,7 +67,12 @@ class SimulatedRunner:
         scheduled: list[tuple[str, SimulatedRequest, int]] = []
         for new in step.new_requests:
             self._check_blocks(new.request_id, new.block_ids)
-            state = SimulatedRequest(list(new.token_ids), new.num_computed_tokens, len(new.block_ids))
+            state = SimulatedRequest(
+                list(new.token_ids),
+                new.num_computed_tokens,
+                len(new.block_ids),
+                new.sampling.pooling is not None,
+            )
             self.requests[new.request_id] = state
             if new.num_scheduled_tokens:
                 scheduled.append((new.request_id, state, new.num_scheduled_tokens))
@@ -81,9 +88,13 @@ class SimulatedRunner:
                 scheduled.append((cached.request_id, state, cached.num_scheduled_tokens))
         ids: list[str] = []
         tokens: list[int] = []
+        pooled: list[PooledOutput] = []
         for request_id, state, n in scheduled:
             state.num_computed_tokens += n
-            if state.num_computed_tokens >= len(state.token_ids):  # reached its end: one new token
+            if state.pools and state.num_computed_tokens >= len(state.token_ids):
+                fake = [fake_token(t, i, 1000) / 1000.0 for i, t in enumerate(state.token_ids[-8:])]
+                pooled.append(PooledOutput(request_id, pack_floats(fake)))
+            elif state.num_computed_tokens >= len(state.token_ids):  # reached its end: one new token
                 token = fake_token(state.token_ids[-1], len(state.token_ids), self.vocab_size)
                 state.token_ids.append(token)
                 ids.append(request_id)
@@ -102,7 +113,8 @@ class SimulatedRunner:
         remaining = self.step_s - (time.perf_counter() - started)
         if remaining > 0 and scheduled:
             time.sleep(remaining)
-        return StepResult(step.step, ids, tokens, None, {"step_s": time.perf_counter() - started})
+        timings = {"step_s": time.perf_counter() - started}
+        return StepResult(step.step, ids, tokens, None, timings, pooled=pooled)
 
     def _check_blocks(self, owner: str, block_ids: list[int]) -> None:
         if block_ids and (min(block_ids) < 0 or max(block_ids) >= self.num_blocks):

@@ -36,6 +36,9 @@ class StructuredOutputs(BaseModel):
     grammar: Annotated[str, StringConstraints(min_length=1, max_length=MAX_CONSTRAINT_CHARS)] | None = None
     structural_tag: dict[str, Any] | str | None = None
     disable_any_whitespace: bool = True
+    # The constraint starts once the output holds these tokens (a reasoning block's `</think>`); the
+    # output before them is free. None: from the first token. Not part of the grammar (cache_key).
+    starts_after: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1, max_length=16)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputs:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pagedserve.shared.protocol.constraints import StructuredOutputs
+from pagedserve.shared.protocol.pooling import PoolingParams
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -60,6 +61,9 @@ class SamplingParams(_Strict):
     logit_bias: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=-100.0, le=100.0)]] | None = (
         Field(None, max_length=MAX_LOGIT_BIAS, description="token id -> added to its logit before sampling")
     )
+    pooling: PoolingParams | None = Field(
+        None, description="prefill only: the prompt pooled into one vector, no token sampled (pooling.py)"
+    )
     speculate: bool = Field(
         True, description="false: no speculative decoding for this request, even where the deployment has it"
     )
@@ -71,6 +75,19 @@ class SamplingParams(_Strict):
         if self.structured_outputs is not None and self.ignore_eos:
             # The grammar ends generation by allowing only EOS; ignoring EOS would run past its end.
             raise ValueError("ignore_eos cannot be combined with structured_outputs")
+        if self.pooling is not None:
+            sampled = [
+                name
+                for name, on in (
+                    ("n", self.n != 1),
+                    ("logprobs", self.logprobs is not None),
+                    ("prompt_logprobs", self.prompt_logprobs is not None),
+                    ("structured_outputs", self.structured_outputs is not None),
+                )
+                if on
+            ]
+            if sampled:
+                raise ValueError(f"pooling samples no token: it takes no {', '.join(sampled)}")
         return self
 
     @property
@@ -168,6 +185,7 @@ class Finished(_Strict):
     outputs: list[CompletionOutput]
     usage: Usage
     prompt_logprobs: PromptLogprobs | None = None
+    pooled: bytes | None = None  # sampling.pooling: the vector, float32 little-endian (pooling.py)
 
 
 class Error(_Strict):

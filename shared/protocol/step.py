@@ -13,7 +13,8 @@ Worker semantics of one Execute (the order matters):
    token_ids[num_computed : num_computed + num_scheduled] (a decode's input is the worker's own
    last sampled token, so the scheduler can build step N+1 before N's result);
 5. sample one token for each request whose computed tokens now reach the end of its known tokens
-   (a prefill chunk that stops short of the prompt's end samples nothing);
+   (a prefill chunk that stops short of the prompt's end samples nothing); a pooling request
+   (sampling.pooling) samples nothing: at its prompt's end it sends its pooled vector instead;
    a request with `sampling.prompt_logprobs` also has its prompt positions' logprobs computed, chunk
    by chunk, and sent once with its first sampled token (its prompt must be computed from token 0);
 6. `forks` (n > 1): each child copies its parent's state, then samples its own first token from the
@@ -34,6 +35,7 @@ from typing import Any, ClassVar
 import msgspec
 from pagedserve.shared.protocol.constraints import StructuredOutputs
 from pagedserve.shared.protocol.frontend import SamplingParams
+from pagedserve.shared.protocol.pooling import PooledOutput, PoolingSpec
 from pagedserve.shared.protocol.prompt_logprobs import PackedPromptLogprobs
 
 
@@ -57,6 +59,7 @@ class WorkerSampling(msgspec.Struct, array_like=True, frozen=True):
     logit_bias: dict[int, float] | None
     structured_outputs: StructuredOutputs | None
     prompt_logprobs: int | None  # None once received (or for a child): never computed twice
+    pooling: PoolingSpec | None = None  # a prefill-only request: pooled, never sampled (pooling.py)
 
     @classmethod
     def of(
@@ -78,6 +81,7 @@ class WorkerSampling(msgspec.Struct, array_like=True, frozen=True):
             params.logit_bias,
             params.structured_outputs,
             params.prompt_logprobs if with_prompt_logprobs else None,
+            None if params.pooling is None else PoolingSpec.of(params.pooling),
         )
 
     @property
@@ -168,6 +172,8 @@ class StepResult(msgspec.Struct, array_like=True):
     timings: dict[str, float] = {}  # forward_s, sample_s, step_s, ...
     prompt_logprobs: list[PackedPromptLogprobs] = []  # empty on nearly every step
     speculation: list[Speculated] = []
+    # Pooling requests that computed their prompt's end: a vector each, and no entry in request_ids.
+    pooled: list[PooledOutput] = []
 
 
 # ---------------------------------------------------------------- the codec of the bodies above

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedserve.shared.protocol.frontend import Finished
+from pagedserve.shared.protocol.pooling import unpack_floats
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 
 
@@ -81,6 +82,14 @@ class Result:
     usage: Usage
     num_prompt_tokens: int
     prompt_logprobs: PromptLogprobs | None = None
+    pooled: bytes | None = None  # sampling.pooling: the vector, float32 little-endian
+
+    @property
+    def vector(self) -> list[float]:
+        """A pooling request's vector (an embedding, or the logits of `pooling.token_ids`)."""
+        if self.pooled is None:
+            raise ValueError(f"request {self.request_id!r} did not ask for pooling: it has no vector")
+        return unpack_floats(self.pooled)
 
     @property
     def text(self) -> str:
@@ -109,4 +118,4 @@ class Result:
         )
         # A re-submitted finished id is answered with Finished alone (no Accepted): usage knows the count.
         prompt_tokens = num_prompt_tokens if num_prompt_tokens is not None else usage.prompt_tokens
-        return cls(message.request_id, outputs, usage, prompt_tokens, message.prompt_logprobs)
+        return cls(message.request_id, outputs, usage, prompt_tokens, message.prompt_logprobs, message.pooled)

@@ -40,3 +40,25 @@ def api_deployment(tiny_model, tmp_path_factory: pytest.TempPathFactory) -> Iter
     finally:
         api.stop()
         sup.stop()
+
+
+@dataclass
+class WordModelDeployment:
+    sup: Supervisor
+    model_path: Path
+    log_dir: Path
+
+
+@pytest.fixture(scope="session")
+def word_model_deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WordModelDeployment]:
+    """A tiny Qwen3 in Qwen3-Reranker form ("yes"/"no" single tokens, <think> tags, a Qwen-style chat
+    template), one worker, no API: each test module puts the API processes it needs in front."""
+    from harness.pooling_models import make_tiny_reranker
+
+    folder = make_tiny_reranker(tmp_path_factory.mktemp("word-model") / "tiny-reranker")
+    logs = tmp_path_factory.mktemp("word-logs")
+    sup = start(folder, workers=1, log_dir=logs, max_num_batched_tokens=64)
+    try:
+        yield WordModelDeployment(sup, folder, logs)
+    finally:
+        sup.stop()

@@ -100,3 +100,55 @@ def test_a_non_streaming_client_that_hangs_up_aborts_its_request_and_frees_its_b
         sock.close()
     hung_up_at = time.monotonic()
     assert_aborted_and_pool_whole(dep, prefix, hung_up_at)
+
+
+# Neither API takes ignore_eos: a JSON string of at least LONG characters keeps the tiny model from
+# ending early (the grammar forbids the end of text before it), so the request is running when the
+# client hangs up.
+LONG = {
+    "type": "object",
+    "properties": {"story": {"type": "string", "minLength": 400}},
+    "required": ["story"],
+}
+STREAMED_ELSEWHERE = {
+    # path: (body, the scheduler ids' prefix, auth header); both ids are made up per response.
+    "/v1/responses": (
+        {
+            "input": "Tell me everything.",
+            "max_output_tokens": MAX_TOKENS,
+            "text": {"format": {"type": "json_schema", "name": "long", "schema": LONG}},
+        },
+        "resp_",
+        "Authorization",
+    ),
+    "/v1/messages": (
+        {
+            "messages": [{"role": "user", "content": "Tell me everything."}],
+            "max_tokens": MAX_TOKENS,
+            "output_config": {"format": {"type": "json_schema", "schema": LONG}},
+        },
+        "msg_",
+        "x-api-key",
+    ),
+}
+
+
+@pytest.mark.parametrize("path", sorted(STREAMED_ELSEWHERE))
+def test_a_responses_or_messages_stream_whose_client_hangs_up_is_aborted(api_deployment, path):
+    dep = api_deployment
+    fields, prefix, auth = STREAMED_ELSEWHERE[path]
+    key = f"Bearer {dep.api_key}" if auth == "Authorization" else dep.api_key
+    payload = {"model": dep.model_name, "stream": True, **fields}
+    with httpx.Client(base_url=dep.api.base, headers={auth: key}, timeout=30) as http:  # noqa: SIM117
+        with http.stream("POST", path, json=payload) as reply:
+            assert reply.status_code == 200
+            deltas = 0
+            for line in reply.iter_lines():  # a few tokens streamed: the request is running
+                deltas += line.startswith("data:") and 'delta"' in line
+                if deltas == 4:
+                    break
+            running = live_requests(dep, prefix)
+            assert running and running[0]["output_tokens"] < MAX_TOKENS
+            assert blocks(dep.sup)["totals"]["used"] > 0
+    hung_up_at = time.monotonic()
+    assert_aborted_and_pool_whole(dep, prefix, hung_up_at)

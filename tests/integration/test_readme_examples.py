@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+from harness.api_server import ApiServer
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -57,6 +58,8 @@ def blocks() -> dict[str, str]:
         "from pagedserve import LLM, SamplingParams, Client",  # the README's own: both in five lines
         "from typing import Literal",  # structured output and a tool call through the openai client
         "import openai",  # echo with logprobs: the prompt's own token logprobs
+        "import anthropic",  # the Responses API, Anthropic's Messages API, tokenize
+        "import httpx",  # embeddings and rerank from a --runner embed API
     }, sorted(found)
     return found
 
@@ -137,3 +140,38 @@ def test_the_readme_front_page_example_runs(blocks, api_deployment) -> None:
         },
     )
     assert out.count("\n") >= 2, out  # the in-process answer, then the deployment's
+
+
+def at_server(base: str, api_deployment) -> dict[str, str]:
+    """An example written against `base = "http://127.0.0.1:8000"`, pointed at `base`."""
+    return {
+        '"http://127.0.0.1:8000"': repr(base),
+        'api_key="unused"': f"api_key={api_deployment.api_key!r}",
+        '"Bearer unused"': repr(f"Bearer {api_deployment.api_key}"),
+        'model="smollm2-135m"': f"model={api_deployment.model_name!r}",
+    }
+
+
+def test_the_responses_messages_and_tokenize_example_runs(blocks, api_deployment) -> None:
+    # The tiny model's tokenizer spends a token per byte: room for the forced call's JSON.
+    longer = {"max_output_tokens=64": "max_output_tokens=256"}
+    out = run_block(
+        blocks["import anthropic"], {**at_server(api_deployment.api.base, api_deployment), **longer}
+    )
+    assert "function_call get_weather {" in out, out  # the forced call, parsed by the client
+    assert re.search(r"(end_turn|max_tokens)\n\d+\n", out), out  # stop_reason, then count_tokens
+    assert "{'version': " in out, out
+
+
+def test_the_embeddings_and_rerank_example_runs(blocks, api_deployment) -> None:
+    config = api_deployment.sup.config
+    embed = ApiServer(config, api_deployment.log_dir / "api-embed-example.log", "--runner", "embed")
+    try:
+        embed.wait_healthy()
+        named = {'"model": "smollm2-135m"': f'"model": {api_deployment.model_name!r}'}
+        out = run_block(blocks["import httpx"], {**at_server(embed.base, api_deployment), **named})
+    finally:
+        embed.stop()
+    sizes, ranked = out.splitlines()
+    assert sizes.startswith("2 "), out  # two vectors
+    assert sorted(index for index, _ in ast.literal_eval(ranked)) == [0, 1], out

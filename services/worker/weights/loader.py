@@ -158,6 +158,8 @@ def _fill_parameters(
         raise ValueError(
             f"checkpoint in {folder} has {len(unexpected)} unexpected tensors: {some_names(unexpected)}"
         )
+    # A bare-model checkpoint (Qwen3-Embedding's, saved from Qwen3Model) names its tensors without "model.".
+    seen |= {n if n.startswith(("model.", "lm_head.")) else f"model.{n}" for n in seen}
     missing = [n for n in model.checkpoint_names() if n not in seen]
     if missing:
         raise ValueError(f"checkpoint in {folder} lacks {len(missing)} tensors: {some_names(missing)}")

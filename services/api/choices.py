@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pagedserve.services.api.echo import end_offset, joined, prompt_logprobs_body
 from pagedserve.services.api.model_card import ModelCard
-from pagedserve.services.api.tool_parsers import ParsedCall, new_parser
-from pagedserve.services.api.tools import ToolMode, call_body, required_calls
+from pagedserve.services.api.output_reader import read_whole
+from pagedserve.services.api.reasoning import ThinkState
+from pagedserve.services.api.tools import ToolMode
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 from pagedserve.shared.sdk import Completion, Result
 
@@ -62,18 +64,25 @@ def chat_logprobs(card: ModelCard, token_ids: list[int], logprobs: list[Any] | N
     return {"content": content, "refusal": None}
 
 
-def chat_message(text: str, mode: ToolMode, parser: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """A completion's text -> the message's content and tool calls, as `mode` reads it."""
-    if mode.kind == "named":
-        return None, [call_body(ParsedCall(mode.name or "", text))]
-    if mode.kind == "required":
-        return None, [call_body(c) for c in required_calls(text)]
-    if mode.kind == "auto":
-        reader = new_parser(parser)
-        content, calls = reader.feed(text)
-        content += reader.finish()
-        return (content or None) if calls else content, [call_body(c) for c in calls]
-    return text, []
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """How a chat request's output is read: its tool mode, the tool-call and reasoning parsers, and
+    how the prompt left the thinking block (chat_plan.py)."""
+
+    mode: ToolMode = NO_TOOLS
+    tool_parser: str = "hermes"
+    reasoning_parser: str | None = None
+    think: ThinkState | None = None
+
+
+def chat_message(
+    text: str, mode: ToolMode, parser: str, reading: Reading | None = None
+) -> tuple[str | None, list[dict[str, Any]], str | None]:
+    """A completion's text -> the message's content, tool calls and reasoning, as `mode` reads it."""
+    reading = reading or Reading(mode, parser)
+    reasoning, content, calls = read_whole(text, mode, parser, reading.reasoning_parser, reading.think)
+    bodies = [{"id": cid, "type": "function", "function": {"name": n, "arguments": a}} for cid, n, a in calls]
+    return ((content or None) if calls else content), bodies, reasoning
 
 
 def chat_choice(
@@ -81,14 +90,16 @@ def chat_choice(
     index: int,
     out: Completion,
     want_logprobs: bool,
-    mode: ToolMode = NO_TOOLS,
-    parser: str = "hermes",
+    reading: Reading = Reading(),
 ) -> dict[str, Any]:
-    content, calls = chat_message(out.text, mode, parser)
+    content, calls, reasoning = chat_message(out.text, reading.mode, reading.tool_parser, reading)
     reason = finish_reason(out.finish_reason)
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls}
+    if reading.reasoning_parser is not None:
+        message["reasoning_content"] = message["reasoning"] = reasoning  # vLLM's name, and the newer one
     return {
         "index": index,
-        "message": {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls},
+        "message": message,
         "logprobs": chat_logprobs(card, out.token_ids, out.logprobs) if want_logprobs else None,
         "finish_reason": "tool_calls" if calls and reason == "stop" else reason,
     }

@@ -1,0 +1,150 @@
+"""Responses input items, tools and tool_choice -> the chat request they mean (and 400s naming the item).
+
+- A message item (`role` user/system/developer/assistant, content a string or input_text/output_text
+  parts) is a chat turn; developer turns are system turns for the template.
+- `function_call` items join the assistant turn before them as its tool calls; `function_call_output`
+  is a tool turn answering its call_id.
+- `reasoning` items are dropped: chat templates leave past thinking out of the prompt.
+- Anything else (web_search_call, file_search_call, item_reference, images, files...) is a 400
+  naming the item and its type: only text and function tools are served.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagedserve.services.api.errors import APIError, describe_validation
+from pagedserve.services.api.schemas import ChatMessage, FunctionCall, NamedToolChoice, Tool, ToolCall
+from pydantic import ValidationError
+
+TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+ROLES = ("user", "system", "developer", "assistant")
+
+
+def _bad(field: str, message: str) -> APIError:
+    return APIError(400, f"{field}: {message}", field, "invalid_value")
+
+
+def _unsupported(field: str, kind: str, what: str) -> APIError:
+    return APIError(
+        400,
+        f"{field}: {what} {kind!r} is not supported here (text and function tools only)",
+        field,
+        "unsupported",
+    )
+
+
+def _text(content: Any, field: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(field, "must be a string or a list of content parts")
+    out = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in TEXT_PARTS:
+            raise _unsupported(f"{field}[{j}]", str(kind), "content part type")
+        out.append(str(part.get("text", part.get("refusal", ""))))
+    return "".join(out)
+
+
+def normalize_items(given: str | list[dict[str, Any]], field: str = "input") -> list[dict[str, Any]]:
+    """The request's input as checked items of the kinds we serve (what the store keeps)."""
+    if isinstance(given, str):
+        return [{"type": "message", "role": "user", "content": given}]
+    items = []
+    for i, item in enumerate(given):
+        where = f"{field}[{i}]"
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            role = item.get("role")
+            if role not in ROLES:
+                raise _bad(f"{where}.role", f"must be one of {', '.join(ROLES)}; got {role!r}")
+            items.append(
+                {
+                    "type": "message",
+                    "role": role,
+                    "content": _text(item.get("content", ""), f"{where}.content"),
+                }
+            )
+        elif kind == "function_call":
+            for key in ("call_id", "name", "arguments"):
+                if not isinstance(item.get(key), str):
+                    raise _bad(f"{where}.{key}", "must be a string")
+            items.append({k: item[k] for k in ("type", "call_id", "name", "arguments")})
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise _bad(f"{where}.call_id", "must be a string")
+            output = _text(item.get("output", ""), f"{where}.output")
+            items.append({"type": "function_call_output", "call_id": item["call_id"], "output": output})
+        elif kind == "reasoning":
+            continue
+        else:
+            raise _unsupported(where, str(kind), "item type")
+    return items
+
+
+def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list[ChatMessage]:
+    """Checked items (normalize_items, or stored outputs) -> chat turns, instructions first."""
+    turns: list[ChatMessage] = []
+    if instructions:
+        turns.append(ChatMessage(role="system", content=instructions))
+    for item in items:
+        kind = item["type"]
+        if kind == "message":
+            role = "system" if item["role"] == "developer" else item["role"]
+            turns.append(ChatMessage(role=role, content=item["content"]))
+        elif kind == "function_call":
+            call = ToolCall(
+                id=item["call_id"], function=FunctionCall(name=item["name"], arguments=item["arguments"])
+            )
+            last = turns[-1] if turns else None
+            if last is not None and last.role == "assistant" and last.tool_call_id is None:
+                last.tool_calls = [*(last.tool_calls or []), call]
+            else:
+                turns.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
+        elif kind == "function_call_output":
+            turns.append(ChatMessage(role="tool", content=item["output"], tool_call_id=item["call_id"]))
+    if not turns:
+        raise _bad("input", "holds no message")
+    return turns
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[Tool] | None:
+    """Responses' flat function tools -> chat's nested ones; a built-in tool is a 400 naming it."""
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type")
+        if kind != "function":
+            raise _unsupported(f"tools[{i}]", str(kind), "tool type")
+        function = {k: v for k, v in tool.items() if k != "type"}
+        try:
+            out.append(Tool.model_validate({"type": "function", "function": function}))
+        except ValidationError as exc:
+            message, param = describe_validation(exc.errors(), drop_prefix=("function",))
+            raise APIError(400, f"tools[{i}].{message}", f"tools[{i}].{param}", "invalid_value") from None
+    return out
+
+
+def chat_tool_choice(choice: str | dict[str, Any] | None) -> Any:
+    if choice is None or isinstance(choice, str):
+        if choice not in (None, "none", "auto", "required"):
+            raise _bad("tool_choice", f"must be none, auto, required or a function; got {choice!r}")
+        return choice
+    if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+        raise _unsupported("tool_choice", str(choice.get("type")), "tool_choice type")
+    return NamedToolChoice(type="function", function={"name": choice["name"]})  # type: ignore[arg-type]
+
+
+def output_as_items(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A response's output items as input items of the next turn (what previous_response_id adds)."""
+    items: list[dict[str, Any]] = []
+    for item in output:
+        if item["type"] == "message":
+            text = "".join(part["text"] for part in item["content"])
+            items.append({"type": "message", "role": "assistant", "content": text})
+        elif item["type"] == "function_call":
+            items.append({k: item[k] for k in ("type", "call_id", "name", "arguments")})
+    return items
