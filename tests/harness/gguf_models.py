@@ -4,8 +4,8 @@
 llama.cpp's converter lays out a Llama model (q/k rows reordered for its rotary pairing, ggml tensor
 names), and rewrites the folder's safetensors with the dequantized values of the same weights, so a
 `--quantization none` load of the folder is the dequantize-then-float32 reference of the GGUF load.
-Q8_0/Q4_0/Q4_1 are quantized by the gguf package; it has no Q4_K quantizer, so Q4_K's blocks are made
-here (per 32 weights a 6-bit scale and min of the super-block's fp16 d and dmin, 4-bit codes).
+F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 are quantized by the gguf package; it has no quantizer for
+the K-quants and the IQ4 types, so their blocks are made by gguf_quantizers.py.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
+from harness.gguf_quantizers import QUANTIZERS
 
 _HF_TO_GGUF = {
     "input_layernorm": "attn_norm",
@@ -56,38 +58,16 @@ def llama_permute(rows: np.ndarray, heads: int) -> np.ndarray:
     return rows.reshape(heads, 2, n // heads // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
 
 
-def quantize_q4_k(dense: np.ndarray) -> np.ndarray:
-    """[N, K] float32 (K a multiple of 256) -> Q4_K blocks [N, K / 256 * 144] uint8."""
-    n, k = dense.shape
-    groups = dense.reshape(n, k // 256, 8, 32).astype(np.float32)
-    lo = np.minimum(groups.min(-1), 0.0)
-    scale = (groups.max(-1) - lo) / 15.0
-    d = (scale.max(-1) / 63.0).astype(np.float16).astype(np.float32)
-    dmin = ((-lo).max(-1) / 63.0).astype(np.float16).astype(np.float32)
-    sc = np.clip(np.round(scale / np.where(d > 0, d, 1)[..., None]), 0, 63).astype(np.uint8)
-    mn = np.clip(np.round(-lo / np.where(dmin > 0, dmin, 1)[..., None]), 0, 63).astype(np.uint8)
-    a = d[..., None] * sc
-    b = dmin[..., None] * mn
-    codes = np.clip(np.round((groups + b[..., None]) / np.where(a > 0, a, 1)[..., None]), 0, 15).astype(
-        np.uint8
-    )
-    packed = np.zeros((n, k // 256, 12), np.uint8)
-    packed[..., 0:4] = (sc[..., 0:4] & 63) | ((sc[..., 4:8] >> 4) << 6)
-    packed[..., 4:8] = (mn[..., 0:4] & 63) | ((mn[..., 4:8] >> 4) << 6)
-    packed[..., 8:12] = (sc[..., 4:8] & 0xF) | ((mn[..., 4:8] & 0xF) << 4)
-    # codes of groups 2j (low nibbles) and 2j+1 (high) share 32 bytes
-    qs = (codes[..., 0::2, :] | (codes[..., 1::2, :] << 4)).reshape(n, k // 256, 128)
-    head = np.stack([d, dmin], -1).astype(np.float16).view(np.uint8).reshape(n, k // 256, 4)
-    return np.concatenate([head, packed, qs], -1).reshape(n, -1)
-
-
 def quantize(dense: np.ndarray, type_name: str) -> tuple[np.ndarray, np.ndarray]:
     """-> (blocks, their dequantized float32 values)."""
     import gguf
 
     kind = gguf.GGMLQuantizationType[type_name]
-    blocks = quantize_q4_k(dense) if type_name == "Q4_K" else gguf.quants.quantize(dense, kind)
-    return blocks, gguf.quants.dequantize(blocks, kind).astype(np.float32)
+    if type_name in QUANTIZERS:
+        blocks = QUANTIZERS[type_name](dense)
+    else:
+        blocks = gguf.quants.quantize(dense.astype(np.float32), kind).view(np.uint8)
+    return blocks, gguf.quants.dequantize(blocks, kind).astype(np.float32).reshape(dense.shape)
 
 
 def quantize_checkpoint(folder: Path, type_name: str, embedding_type: str | None = None) -> Path:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pagedserve.services.worker.layers.quant_linear import KERNEL_TYPES, QuantTensor
+from pagedserve.services.worker.layers.quant_linear import QuantTensor, runs_packed
 
 # GGUF tensor name parts -> Hugging Face's (the Llama family's names in both).
 _GLOBAL = {
@@ -174,7 +174,7 @@ def read_gguf(path: Path) -> dict[str, QuantTensor]:
     for info in infos:
         name = hf_name(info.name)
         kind = GGMLQuantizationType(info.type_id)
-        if name is None or kind.name not in KERNEL_TYPES:
+        if name is None or not runs_packed(kind.name, info.dims):
             continue
         block, block_bytes = GGML_QUANT_SIZES[kind]
         row_bytes = info.dims[0] // block * block_bytes
