@@ -35,20 +35,18 @@ constexpr bool direct() { return T == Q4_0 || T == Q4_1 || T == Q4_K || T == Q8_
 
 template <int64_t T>
 struct Decoder {
-  static constexpr int H = half_scales(T) ? 2 : 1;
-  __m512 a[H], b[H];
+  __m512 a0, b0, a1, b1;  // the scales of the group's halves (the same pair twice but for half_scales types)
   const uint8_t* p = nullptr;  // F16/BF16: the group's values; direct types: its code bytes
   int shift = 0;               // Q4_K: 0 (low nibbles) or 4 (high); Q4_0/Q4_1 take both of one 16-byte run
   __m256i codes;               // the other integer types: the group's codes, unpacked
-  Decoder(const uint8_t* row, int64_t g) {
+  Decoder(const uint8_t* row, int64_t g, const Scales& sc) {
     if constexpr (float_weights(T)) {
       p = row + g * kGroup * 2;
     } else {
-      const Scales sc = scales_at<T>(row, g);
-      for (int h = 0; h < H; ++h) {
-        a[h] = _mm512_set1_ps(sc.a[h]);
-        b[h] = _mm512_set1_ps(sc.b[h]);
-      }
+      a0 = _mm512_set1_ps(sc.a[0]);
+      b0 = _mm512_set1_ps(sc.b[0]);
+      a1 = half_scales(T) ? _mm512_set1_ps(sc.a[1]) : a0;
+      b1 = half_scales(T) ? _mm512_set1_ps(sc.b[1]) : b0;
       if constexpr (T == Q4_K) {
         p = block_of<T>(row, g) + 16 + 32 * ((g % 8) / 2);
         shift = static_cast<int>(4 * (g % 2));
@@ -79,8 +77,8 @@ struct Decoder {
         const __m128i half = c == 0 ? _mm256_castsi256_si128(codes) : _mm256_extracti128_si256(codes, 1);
         q = signed_codes(T) ? _mm512_cvtepi8_epi32(half) : _mm512_cvtepu8_epi32(half);
       }
-      const int h = H == 2 ? static_cast<int>(c) : 0;  // a vector is a half-group here
-      return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), a[h], b[h]);
+      // A vector is a half-group here.
+      return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), c == 0 ? a0 : a1, c == 0 ? b0 : b1);
     }
   }
 };
@@ -89,20 +87,18 @@ struct Decoder {
 
 template <int64_t T>
 struct Decoder {
-  static constexpr int H = half_scales(T) ? 2 : 1;
-  __m256 a[H], b[H];
+  __m256 a0, b0, a1, b1;  // the scales of the group's halves (the same pair twice but for half_scales types)
   const uint8_t* p = nullptr;
   int shift = 0;
   __m256i codes;
-  Decoder(const uint8_t* row, int64_t g) {
+  Decoder(const uint8_t* row, int64_t g, const Scales& sc) {
     if constexpr (float_weights(T)) {
       p = row + g * kGroup * 2;
     } else {
-      const Scales sc = scales_at<T>(row, g);
-      for (int h = 0; h < H; ++h) {
-        a[h] = _mm256_set1_ps(sc.a[h]);
-        b[h] = _mm256_set1_ps(sc.b[h]);
-      }
+      a0 = _mm256_set1_ps(sc.a[0]);
+      b0 = _mm256_set1_ps(sc.b[0]);
+      a1 = half_scales(T) ? _mm256_set1_ps(sc.a[1]) : a0;
+      b1 = half_scales(T) ? _mm256_set1_ps(sc.b[1]) : b0;
       if constexpr (T == Q4_K) {
         p = block_of<T>(row, g) + 16 + 32 * ((g % 8) / 2);
         shift = static_cast<int>(4 * (g % 2));
@@ -134,8 +130,7 @@ struct Decoder {
         if (c & 1) half = _mm_srli_si128(half, 8);
         q = signed_codes(T) ? _mm256_cvtepi8_epi32(half) : _mm256_cvtepu8_epi32(half);
       }
-      const int h = H == 2 ? static_cast<int>(c / 2) : 0;
-      return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), a[h], b[h]);
+      return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), c < 2 ? a0 : a1, c < 2 ? b0 : b1);
     }
   }
 };
@@ -145,7 +140,7 @@ struct Decoder {
 template <int64_t T>
 struct Decoder {
   alignas(64) float w[kGroup];
-  Decoder(const uint8_t* row, int64_t g) { weights_at<T>(row, g, w); }
+  Decoder(const uint8_t* row, int64_t g, const Scales& sc) { weights_at<T>(row, g, sc, w); }
   inline Vec chunk(int64_t c) const { return Vec::loadu(w + c * kLanes); }
 };
 
@@ -158,10 +153,12 @@ inline void tile(const float* x, int64_t x_stride, const uint8_t* w, int64_t w_s
   Vec acc[MT][NT];
   for (int i = 0; i < MT; ++i)
     for (int j = 0; j < NT; ++j) acc[i][j] = Vec(0.0f);
+  ScaleReader<T> scales0(w), scales1(w + (NT > 1 ? w_stride : 0));
   for (int64_t g = 0; g < groups; ++g) {
     // Two decoders side by side (NT <= 2): constructed per group, their scales live in registers.
-    Decoder<T> dec0(w, g);
-    Decoder<T> dec1(NT > 1 ? w + w_stride : w, g);
+    const Scales s0 = scales0.at(g);
+    Decoder<T> dec0(w, g, s0);
+    Decoder<T> dec1(NT > 1 ? w + w_stride : w, g, NT > 1 ? scales1.at(g) : s0);
     for (int64_t c = 0; c < kChunks; ++c) {
       const Vec w0 = dec0.chunk(c);
       const Vec w1 = NT > 1 ? dec1.chunk(c) : w0;
@@ -209,8 +206,9 @@ void tiles_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t 
 // Row `row` (K weights in groups) decoded into out[0, K).
 template <int64_t T>
 inline void decode_row(const uint8_t* row, int64_t K, float* out) {
+  ScaleReader<T> scales(row);
   for (int64_t g = 0; g < K / kGroup; ++g) {
-    const Decoder<T> dec(row, g);
+    const Decoder<T> dec(row, g, scales.at(g));
     for (int64_t c = 0; c < kChunks; ++c) dec.chunk(c).store(out + g * kGroup + c * kLanes);
   }
 }

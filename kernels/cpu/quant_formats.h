@@ -195,6 +195,82 @@ inline Scales scales_at(const uint8_t* row, int64_t g) {
   }
 }
 
+// A super-block's eight groups' scales at once (the 256-weight types): a[k], b[k] for k = group (one
+// pair a group) or 2 * group + half (half_scales types). The packed 6-bit fields are unpacked 32 bits at
+// a time and the conversions are plain loops the compiler vectorizes: one group at a time cost more than
+// the decoding of its codes (Q4_K at 1 row ran at half Q4_1's speed per byte).
+template <int64_t T>
+inline void superblock_scales(const uint8_t* block, float* a, float* b) {
+  constexpr uint32_t kLow2 = 0x03030303, kLow4 = 0x0f0f0f0f, kLow6 = 0x3f3f3f3f;
+  if constexpr (T == Q4_K || T == Q5_K) {
+    uint32_t u[4];
+    std::memcpy(u, block + 4, 12);
+    // -> bytes 0-7 the eight scales, 8-15 the eight mins (k_scale_min, four at a time)
+    u[3] = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);
+    const uint32_t mins_low = u[1] & kLow6;
+    u[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);
+    u[2] = mins_low;
+    u[0] &= kLow6;
+    uint8_t sm[16];
+    std::memcpy(sm, u, 16);
+    const float d = half_at(block), dmin = half_at(block + 2);
+    for (int k = 0; k < 8; ++k) a[k] = d * static_cast<float>(sm[k]);
+    for (int k = 0; k < 8; ++k) b[k] = -dmin * static_cast<float>(sm[8 + k]);
+  } else if constexpr (T == Q3_K) {
+    uint32_t u[4];
+    std::memcpy(u, block + 96, 12);
+    // -> sixteen bytes, scale i = low nibble | top two bits << 4 (q3k_scale, four at a time)
+    const uint32_t top = u[2];
+    u[2] = ((u[0] >> 4) & kLow4) | (((top >> 4) & kLow2) << 4);
+    u[3] = ((u[1] >> 4) & kLow4) | (((top >> 6) & kLow2) << 4);
+    u[0] = (u[0] & kLow4) | ((top & kLow2) << 4);
+    u[1] = (u[1] & kLow4) | (((top >> 2) & kLow2) << 4);
+    uint8_t sc[16];
+    std::memcpy(sc, u, 16);
+    const float d = half_at(block + 108);
+    for (int k = 0; k < 16; ++k) a[k] = d * static_cast<float>(static_cast<int>(sc[k]) - 32);
+    for (int k = 0; k < 16; ++k) b[k] = -4.0f * a[k];
+  } else if constexpr (T == Q2_K) {
+    const float d = half_at(block + 80), dmin = half_at(block + 82);
+    for (int k = 0; k < 16; ++k) a[k] = d * static_cast<float>(block[k] & 0xF);
+    for (int k = 0; k < 16; ++k) b[k] = -dmin * static_cast<float>(block[k] >> 4);
+  } else if constexpr (T == Q6_K) {
+    const float d = half_at(block + 208);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(block + 192);
+    for (int k = 0; k < 16; ++k) a[k] = d * static_cast<float>(sc[k]);
+    for (int k = 0; k < 16; ++k) b[k] = -32.0f * a[k];
+  } else {  // IQ4_XS
+    static_assert(T == IQ4_XS, "a type without super-blocks");
+    uint16_t high;
+    std::memcpy(&high, block + 2, 2);
+    const float d = half_at(block);
+    for (int k = 0; k < 8; ++k) {
+      const int ls = ((block[4 + k / 2] >> (4 * (k % 2))) & 0xF) | (((high >> (2 * k)) & 3) << 4);
+      a[k] = d * static_cast<float>(ls - 32);
+      b[k] = 0.0f;
+    }
+  }
+}
+
+// One weight row's group scales, for groups read in order from 0 (or from any multiple of 8): a
+// super-block's are unpacked together when its first group is read.
+template <int64_t T>
+struct ScaleReader {
+  static constexpr int H = half_scales(T) ? 2 : 1;
+  const uint8_t* row;
+  float a[8 * H], b[8 * H];
+  explicit ScaleReader(const uint8_t* r) : row(r) {}
+  inline Scales at(int64_t g) {
+    if constexpr (block_weights(T) == 256) {
+      if (g % 8 == 0) superblock_scales<T>(row + (g / 8) * block_bytes(T), a, b);
+      const int64_t k = (g % 8) * H;
+      return {{a[k], a[k + H - 1]}, {b[k], b[k + H - 1]}};
+    } else {
+      return scales_at<T>(row, g);
+    }
+  }
+};
+
 // Where group g's bytes lie, for each format's parts (see the table above).
 template <int64_t T>
 inline const uint8_t* block_of(const uint8_t* row, int64_t g) {
@@ -239,9 +315,9 @@ inline void codes_at(const uint8_t* row, int64_t g, int16_t* out) {
   }
 }
 
-// Group g's 32 weights as floats, plain C++ (the portable path's decoder).
+// Group g's 32 weights as floats (its scales `sc`), plain C++: the portable path's decoder.
 template <int64_t T>
-inline void weights_at(const uint8_t* row, int64_t g, float* out) {
+inline void weights_at(const uint8_t* row, int64_t g, const Scales& sc, float* out) {
   if constexpr (T == F16 || T == BF16) {
     for (int64_t i = 0; i < kGroup; ++i) {
       const uint8_t* p = row + (g * kGroup + i) * 2;
@@ -249,7 +325,6 @@ inline void weights_at(const uint8_t* row, int64_t g, float* out) {
                         : bf16_at(p);
     }
   } else {
-    const Scales sc = scales_at<T>(row, g);
     int16_t codes[kGroup];
     codes_at<T>(row, g, codes);
     for (int64_t i = 0; i < kGroup; ++i) out[i] = sc.a[i / 16] * static_cast<float>(codes[i]) + sc.b[i / 16];

@@ -81,8 +81,9 @@ enum class Signed { kSignOnX, kOffset };
 // per-half b, padded like QuantX.
 template <int64_t T, Signed form>
 void weight_scales(const uint8_t* row, int64_t G, float* a8, float* b) {
+  ScaleReader<T> scales(row);
   for (int64_t g = 0; g < G; ++g) {
-    const Scales sc = scales_at<T>(row, g);
+    const Scales sc = scales.at(g);
     for (int i = 0; i < 8; ++i) a8[g * 8 + i] = sc.a[i / 4];
     for (int h = 0; h < 2; ++h)
       b[2 * g + h] = !signed_codes(T) ? sc.b[h] : form == Signed::kOffset ? -128.0f * sc.a[h] : 0.0f;

@@ -10,6 +10,7 @@ the K-quants and the IQ4 types, so their blocks are made by gguf_quantizers.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -70,9 +71,50 @@ def quantize(dense: np.ndarray, type_name: str) -> tuple[np.ndarray, np.ndarray]
     return blocks, gguf.quants.dequantize(blocks, kind).astype(np.float32).reshape(dense.shape)
 
 
+def _k_mix(base: str) -> Callable[[str], str]:
+    """llama.cpp's Q4_K_M / Q5_K_M mixes, simplified: the base K-quant, Q6_K for the embedding and the LM
+    head, and for attn_v and ffn_down in every other layer (llama.cpp picks about half of them)."""
+
+    def type_of(gguf_tensor: str) -> str:
+        if gguf_tensor in ("token_embd.weight", "output.weight"):
+            return "Q6_K"
+        parts = gguf_tensor.split(".")
+        if parts[2] in ("attn_v", "ffn_down") and int(parts[1]) % 2 == 0:
+            return "Q6_K"
+        return base
+
+    return type_of
+
+
+# Every other type the kernel runs, one per tensor kind, so that one small model reads them all.
+_EVERY_TYPE = {
+    "token_embd": "BF16",
+    "output": "F16",
+    "attn_q": "Q2_K",
+    "attn_k": "Q3_K",
+    "attn_v": "IQ4_XS",
+    "attn_output": "Q5_K",
+    "ffn_gate": "Q6_K",
+    "ffn_up": "IQ4_NL",
+}
+
+
+def _every_type(gguf_tensor: str) -> str:
+    parts = gguf_tensor.split(".")
+    if parts[0] == "blk" and parts[2] == "ffn_down":
+        return "Q5_0" if int(parts[1]) % 2 else "Q5_1"
+    return _EVERY_TYPE[parts[0] if parts[0] != "blk" else parts[2]]
+
+
+# Presets of a type per tensor, as the GGUF files users download mix them (rows must be whole 256-weight
+# super-blocks: hidden and intermediate sizes multiples of 256).
+MIXES = {"Q4_K_M": _k_mix("Q4_K"), "Q5_K_M": _k_mix("Q5_K"), "every-type": _every_type}
+
+
 def quantize_checkpoint(folder: Path, type_name: str, embedding_type: str | None = None) -> Path:
-    """Write folder/model.gguf with every linear in `type_name` (the embedding in `embedding_type`,
-    default the same); rewrite the safetensors with the dequantized values -> the GGUF's path."""
+    """Write folder/model.gguf with every linear in `type_name` (or, for a MIXES preset, each tensor in
+    the preset's type; the embedding in `embedding_type`, default the same); rewrite the safetensors
+    with the dequantized values -> the GGUF's path."""
     import json
 
     import gguf
@@ -98,8 +140,10 @@ def quantize_checkpoint(folder: Path, type_name: str, embedding_type: str | None
             if target is None:
                 rewritten[name] = tensor
                 continue
-            kind = embedding_type or type_name if name == "model.embed_tokens.weight" else type_name
             if values.ndim == 2:
+                kind = MIXES[type_name](target) if type_name in MIXES else type_name
+                if name == "model.embed_tokens.weight" and embedding_type:
+                    kind = embedding_type
                 blocks, dequantized = quantize(values, kind)
                 rewritten[name] = torch.from_numpy(dequantized).to(tensor.dtype)
                 stored = blocks

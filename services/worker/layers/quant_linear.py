@@ -214,5 +214,5 @@ def dense_weights(module: nn.Module) -> str:
             matrices += p.dim() >= 2
             vectors += p.dim() < 2
     if matrices:
-        return f"{matrices} matrices" + (" and norms" if vectors else "")
+        return f"{matrices} {'matrix' if matrices == 1 else 'matrices'}" + (" and norms" if vectors else "")
     return "norms" if vectors else "none"
