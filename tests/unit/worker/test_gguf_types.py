@@ -99,3 +99,21 @@ def test_a_type_nothing_reads_is_refused_even_under_auto(tmp_path: Path) -> None
 def test_vectors_and_f32_matrices_are_never_listed() -> None:
     f32, q8 = int(GGMLQuantizationType.F32), int(GGMLQuantizationType.IQ2_XXS)
     assert unpacked_matrices([("output.weight", f32, (256, 64)), ("blk.0.ffn_norm.weight", q8, (256,))]) == []
+
+
+def test_a_model_load_names_them_and_auto_loads_the_rest_dense(tmp_path: Path) -> None:
+    """F16 weights of a model 48 wide: rows of 48 are not whole groups of 32, so every matrix reading
+    the hidden state is dequantized (auto) or refused (gguf); ffn_down (rows of 128) stays packed."""
+    from harness.gguf_models import quantize_checkpoint
+    from harness.tiny_models import make_tiny_model
+    from pagedserve.kernels.torch_backend import TorchAttentionBackend
+    from pagedserve.services.worker.layers.quant_linear import QuantLinear
+    from pagedserve.services.worker.weights.loader import load_model
+
+    folder = make_tiny_model("llama", tmp_path / "m", hidden_size=48, num_attention_heads=4)
+    quantize_checkpoint(folder, "F16")
+    with pytest.raises(ValueError, match=r"--quantization gguf: model.gguf: token_embd.weight \(F16\), "):
+        load_model(folder, TorchAttentionBackend(), quantization="gguf")
+    model = load_model(folder, TorchAttentionBackend(), quantization="auto").model
+    assert isinstance(model.layers[0].mlp.down_proj, QuantLinear)
+    assert not isinstance(model.layers[0].self_attn.qkv_proj, QuantLinear)
