@@ -19,11 +19,22 @@ from pathlib import Path
 
 
 def descendants(pid: int) -> list[int]:
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return []
-    return [p for c in children for p in (int(c), *descendants(int(c)))]
+    """Every process under `pid`, from each process's parent in /proc/*/stat (/proc/PID/task/*/children
+    is missing on kernels built without CONFIG_PROC_CHILDREN: the first run here saw no workers)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
 
 
 def command(pid: int) -> str:
