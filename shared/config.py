@@ -43,9 +43,9 @@ class ServeConfig(BaseSettings):
         "auto",
         description="auto = keep a quantized checkpoint quantized where this worker can run it (the CPU, "
         "float32), else dequantize to --dtype; gguf = keep a GGUF checkpoint's weights in their stored "
-        "types (Q8_0/Q4_0/Q4_1/Q4_K), refused where it cannot; gptq/awq/compressed-tensors = keep such a "
-        "checkpoint's int4/int8 linears quantized, repacked to Q4_0/Q4_1/Q8_0 (refused where any cannot "
-        "be); none = dequantize to --dtype",
+        "types (every common one: F16, BF16, Q4_0 to Q8_0, the K-quants, IQ4_NL/XS), refused where it "
+        "cannot; gptq/awq/compressed-tensors = keep such a checkpoint's int4/int8 linears quantized, "
+        "repacked to Q4_0/Q4_1/Q8_0 (refused where any cannot be); none = dequantize to --dtype",
     )
     # --- LoRA adapters (docs/lora.md): 0 slots = off, and the projections stay unwrapped
     max_loras: int = Field(

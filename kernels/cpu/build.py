@@ -2,14 +2,15 @@
 
 Four extensions, built and loaded apart so that one failing to build leaves the others usable:
 paged_attention.cpp (paged attention and the K/V write), layer_ops.cpp (the decoder layer's fused
-norms, residual adds, SiLU-and-mul, rotary), sampling.cpp (one step's draws) and quant_linear.cpp
-(linears and embedding lookups over GGUF-quantized weights). Each builds once per
+norms, residual adds, SiLU-and-mul, rotary), sampling.cpp (one step's draws) and the quantized linear
+(quant_linear.cpp, the ops, over quant_float.cpp and quant_int8.cpp, its float32- and int8-activation
+drivers, and the block formats in quant_formats.h / quant_codes_x86.h). Each builds once per
 ISA path (kernels/cpu/isa.py) into its own torch.ops namespace, `pagedserve_<name>_<isa>`, so the
 three paths of one op can be loaded side by side (the tests compare each against torch).
 
 A build lives under the pagedserve cache (PAGEDSERVE_CACHE, default ~/.cache/pagedserve), in a folder
-named by a hash of every source and header, the flags, torch's version, the compiler and the machine
-architecture. No `-march=native`: each path names its ISA flags, so its build is valid on every CPU
+named by a hash of its sources and headers (its own and the shared library.h), the flags, torch's
+version, the compiler and the machine architecture. No `-march=native`: each path names its ISA flags, so its build is valid on every CPU
 that runs that path (a Docker image's prebuilt kernels included), and `isa.py` decides which path a
 CPU may load. Its outcome is remembered there, a failure as much as a success: the compiler runs once per
 machine, not once per process. Builds hold an flock on the folder's lock file, which the kernel
@@ -35,7 +36,7 @@ import torch
 from pagedserve.kernels.cpu.isa import compile_flags
 
 HERE = Path(__file__).parent
-HEADERS = tuple(sorted(HERE.glob("*.h")))
+SHARED_HEADERS = (HERE / "library.h",)  # every extension includes it
 # -fopenmp: the op's own parallel region runs on torch's libgomp (same soname, already loaded).
 BASE_CFLAGS = ("-O3", "-fopenmp", "-std=c++17")
 LDFLAGS = ["-fopenmp"]
@@ -47,13 +48,18 @@ class Extension:
     name: str
     sources: tuple[Path, ...]
     cflags: tuple[str, ...] = ()  # this extension's own, on top of the base and the ISA's
+    headers: tuple[Path, ...] = ()  # its own headers (hashed into its build folder with the sources)
 
 
 PAGED_ATTENTION = Extension("paged_attention", (HERE / "paged_attention.cpp",))
 # -ffp-contract=off: no fused multiply-adds, so each product and sum rounds where torch's ops round.
 LAYER_OPS = Extension("layer_ops", (HERE / "layer_ops.cpp",), ("-ffp-contract=off",))
 SAMPLING = Extension("sampling", (HERE / "sampling.cpp",))
-QUANT_LINEAR = Extension("quant_linear", (HERE / "quant_linear.cpp",))
+QUANT_LINEAR = Extension(
+    "quant_linear",
+    (HERE / "quant_linear.cpp", HERE / "quant_float.cpp", HERE / "quant_int8.cpp"),
+    headers=(HERE / "quant_linear.h", HERE / "quant_formats.h", HERE / "quant_codes_x86.h"),
+)
 EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING, QUANT_LINEAR)
 
 _lock = threading.Lock()
@@ -86,7 +92,7 @@ def build_dir(extension: Extension, isa: str) -> Path:
     key = hashlib.sha256(
         b"\0".join(
             [
-                *(source.read_bytes() for source in (*extension.sources, *HEADERS)),
+                *(f.read_bytes() for f in (*extension.sources, *extension.headers, *SHARED_HEADERS)),
                 " ".join(build_flags(extension, isa)).encode(),
                 torch.__version__.encode(),
                 _compiler().encode(),

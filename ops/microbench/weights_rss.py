@@ -8,8 +8,9 @@ a fresh process builds the ModelRunner a worker builds (the same KV pool for all
 its RSS and peak (VmHWM); the RSS it had before loading (Python, torch and our modules: the same for
 every form); the bytes of the model's tensors (weights: quantized blocks, dense and oneDNN-packed
 weights, each storage once); the KV pool's bytes; and shared libraries' resident pages. The `rest`
-is what is left (the allocator's free lists, Python objects). A Q8_0 folder is made by
-`python -m pagedserve.ops.models.requantize_gguf Q8_0`.
+is what is left (the allocator's free lists, Python objects). `step_read_mib`: the weight bytes one
+decode step reads (step_read_bytes), beside llama.cpp's for the folder's GGUF (the same tensors as
+stored). A Q8_0 or Q4_K_M folder is made by `python -m pagedserve.ops.models.requantize_gguf Q8_0`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 CHILD = """
 import json, sys
 from pathlib import Path
-from pagedserve.ops.microbench.weights_rss import model_bytes, rss_parts
+from pagedserve.ops.microbench.weights_rss import model_bytes, rss_parts, step_read_bytes
 from pagedserve.services.worker.weights.bundled import resolve_model
 from pagedserve.services.worker.runner import ModelRunner
 before = rss_parts()
@@ -30,10 +31,12 @@ runner = ModelRunner(resolve_model(sys.argv[1]), quantization=sys.argv[2], kv_ca
 after = rss_parts()
 kv = sum(t.numel() * t.element_size() for t in runner.kv_cache.k + runner.kv_cache.v) / 2**20
 weights = model_bytes(runner.model) / 2**20
+step = step_read_bytes(runner.model) / 2**20
 rest = after["rss_mib"] - before["rss_mib"] - weights - kv - (after["libraries_mib"] - before["libraries_mib"])
 print(json.dumps({"model": sys.argv[1], "quantization": sys.argv[2], "weights": runner.runtime["weights"],
                   **after, "before_load_mib": before["rss_mib"], "weights_mib": round(weights, 1),
-                  "kv_pool_mib": round(kv, 1), "rest_mib": round(rest, 1)}))
+                  "kv_pool_mib": round(kv, 1), "rest_mib": round(rest, 1),
+                  "step_read_mib": round(step, 1)}))
 """
 
 
@@ -65,22 +68,63 @@ def rss_parts() -> dict[str, float]:
     }
 
 
+def held_tensors(module) -> list:
+    """The tensors `module` itself holds: parameters, buffers, tensor attributes and tensors inside list
+    or tuple attributes (a QuantLinear's runs of blocks, one per type)."""
+    import torch
+
+    def within(value) -> list:
+        if isinstance(value, torch.Tensor):
+            return [value]
+        if isinstance(value, (list, tuple)):
+            return [t for v in value for t in within(v)]
+        return []
+
+    tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+    return tensors + [t for v in vars(module).values() for t in within(v)]
+
+
 def model_bytes(model) -> int:
     """Bytes of every tensor the model holds (parameters, buffers, quantized blocks, packed weights,
     plain tensor attributes), each storage counted once (a tied head shares the embedding's blocks)."""
-    import torch
-
     seen: set[int] = set()
     total = 0
     for module in model.modules():
-        tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-        tensors += [v for v in vars(module).values() if isinstance(v, torch.Tensor)]
-        for tensor in tensors:
+        for tensor in held_tensors(module):
             key = id(tensor) if tensor.is_mkldnn else tensor.untyped_storage().data_ptr()
             if key not in seen:
                 seen.add(key)
                 total += tensor.numel() * tensor.element_size()
     return total
+
+
+def step_read_bytes(model) -> int:
+    """Weight bytes one decode step reads: every linear's weight once (quantized blocks as stored, a
+    dense or oneDNN-packed matrix in its dtype), the LM head included (a tied one reads the embedding's
+    blocks again); embedding lookups read a few rows and are left out."""
+    from pagedserve.services.worker.layers.packed_linear import PackedLinear
+    from pagedserve.services.worker.layers.quant_linear import QuantLinear
+    from torch import nn
+
+    total = 0
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            total += sum(blocks.nbytes for _, blocks, _ in module.runs)
+        elif isinstance(module, PackedLinear):
+            total += module.out_features * module.in_features * module.packed_weight.element_size()
+        elif isinstance(module, nn.Linear):
+            total += module.weight.nbytes
+    return total
+
+
+def gguf_step_read_bytes(path) -> int:
+    """The same for llama.cpp on a GGUF: every matrix as stored but the token embedding, which it reads
+    only as the LM head where the file has no output.weight (a tied head)."""
+    import gguf
+
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors if len(t.shape) >= 2}
+    tied = "output.weight" not in tensors
+    return sum(int(t.n_bytes) for name, t in tensors.items() if name != "token_embd.weight" or tied)
 
 
 def main() -> None:
@@ -98,6 +142,14 @@ def main() -> None:
             )  # fmt: skip
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]))
+        from pagedserve.services.worker.weights.bundled import resolve_model
+        from pagedserve.services.worker.weights.gguf_weights import gguf_source
+
+        source = gguf_source(resolve_model(model))
+        if source is not None:
+            print(
+                f"{model}: llama.cpp reads {gguf_step_read_bytes(source) / 2**20:.1f} MiB a step of {source.name}"
+            )
         if len(rows) > 1:
             first = rows[0]
             for row in rows[1:]:

@@ -1,11 +1,20 @@
 """The bundled SmolLM2 GGUF requantized into another type, as a checkpoint folder any command takes.
 
     .venv/bin/python -m pagedserve.ops.models.requantize_gguf Q8_0 [--out FOLDER]
+    .venv/bin/python -m pagedserve.ops.models.requantize_gguf Q4_K_M [--llama-cpp VENV]
 
-Every quantized tensor of the bundled Q4_1 file (its Q8_0 embedding too) is dequantized and quantized
-again into the type (the `gguf` package's quantizer); the F32 norms and every metadata field (the
-tokenizer, the chat template) are copied, `general.file_type` set to the new type. Rows are quantized
-in the file's own order: a block never spans two rows, so llama.cpp's q/k row order needs no undoing.
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: every quantized tensor of the bundled Q4_1 file (its Q8_0 embedding too)
+is dequantized and quantized again into the type (the `gguf` package's quantizer); the F32 norms and
+every metadata field (the tokenizer, the chat template) are copied, `general.file_type` set to the new
+type. Rows are quantized in the file's own order: a block never spans two rows, so llama.cpp's q/k row
+order needs no undoing.
+
+Q4_K_M, Q5_K_M: llama.cpp's own presets, made by llama.cpp's quantizer (`llama_model_quantize`, what
+`llama-quantize` runs) from the peer venv (ops/peers/setup_llamacpp.sh; default LLAMACPP_VENV, else
+.venv-llamacpp at the repo root): its mix of types per tensor, as users download them. SmolLM2's rows of
+576 weights are not whole 256-weight super-blocks, so llama.cpp falls back to its 32-block types for
+those (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0) and keeps K-quants where the rows allow (ffn_down's
+1536): the file holds Q5_0, Q8_0, Q4_K and Q6_K (Q4_K_M).
 
 The folder (default `$PAGEDSERVE_CACHE/smollm2-135m-<type>`, beside the bundled checkpoint, not in git)
 is an ordinary checkpoint: the bundled folder's config, tokenizer and generation config, the new
@@ -28,7 +37,10 @@ TYPES = {
     "Q8_0": "MOSTLY_Q8_0",
     "Q4_0": "MOSTLY_Q4_0",
     "Q4_1": "MOSTLY_Q4_1",
+    "Q5_0": "MOSTLY_Q5_0",
+    "Q5_1": "MOSTLY_Q5_1",
 }  # the gguf package quantizes these
+PRESETS = {"Q4_K_M": 15, "Q5_K_M": 17}  # llama.cpp's LLAMA_FTYPE_MOSTLY_*: its quantizer makes these
 SKIPPED = ("model.safetensors", "pagedserve_source.json")  # replaced: the weights and the bundled file's name
 
 
@@ -60,6 +72,25 @@ def requantize(source: Path, destination: Path, type_name: str) -> None:
     writer.close()
 
 
+def llamacpp_quantize(source: Path, destination: Path, preset: str, venv: Path) -> None:
+    """Write `destination` with llama.cpp's quantizer (the peer venv's), preset Q4_K_M or Q5_K_M."""
+    import subprocess
+
+    python = venv / "bin" / "python"
+    if not python.exists():
+        raise FileNotFoundError(f"no llama.cpp venv at {venv}: run ops/peers/setup_llamacpp.sh")
+    script = (
+        "import ctypes, sys, llama_cpp as lc\n"
+        "p = lc.llama_model_quantize_default_params()\n"
+        "p.ftype, p.allow_requantize, p.nthread = int(sys.argv[3]), True, 2\n"
+        "sys.exit(lc.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))\n"
+    )
+    argv = [str(python), "-c", script, str(source), str(destination), str(PRESETS[preset])]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0 or not destination.exists():
+        raise RuntimeError(f"llama.cpp could not quantize {source} to {preset}: {done.stderr[-2000:]}")
+
+
 def dequantized_checkpoint(gguf_file: Path) -> dict[str, object]:
     """The GGUF's tensors as float32 torch tensors, in Hugging Face's names and q/k row order."""
     import gguf
@@ -81,7 +112,7 @@ def dequantized_checkpoint(gguf_file: Path) -> dict[str, object]:
     return out
 
 
-def make_folder(type_name: str, out: Path) -> Path:
+def make_folder(type_name: str, out: Path, llamacpp: Path | None = None) -> Path:
     """The requantized checkpoint folder at `out`, written whole or not at all."""
     from pagedserve.services.worker.weights.bundled import (
         bundled_checkpoint,
@@ -103,7 +134,10 @@ def make_folder(type_name: str, out: Path) -> Path:
         gguf_file = folder / source.name.replace(".Q4_1.", f".{type_name}.")
         if gguf_file.name == source.name:
             gguf_file = folder / f"{source.stem}.{type_name}.gguf"
-        requantize(source, gguf_file, type_name)
+        if type_name in PRESETS:
+            llamacpp_quantize(source, gguf_file, type_name, llamacpp or Path(".venv-llamacpp"))
+        else:
+            requantize(source, gguf_file, type_name)
         tensors = dequantized_checkpoint(gguf_file)
         with safe_open(str(bundled / "model.safetensors"), framework="pt") as f:
             expected = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
@@ -125,11 +159,16 @@ def main() -> None:
     from pagedserve.services.worker.weights.bundled import cache_root
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("type", choices=sorted(TYPES))
+    from pagedserve.ops.bench.llamacpp_server import llamacpp_venv
+
+    parser.add_argument("type", choices=sorted(TYPES) + sorted(PRESETS))
     parser.add_argument("--out", type=Path, help="default: $PAGEDSERVE_CACHE/smollm2-135m-<type>")
+    parser.add_argument(
+        "--llama-cpp", type=Path, help="Q4_K_M/Q5_K_M: llama.cpp's venv (default as the bench's)"
+    )
     args = parser.parse_args()
     out = args.out or cache_root() / f"smollm2-135m-{args.type.lower()}"
-    print(make_folder(args.type, out))
+    print(make_folder(args.type, out, args.llama_cpp or llamacpp_venv()))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pagedserve.services.worker import pooling, prompt_logprobs
 from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
 from pagedserve.services.worker.layers.packed_linear import linears_kind
-from pagedserve.services.worker.layers.quant_linear import weight_types
+from pagedserve.services.worker.layers.quant_linear import dense_weights, weight_types
 from pagedserve.services.worker.layers.rope import longrope_tokens
 from pagedserve.services.worker.lora_slots import LoRASlots
 from pagedserve.services.worker.models.registry import ModelConfig
@@ -139,6 +139,7 @@ class ModelRunner:
             "layer_ops": "torch" if layer_ops is None else layer_ops.name,
             "linears": linears_kind(self.model),
             "weights": weights_kind(self.model, self.dtype),
+            "dense_weights": dense_weights(self.model),  # `norms` once every matrix stays quantized
         }
         if self.device.type == "cpu":
             facts.update({f"isa_{op}": path for op, path in kernel_paths().items()})

@@ -4,15 +4,18 @@
 llama.cpp's converter lays out a Llama model (q/k rows reordered for its rotary pairing, ggml tensor
 names), and rewrites the folder's safetensors with the dequantized values of the same weights, so a
 `--quantization none` load of the folder is the dequantize-then-float32 reference of the GGUF load.
-Q8_0/Q4_0/Q4_1 are quantized by the gguf package; it has no Q4_K quantizer, so Q4_K's blocks are made
-here (per 32 weights a 6-bit scale and min of the super-block's fp16 d and dmin, 4-bit codes).
+F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 are quantized by the gguf package; it has no quantizer for
+the K-quants and the IQ4 types, so their blocks are made by gguf_quantizers.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from harness.gguf_quantizers import QUANTIZERS
 
 _HF_TO_GGUF = {
     "input_layernorm": "attn_norm",
@@ -56,43 +59,62 @@ def llama_permute(rows: np.ndarray, heads: int) -> np.ndarray:
     return rows.reshape(heads, 2, n // heads // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
 
 
-def quantize_q4_k(dense: np.ndarray) -> np.ndarray:
-    """[N, K] float32 (K a multiple of 256) -> Q4_K blocks [N, K / 256 * 144] uint8."""
-    n, k = dense.shape
-    groups = dense.reshape(n, k // 256, 8, 32).astype(np.float32)
-    lo = np.minimum(groups.min(-1), 0.0)
-    scale = (groups.max(-1) - lo) / 15.0
-    d = (scale.max(-1) / 63.0).astype(np.float16).astype(np.float32)
-    dmin = ((-lo).max(-1) / 63.0).astype(np.float16).astype(np.float32)
-    sc = np.clip(np.round(scale / np.where(d > 0, d, 1)[..., None]), 0, 63).astype(np.uint8)
-    mn = np.clip(np.round(-lo / np.where(dmin > 0, dmin, 1)[..., None]), 0, 63).astype(np.uint8)
-    a = d[..., None] * sc
-    b = dmin[..., None] * mn
-    codes = np.clip(np.round((groups + b[..., None]) / np.where(a > 0, a, 1)[..., None]), 0, 15).astype(
-        np.uint8
-    )
-    packed = np.zeros((n, k // 256, 12), np.uint8)
-    packed[..., 0:4] = (sc[..., 0:4] & 63) | ((sc[..., 4:8] >> 4) << 6)
-    packed[..., 4:8] = (mn[..., 0:4] & 63) | ((mn[..., 4:8] >> 4) << 6)
-    packed[..., 8:12] = (sc[..., 4:8] & 0xF) | ((mn[..., 4:8] & 0xF) << 4)
-    # codes of groups 2j (low nibbles) and 2j+1 (high) share 32 bytes
-    qs = (codes[..., 0::2, :] | (codes[..., 1::2, :] << 4)).reshape(n, k // 256, 128)
-    head = np.stack([d, dmin], -1).astype(np.float16).view(np.uint8).reshape(n, k // 256, 4)
-    return np.concatenate([head, packed, qs], -1).reshape(n, -1)
-
-
 def quantize(dense: np.ndarray, type_name: str) -> tuple[np.ndarray, np.ndarray]:
     """-> (blocks, their dequantized float32 values)."""
     import gguf
 
     kind = gguf.GGMLQuantizationType[type_name]
-    blocks = quantize_q4_k(dense) if type_name == "Q4_K" else gguf.quants.quantize(dense, kind)
-    return blocks, gguf.quants.dequantize(blocks, kind).astype(np.float32)
+    if type_name in QUANTIZERS:
+        blocks = QUANTIZERS[type_name](dense)
+    else:
+        blocks = gguf.quants.quantize(dense.astype(np.float32), kind).view(np.uint8)
+    return blocks, gguf.quants.dequantize(blocks, kind).astype(np.float32).reshape(dense.shape)
+
+
+def _k_mix(base: str) -> Callable[[str], str]:
+    """llama.cpp's Q4_K_M / Q5_K_M mixes, simplified: the base K-quant, Q6_K for the embedding and the LM
+    head, and for attn_v and ffn_down in every other layer (llama.cpp picks about half of them)."""
+
+    def type_of(gguf_tensor: str) -> str:
+        if gguf_tensor in ("token_embd.weight", "output.weight"):
+            return "Q6_K"
+        parts = gguf_tensor.split(".")
+        if parts[2] in ("attn_v", "ffn_down") and int(parts[1]) % 2 == 0:
+            return "Q6_K"
+        return base
+
+    return type_of
+
+
+# Every other type the kernel runs, one per tensor kind, so that one small model reads them all.
+_EVERY_TYPE = {
+    "token_embd": "BF16",
+    "output": "F16",
+    "attn_q": "Q2_K",
+    "attn_k": "Q3_K",
+    "attn_v": "IQ4_XS",
+    "attn_output": "Q5_K",
+    "ffn_gate": "Q6_K",
+    "ffn_up": "IQ4_NL",
+}
+
+
+def _every_type(gguf_tensor: str) -> str:
+    parts = gguf_tensor.split(".")
+    if parts[0] == "blk" and parts[2] == "ffn_down":
+        return "Q5_0" if int(parts[1]) % 2 else "Q5_1"
+    return _EVERY_TYPE[parts[0] if parts[0] != "blk" else parts[2]]
+
+
+# Presets of a type per tensor, as the GGUF files users download mix them (rows must be whole 256-weight
+# super-blocks: hidden and intermediate sizes multiples of 256).
+MIXES = {"Q4_K_M": _k_mix("Q4_K"), "Q5_K_M": _k_mix("Q5_K"), "every-type": _every_type}
 
 
 def quantize_checkpoint(folder: Path, type_name: str, embedding_type: str | None = None) -> Path:
-    """Write folder/model.gguf with every linear in `type_name` (the embedding in `embedding_type`,
-    default the same); rewrite the safetensors with the dequantized values -> the GGUF's path."""
+    """Write folder/model.gguf with every linear in `type_name` (or, for a MIXES preset, each tensor in
+    the preset's type; the embedding in `embedding_type`, default the same); rewrite the safetensors
+    with the dequantized values -> the GGUF's path."""
     import json
 
     import gguf
@@ -118,8 +140,10 @@ def quantize_checkpoint(folder: Path, type_name: str, embedding_type: str | None
             if target is None:
                 rewritten[name] = tensor
                 continue
-            kind = embedding_type or type_name if name == "model.embed_tokens.weight" else type_name
             if values.ndim == 2:
+                kind = MIXES[type_name](target) if type_name in MIXES else type_name
+                if name == "model.embed_tokens.weight" and embedding_type:
+                    kind = embedding_type
                 blocks, dequantized = quantize(values, kind)
                 rewritten[name] = torch.from_numpy(dequantized).to(tensor.dtype)
                 stored = blocks

@@ -10,13 +10,40 @@ bytes are plain attributes, not parameters or buffers: the model is built on the
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-# GGML type numbers (the GGUF file's own) the kernel runs.
-KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12}
+# GGML type numbers (the GGUF file's own) the kernel runs: every common GGUF type, F16 and BF16 included.
+KERNEL_TYPES = {
+    "F16": 1,
+    "Q4_0": 2,
+    "Q4_1": 3,
+    "Q5_0": 6,
+    "Q5_1": 7,
+    "Q8_0": 8,
+    "Q2_K": 10,
+    "Q3_K": 11,
+    "Q4_K": 12,
+    "Q5_K": 13,
+    "Q6_K": 14,
+    "IQ4_NL": 20,
+    "IQ4_XS": 23,
+    "BF16": 30,
+}
+FLOAT_TYPES = ("F16", "BF16")  # stored values, no codes: rows must be whole groups of 32 weights
+
+
+def runs_packed(type_name: str, dims: tuple[int, ...]) -> bool:
+    """Whether a GGUF tensor of this type and shape (ggml order: dims[0] the row length) stays in its
+    stored blocks: a type the kernel runs; for F16/BF16 a matrix (a 1-D F16 norm is a dense parameter)
+    whose rows are whole groups of 32 weights."""
+    if type_name not in KERNEL_TYPES:
+        return False
+    return type_name not in FLOAT_TYPES or (len(dims) >= 2 and dims[0] % 32 == 0)
+
 
 # How the linears take their activations: `float32` (the default: results within float rounding of the
 # dequantized reference) or `int8` (from 8 rows on each 32-block of a row quantized to int8 and integer
@@ -65,17 +92,36 @@ def quant_ops():
 
 
 class QuantLinear(nn.Module):
-    """y = x W^T + b, W decoded block by block inside the kernel. float32 activations in and out."""
+    """y = x W^T + b, W decoded block by block inside the kernel. float32 activations in and out.
 
-    def __init__(self, weight: QuantTensor, bias: torch.Tensor | None = None, ops=None) -> None:
-        """bias: a tensor is copied as float32; an nn.Parameter (float32, e.g. on the meta device) stays a
-        parameter, for the loader to fill like any other."""
+    W may be the rows of several checkpoint tensors one after another (a fused q/k/v or gate/up), each in
+    its own type: a Q4_K_M file stores attn_v in Q6_K beside Q4_K q and k. Each run of parts of one type
+    is one kernel call over its rows, and their outputs are joined."""
+
+    def __init__(
+        self, weight: QuantTensor | Sequence[QuantTensor], bias: torch.Tensor | None = None, ops=None
+    ) -> None:
+        """weight: one tensor, or the parts of a fused projection (the same input features and input
+        order; their rows concatenated, which copies them). bias: a tensor is copied as float32; an
+        nn.Parameter (float32, e.g. on the meta device) stays a parameter, for the loader to fill."""
         super().__init__()
-        self.weight_type, self.source = weight.type_name, weight.source
-        self.out_features, self.in_features = weight.out_features, weight.in_features
-        self.blocks = weight.blocks.contiguous()
-        self.type_id = weight.type_id
-        self.input_order = weight.input_order
+        parts = [weight] if isinstance(weight, QuantTensor) else list(weight)
+        if not parts or len({p.in_features for p in parts}) != 1:
+            raise ValueError("QuantLinear needs one or more weights with the same in_features")
+        self.source, self.in_features = parts[0].source, parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self.tensor_types = tuple(p.type_name for p in parts)  # one per checkpoint tensor (start log)
+        self.weight_type = "+".join(dict.fromkeys(self.tensor_types))
+        self.input_order = parts[0].input_order
+        # (type id, blocks, first output row) per run of parts of one type
+        self.runs: list[tuple[int, torch.Tensor, int]] = []
+        row = 0
+        for type_name in _runs(self.tensor_types):
+            run = parts[: len(type_name)]
+            parts = parts[len(type_name) :]
+            blocks = run[0].blocks.contiguous() if len(run) == 1 else torch.cat([p.blocks for p in run])
+            self.runs.append((run[0].type_id, blocks, row))
+            row += blocks.shape[0]
         if isinstance(bias, nn.Parameter):
             self.bias = bias
         else:
@@ -86,10 +132,28 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_order is not None:
             x = x.index_select(-1, self.input_order)
-        return self.ops.quant_linear(x, self.blocks, self.type_id, self.bias, self.mode)
+        if len(self.runs) == 1:
+            type_id, blocks, _ = self.runs[0]
+            return self.ops.quant_linear(x, blocks, type_id, self.bias, self.mode)
+        outs = []
+        for type_id, blocks, row in self.runs:
+            bias = None if self.bias is None else self.bias[row : row + blocks.shape[0]]
+            outs.append(self.ops.quant_linear(x, blocks, type_id, bias, self.mode))
+        return torch.cat(outs, -1)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, weights={self.weight_type}"
+
+
+def _runs(types: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """("Q4_K", "Q4_K", "Q6_K") -> [("Q4_K", "Q4_K"), ("Q6_K",)]: consecutive equal types grouped."""
+    runs: list[tuple[str, ...]] = []
+    for t in types:
+        if runs and runs[-1][0] == t:
+            runs[-1] = (*runs[-1], t)
+        else:
+            runs.append((t,))
+    return runs
 
 
 class QuantEmbedding(nn.Module):
@@ -109,18 +173,46 @@ class QuantEmbedding(nn.Module):
     def as_linear(self) -> QuantLinear:
         """The tied LM head over the same blocks (no copy)."""
         weight = QuantTensor(self.weight_type, self.blocks, self.embedding_dim, self.source)
-        return QuantLinear(weight, None, self.ops)
+        head = QuantLinear(weight, None, self.ops)
+        head.tensor_types = ()  # the embedding's tensor, counted there
+        return head
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, weights={self.weight_type}"
 
 
 def weight_types(module: nn.Module) -> dict[tuple[str, str], int]:
-    """(source, type name) -> how many quantized linears/embeddings under `module` hold it (start log,
-    runtime): ("gguf", "Q4_1") for a GGUF's stored blocks, ("gptq", "Q4_1") for GPTQ repacked to Q4_1."""
+    """(source, type name) -> how many checkpoint tensors under `module` are held in it (start log,
+    runtime), as llama.cpp counts a file's types: ("gguf", "Q4_1") for a GGUF's stored blocks, ("gptq",
+    "Q4_1") for GPTQ repacked to Q4_1. A fused q/k/v counts its three tensors."""
     counts: dict[tuple[str, str], int] = {}
     for m in module.modules():
-        if isinstance(m, (QuantLinear, QuantEmbedding)):
-            key = (m.source, m.weight_type)
-            counts[key] = counts.get(key, 0) + 1
+        types = (
+            m.tensor_types
+            if isinstance(m, QuantLinear)
+            else (m.weight_type,)
+            if isinstance(m, QuantEmbedding)
+            else ()
+        )
+        for t in types:
+            counts[(m.source, t)] = counts.get((m.source, t), 0) + 1
     return counts
+
+
+def dense_weights(module: nn.Module) -> str:
+    """What `module` holds in float rather than in quantized blocks (start log, runtime): `norms` (1-D
+    weights only: norms, biases), `N matrices and norms` (dense linears, embedding or LM head besides),
+    or `none`."""
+    from pagedserve.services.worker.layers.packed_linear import PackedLinear
+
+    matrices = vectors = 0
+    for m in module.modules():
+        if isinstance(m, (QuantLinear, QuantEmbedding)):
+            continue
+        matrices += isinstance(m, PackedLinear)  # its packed weight is an attribute, not a parameter
+        for p in m.parameters(recurse=False):
+            matrices += p.dim() >= 2
+            vectors += p.dim() < 2
+    if matrices:
+        return f"{matrices} {'matrix' if matrices == 1 else 'matrices'}" + (" and norms" if vectors else "")
+    return "norms" if vectors else "none"

@@ -19,8 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import structlog
 import torch
-from pagedserve.services.worker.layers.quant_linear import KERNEL_TYPES, QuantTensor
+from pagedserve.services.worker.layers.quant_linear import QuantTensor, runs_packed
+from pagedserve.services.worker.weights.gguf_types import (
+    check_unpacked,
+    describe,
+    type_name,
+    unpacked_matrices,
+)
+
+log = structlog.get_logger("pagedserve.loader")
 
 # GGUF tensor name parts -> Hugging Face's (the Llama family's names in both).
 _GLOBAL = {
@@ -155,27 +164,33 @@ def _parse_header(path: Path, blob: mmap.mmap) -> tuple[dict[str, object], list[
     return meta, infos, -(-pos // alignment) * alignment
 
 
-def read_gguf(path: Path) -> dict[str, QuantTensor]:
+def read_gguf(path: Path, *, strict: bool = False) -> dict[str, QuantTensor]:
     """Every mapped tensor of the GGUF in a type the kernel runs, by its Hugging Face name, as views of
     the memory-mapped file (the q/k rows reordered into a copy). Other tensors (F32 norms, types the
-    kernel lacks) are left out: the checkpoint folder holds them dense.
+    kernel lacks) are left out: the checkpoint folder holds them dense. A matrix in a type the kernel
+    lacks is logged by name, or refused where `strict` (--quantization gguf; see gguf_types.py).
 
     The views cost no memory of their own; whoever keeps a weight copies it (install_quantized), so
     that once this dict is dropped the file is unmapped and each weight is resident exactly once."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     meta, infos, data_start = read_header(path)
+    mapped_infos = [i for i in infos if hf_name(i.name) is not None]
+    unpacked = unpacked_matrices((i.name, i.type_id, i.dims) for i in mapped_infos)
+    check_unpacked(path.name, unpacked, strict=strict)
+    if unpacked:
+        log.warning("gguf weights not kept packed", file=path.name, detail=describe(unpacked))
     arch = meta.get("general.architecture")
     heads = meta.get(f"{arch}.attention.head_count")
     kv_heads = meta.get(f"{arch}.attention.head_count_kv") or heads
     # Copy-on-write: writable to numpy (torch.from_numpy warns on read-only memory), never written.
     mapped = np.memmap(path, dtype=np.uint8, mode="c")
     out: dict[str, QuantTensor] = {}
-    for info in infos:
+    for info in mapped_infos:
         name = hf_name(info.name)
-        kind = GGMLQuantizationType(info.type_id)
-        if name is None or kind.name not in KERNEL_TYPES:
+        if not runs_packed(type_name(info.type_id), info.dims):
             continue
+        kind = GGMLQuantizationType(info.type_id)
         block, block_bytes = GGML_QUANT_SIZES[kind]
         row_bytes = info.dims[0] // block * block_bytes
         rows = int(np.prod(info.dims[1:])) if len(info.dims) > 1 else 1

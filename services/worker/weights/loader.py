@@ -115,7 +115,7 @@ def load_model(
             from pagedserve.services.worker.weights.gguf_weights import read_gguf
             from pagedserve.services.worker.weights.quant_install import install_quantized
 
-            skip = install_quantized(model, read_gguf(gguf_file))
+            skip = install_quantized(model, read_gguf(gguf_file, strict=quantization == "gguf"))
         elif scheme is not None:
             skip, dense = install_checkpoint_quantized(
                 model, folder, scheme, keep, strict=quantization == scheme.method

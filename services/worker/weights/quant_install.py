@@ -1,13 +1,16 @@
 """Put a GGUF's quantized weights into a model built on the meta device, before its dense weights exist.
 
-Each projection (and the embedding, and an untied LM head) whose checkpoint tensors are all of a type
+Each projection (and the embedding, and an untied LM head) whose checkpoint tensors are all of types
 the kernel runs becomes a QuantLinear / QuantEmbedding over the stored blocks. Fused projections
-(q/k/v, gate/up) concatenate their parts' rows, which is exact: a row is a whole run of blocks. A
-projection left dense (a type the kernel lacks, parts of mixed types, a bias) is filled from the
-checkpoint folder like any other weight. A tied LM head shares the embedding's blocks.
+(q/k/v, gate/up) concatenate their parts' rows, which is exact: a row is a whole run of blocks; parts of
+different types (a Q4_K_M file's Q4_K q and k beside its Q6_K v) stay in their own types, one kernel
+call each. A projection left dense (a type the kernel lacks, a bias) is filled from the checkpoint
+folder like any other weight. A tied LM head shares the embedding's blocks.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from pagedserve.services.worker.layers.quant_linear import QuantEmbedding, QuantLinear, QuantTensor, quant_ops
@@ -37,24 +40,23 @@ def install_quantized(
             else:
                 names = [f"{prefix}{path}.weight"]
             parts = [tensors.get(n) for n in names]
-            if not all(isinstance(p, QuantTensor) for p in parts) or len({p.type_name for p in parts}) != 1:
+            if not all(isinstance(p, QuantTensor) for p in parts):
                 continue
             if not _same_order([p.input_order for p in parts]):
                 continue  # parts that read their inputs in different orders cannot share one input
-            # A copy either way: the parts may be views of the mapped GGUF file (read_gguf).
-            blocks = torch.cat([p.blocks for p in parts])
-            weight = QuantTensor(
-                parts[0].type_name, blocks, parts[0].in_features, parts[0].source, parts[0].input_order
-            )
-            if (weight.out_features, weight.in_features) != (child.out_features, child.in_features):
+            shape = (sum(p.out_features for p in parts), parts[0].in_features)
+            if shape != (child.out_features, child.in_features) or len({p.in_features for p in parts}) != 1:
                 raise ValueError(
-                    f"quantized tensors {', '.join(names)} make a [{weight.out_features} x {weight.in_features}] "
-                    f"weight, the model's {path} is [{child.out_features} x {child.in_features}]"
+                    f"quantized tensors {', '.join(names)} make a [{shape[0]} x {shape[1]}] weight, "
+                    f"the model's {path} is [{child.out_features} x {child.in_features}]"
                 )
+            # Parts of different types (Q4_K q and k beside a Q6_K v) stay so: one kernel call per run
+            # of a type. Copies: the parts may be views of the mapped GGUF file (read_gguf).
+            parts = [replace(p, blocks=p.blocks.clone()) for p in parts]
             bias = None
             if child.bias is not None:
                 bias = nn.Parameter(torch.empty(child.out_features, device="meta"), requires_grad=False)
-            setattr(module, child_name, QuantLinear(weight, bias, ops))
+            setattr(module, child_name, QuantLinear(parts, bias, ops))
             installed.update(names)
 
     embedding = tensors.get("model.embed_tokens.weight")

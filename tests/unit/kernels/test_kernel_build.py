@@ -17,6 +17,7 @@ from pagedserve.kernels.cpu.build import (
     EXTENSIONS,
     LAYER_OPS,
     PAGED_ATTENTION,
+    SHARED_HEADERS,
     Extension,
     KernelBuildError,
     build_dir,
@@ -43,6 +44,13 @@ def test_each_extension_and_path_builds_in_its_own_folder():
     assert build_dir(LAYER_OPS, "avx2") != build_dir(PAGED_ATTENTION, "avx2")
     assert build_dir(LAYER_OPS, "avx2") != build_dir(LAYER_OPS, "portable")
     assert build_dir(LAYER_OPS, "portable").name.startswith("layer_ops_portable_")
+
+
+def test_every_header_moves_the_builds_that_include_it():
+    """A header is hashed into a build's folder only where an extension names it (or it is shared):
+    one left out would let a stale build survive a change to it."""
+    named = set(SHARED_HEADERS) | {h for e in EXTENSIONS for h in e.headers}
+    assert set(SHARED_HEADERS[0].parent.glob("*.h")) == named
 
 
 def test_a_change_to_any_source_moves_the_build(tmp_path, monkeypatch):

@@ -1,13 +1,13 @@
-"""The GGUF quantized-linear kernel on every ISA path this CPU runs, against the dequantize-then-float32
-reference: the `gguf` package's own dequantizer (an independent reading of the formats), then a float32
-matmul.
+"""The GGUF quantized-linear kernel, every type on every ISA path this CPU runs, against the
+dequantize-then-float32 reference: the `gguf` package's own dequantizer (an independent reading of the
+formats), then a float32 matmul.
 
 Tolerance, float32 activations (mode 0, the default; mode 1 below its integer threshold): the kernel
 and the reference compute the same sum of K products in float32 in different orders, so they differ
 by rounding; each output is held to 1e-5 of the sum of the magnitudes of its products (|x| @ |W|^T),
 which bounds that rounding for K up to several thousand (K * 2^-24 ~ 3e-5 at K = 512 in the worst
-case, far less on average). Embedding rows are decoded exactly (one multiply of fp16 scale by a small
-integer code, exact in float32, and one add).
+case, far less on average). Embedding rows are decoded exactly (one multiply of a scale by a small
+integer code, exact in float32, and one add: the dequantizer's arithmetic).
 
 Tolerance, int8 activations (modes 2 and 3, and mode 1 from the kernel's threshold on; llama.cpp
 quantizes activations the same way): each 32-element block of a row becomes q = round(x * 127 / m),
@@ -19,6 +19,7 @@ float rounding of the scale and its reciprocal). The integer dot products themse
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import gguf
@@ -27,9 +28,13 @@ import pytest
 import torch
 from harness.gguf_models import quantize
 from pagedserve.kernels.cpu.build import QUANT_LINEAR, load_extension
+from pagedserve.services.worker.layers.quant_linear import KERNEL_TYPES
 
-TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12}
+TYPES = KERNEL_TYPES  # every type the kernel runs: F16, BF16, Q4_0 ... Q6_K, IQ4_NL, IQ4_XS
+INTEGER_TYPES = [t for t in TYPES if t not in ("F16", "BF16")]  # the int8-activation path's
 INT_ROWS = 8  # quant_linear.cpp's kIntRows: from this many rows mode 1 runs int8 activations
+FLOAT, INT_FROM_THRESHOLD, INT, INT_NO_VNNI, TILES, PANELS = 0, 1, 2, 3, 4, 5  # quant_linear's mode
+PANEL_ROWS = 24  # quant_linear.cpp's kPanelRows: from this many rows mode 0 decodes panels for a GEMM
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +43,24 @@ def ops(isa: str) -> Any:
     return load_extension(QUANT_LINEAR, isa)
 
 
+@cache
 def weights(type_name: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (blocks, the gguf package's dequantization of them)."""
+    """-> (blocks, the gguf package's dequantization of them). Rows of different magnitudes and a zero
+    row, so that the scales differ from row to row and an all-zero block is read too."""
     rng = np.random.default_rng(seed)
-    dense = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
+    dense = (rng.standard_normal((n, k)) * rng.uniform(0.02, 0.2, (n, 1))).astype(np.float32)
+    dense[n // 2] = 0.0
     blocks, _ = quantize(dense, type_name)
     reference = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[type_name]).astype(np.float32)
-    return torch.from_numpy(blocks), torch.from_numpy(reference)
+    return torch.from_numpy(blocks), torch.from_numpy(reference.reshape(n, k))
 
 
-FLOAT, INT_FROM_THRESHOLD, INT, INT_NO_VNNI, TILES, PANELS = 0, 1, 2, 3, 4, 5  # quant_linear's mode
-PANEL_ROWS = 24  # quant_linear.cpp's kPanelRows: from this many rows mode 0 decodes panels for a GEMM
+def within_float_rounding(out: torch.Tensor, x: torch.Tensor, reference: torch.Tensor, bias) -> None:
+    expected = x @ reference.T + (0 if bias is None else bias)
+    bound = 1e-5 * (x.abs() @ reference.abs().T + (0 if bias is None else bias.abs()))
+    assert out.shape == expected.shape and out.dtype == torch.float32
+    err = (out - expected).abs()
+    assert (err <= bound).all(), f"{len(x)} rows: worst error {(err / bound).max():.2f}x the bound"
 
 
 def blockmax(x: torch.Tensor) -> torch.Tensor:
@@ -58,34 +70,27 @@ def blockmax(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("type_name", TYPES)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 13, 64])
-def test_linear_matches_the_dequantized_float32_reference(ops: Any, type_name: str, rows: int) -> None:
+def test_linear_matches_the_dequantized_float32_reference(ops: Any, type_name: str) -> None:
     n, k = 37, 512  # an odd number of outputs: the kernel's one-row tail
     blocks, reference = weights(type_name, n, k)
-    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-    bias = torch.randn(n)
-    out = ops.quant_linear(x, blocks, TYPES[type_name], bias, FLOAT)
-    expected = x @ reference.T + bias
-    bound = 1e-5 * (x.abs() @ reference.abs().T + bias.abs())
-    assert out.shape == (rows, n) and out.dtype == torch.float32
-    assert ((out - expected).abs() <= bound).all(), (out - expected).abs().max()
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(0))
+    for rows in (1, 2, 3, 4, 5, 8, 13, 64):
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+        within_float_rounding(ops.quant_linear(x, blocks, TYPES[type_name], bias, FLOAT), x, reference, bias)
 
 
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("mode", [TILES, PANELS], ids=["tiles", "panels"])
-@pytest.mark.parametrize("rows", [1, 5, PANEL_ROWS, 40])
-def test_both_float_paths_match_the_reference_at_any_row_count(
-    ops: Any, type_name: str, mode: int, rows: int
-) -> None:
+def test_both_float_paths_match_the_reference_at_any_row_count(ops: Any, type_name: str, mode: int) -> None:
     """Mode 0 picks the tiles below PANEL_ROWS and the panels from there; each is held to the same float
     rounding bound at every row count, so the switch is a matter of speed only."""
-    n, k = 37, 512
-    blocks, reference = weights(type_name, n, k, seed=rows)
-    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-    bias = torch.randn(n)
-    out = ops.quant_linear(x, blocks, TYPES[type_name], bias, mode)
-    expected = x @ reference.T + bias
-    assert ((out - expected).abs() <= 1e-5 * (x.abs() @ reference.abs().T + bias.abs())).all()
+    blocks, reference = weights(type_name, 37, 768, seed=1)
+    for rows in (1, 5, PANEL_ROWS, 40):
+        x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(rows))
+        for bias in (torch.randn(37), None):
+            within_float_rounding(
+                ops.quant_linear(x, blocks, TYPES[type_name], bias, mode), x, reference, bias
+            )
 
 
 def test_panels_cover_outputs_past_the_first_panel(ops: Any) -> None:
@@ -94,10 +99,7 @@ def test_panels_cover_outputs_past_the_first_panel(ops: Any) -> None:
     blocks, reference = weights("Q4_1", n, k)
     x = torch.randn(PANEL_ROWS + 3, k, generator=torch.Generator().manual_seed(1))
     for bias in (torch.randn(n), None):
-        out = ops.quant_linear(x, blocks, TYPES["Q4_1"], bias, FLOAT)
-        expected = x @ reference.T + (0 if bias is None else bias)
-        magnitude = x.abs() @ reference.abs().T + (0 if bias is None else bias.abs())
-        assert ((out - expected).abs() <= 1e-5 * magnitude).all(), (out - expected).abs().max()
+        within_float_rounding(ops.quant_linear(x, blocks, TYPES["Q4_1"], bias, FLOAT), x, reference, bias)
 
 
 def test_mode_0_switches_to_panels_at_the_threshold(ops: Any) -> None:
@@ -115,28 +117,25 @@ def test_mode_0_switches_to_panels_at_the_threshold(ops: Any) -> None:
 @pytest.mark.parametrize(
     "mode", [INT, INT_NO_VNNI, INT_FROM_THRESHOLD], ids=["int", "int-novnni", "threshold"]
 )
-@pytest.mark.parametrize("type_name", TYPES)
-@pytest.mark.parametrize(
-    ("rows", "k"), [(1, 512), (3, 512), (8, 512), (13, 512), (64, 512), (9, 96), (16, 1024)]
-)
-def test_int8_activations_stay_within_the_quantization_bound(
-    ops: Any, mode: int, type_name: str, rows: int, k: int
-) -> None:
-    if type_name == "Q4_K" and k % 256:
-        k = 256  # Q4_K's super-blocks are 256 wide
-    n = 37
-    blocks, reference = weights(type_name, n, k, seed=k)
-    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * torch.rand(k) * 3
-    x[0, :32] = 0.0  # an all-zero block: scale 0, codes 0
-    bias = torch.randn(n)
-    out = ops.quant_linear(x, blocks, TYPES[type_name], bias, mode)
-    expected = x @ reference.T + bias
-    magnitude = x.abs() @ reference.abs().T + bias.abs()
-    bound = (blockmax(x) / 254 * 1.001) @ reference.abs().T + 1e-5 * magnitude
-    err = (out - expected).abs()
-    assert (err <= bound).all(), (err / bound).max()
-    # and the bound is not vacuous: the error is well under 1% of the products' magnitude
-    assert (err <= 0.01 * magnitude).all()
+@pytest.mark.parametrize("type_name", INTEGER_TYPES)
+def test_int8_activations_stay_within_the_quantization_bound(ops: Any, mode: int, type_name: str) -> None:
+    superblock = gguf.constants.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]][0] == 256
+    for rows, k in [(1, 512), (3, 512), (8, 512), (13, 512), (64, 512), (9, 96), (16, 1024)]:
+        if superblock and k % 256:
+            k = 256  # the K-quants' and IQ4_XS's super-blocks are 256 wide
+        n = 37
+        blocks, reference = weights(type_name, n, k, seed=k)
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * torch.rand(k) * 3
+        x[0, :32] = 0.0  # an all-zero block: scale 0, codes 0
+        bias = torch.randn(n)
+        out = ops.quant_linear(x, blocks, TYPES[type_name], bias, mode)
+        expected = x @ reference.T + bias
+        magnitude = x.abs() @ reference.abs().T + bias.abs()
+        bound = (blockmax(x) / 254 * 1.001) @ reference.abs().T + 1e-5 * magnitude
+        err = (out - expected).abs()
+        assert (err <= bound).all(), (rows, k, (err / bound).max())
+        # and the bound is not vacuous: the error is well under 1% of the products' magnitude
+        assert (err <= 0.01 * magnitude).all(), (rows, k)
 
 
 def test_mode_1_switches_to_int8_activations_at_the_threshold(ops: Any) -> None:
@@ -152,11 +151,41 @@ def test_mode_1_switches_to_int8_activations_at_the_threshold(ops: Any) -> None:
         ops.quant_linear(x, blocks, 3, None, 6)
 
 
+@pytest.mark.parametrize("type_name", ["F16", "BF16"])
+def test_float_weights_take_float_activations_in_every_mode(ops: Any, type_name: str) -> None:
+    """F16/BF16 have no integer codes: the int8 modes run them as mode 0 does, exactly."""
+    blocks, _ = weights(type_name, 9, 256)
+    for rows in (3, 40):
+        x = torch.randn(rows, 256)
+        float_out = ops.quant_linear(x, blocks, TYPES[type_name], None, FLOAT)
+        for mode in (INT_FROM_THRESHOLD, INT, INT_NO_VNNI):
+            assert torch.equal(ops.quant_linear(x, blocks, TYPES[type_name], None, mode), float_out)
+
+
 @pytest.mark.parametrize("type_name", TYPES)
 def test_embedding_rows_decode_exactly(ops: Any, type_name: str) -> None:
     blocks, reference = weights(type_name, 50, 256, seed=1)
-    ids = torch.tensor([0, 7, 49, 7])
+    ids = torch.tensor([0, 7, 49, 7, 25])  # 25: the zero row
     assert torch.equal(ops.quant_rows(blocks, TYPES[type_name], ids, 256), reference[ids])
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0"])
+def test_a_run_of_rows_of_a_bigger_tensor_is_read_in_place(ops: Any, type_name: str) -> None:
+    """One expert of a [experts, N, row_bytes] tensor, or part of its rows, is a plain view: the
+    kernel reads it where it lies, as a MoE layer calls it per expert."""
+    experts, n, k = 3, 12, 256
+    blocks, reference = weights(type_name, experts * n, k, seed=3)
+    stacked, dense = blocks.view(experts, n, -1), reference.view(experts, n, k)
+    x = torch.randn(5, k)
+    for e in range(experts):
+        for rows in (slice(0, n), slice(4, 9)):
+            part = stacked[e, rows]
+            assert part.data_ptr() == stacked[e, rows.start].data_ptr()  # no copy was made to get here
+            out = ops.quant_linear(x, part, TYPES[type_name], None, FLOAT)
+            within_float_rounding(out, x, dense[e, rows], None)
+            assert torch.equal(
+                ops.quant_rows(part, TYPES[type_name], torch.tensor([1]), k), dense[e, rows][1:2]
+            )
 
 
 def test_no_rows_and_non_contiguous_input(ops: Any) -> None:
@@ -168,11 +197,21 @@ def test_no_rows_and_non_contiguous_input(ops: Any) -> None:
 
 def test_bad_weights_are_refused_with_the_reason(ops: Any) -> None:
     blocks, _ = weights("Q4_1", 8, 64)
-    with pytest.raises(RuntimeError, match="GGML type 14 is not supported"):
-        ops.quant_linear(torch.randn(1, 64), blocks, 14, None)
+    with pytest.raises(RuntimeError, match="GGML type 15 is not supported"):
+        ops.quant_linear(torch.randn(1, 64), blocks, 15, None)
     with pytest.raises(RuntimeError, match="a row of 64 weights of type 8 is 68 bytes, qweight has 40"):
         ops.quant_linear(torch.randn(1, 64), blocks, 8, None)
     with pytest.raises(RuntimeError, match="not a multiple of 256"):
-        ops.quant_linear(torch.randn(1, 64), blocks, 12, None)
+        ops.quant_linear(torch.randn(1, 64), blocks, 14, None)
     with pytest.raises(RuntimeError, match="id 8 is outside"):
         ops.quant_rows(blocks, 3, torch.tensor([8]), 64)
+    with pytest.raises(RuntimeError, match="rows are contiguous"):
+        ops.quant_linear(torch.randn(1, 32), blocks[:, ::2], 3, None)
+    f16 = torch.zeros(4, 2 * 48, dtype=torch.uint8)  # 48 F16 weights a row: not whole groups of 32
+    with pytest.raises(RuntimeError, match="in_features 48 is not a multiple of 32"):
+        ops.quant_linear(torch.randn(1, 48), f16, 1, None)
+
+
+def test_the_type_table_is_ggmls():
+    """KERNEL_TYPES (the loader's list of what stays packed) names GGML's own type numbers."""
+    assert {name: int(gguf.GGMLQuantizationType[name]) for name in KERNEL_TYPES} == KERNEL_TYPES

@@ -11,11 +11,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gguf
+import torch
 from harness.gguf_models import quantize_checkpoint
 from harness.tiny_models import make_tiny_model
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
-from pagedserve.ops.microbench.weights_rss import model_bytes
-from pagedserve.services.worker.layers.quant_linear import QuantEmbedding, QuantLinear
+from pagedserve.ops.microbench.weights_rss import (
+    gguf_step_read_bytes,
+    held_tensors,
+    model_bytes,
+    step_read_bytes,
+)
+from pagedserve.services.worker.layers.quant_linear import QuantEmbedding, QuantLinear, weight_types
 from pagedserve.services.worker.weights.loader import load_model
 
 
@@ -24,15 +31,32 @@ def test_a_gguf_load_holds_its_blocks_once_and_unmaps_the_file(tmp_path: Path) -
     gguf_file = quantize_checkpoint(folder, "Q4_1")
     model = load_model(folder, TorchAttentionBackend(), quantization="gguf").model
     quantized = [m for m in model.modules() if isinstance(m, (QuantLinear, QuantEmbedding))]
-    blocks = {m.blocks.untyped_storage().data_ptr(): m.blocks.nbytes for m in quantized}
+    held = [t for m in quantized for t in held_tensors(m)]
+    blocks = {t.untyped_storage().data_ptr(): t.nbytes for t in held if t.dtype == torch.uint8}
     dense = sum(p.nbytes for p in model.parameters())  # the norms: every linear is quantized
     cfg = model.config
     assert dense == (2 * cfg.num_layers + 1) * cfg.hidden_size * 4
     # The tied head shares the embedding's blocks; nothing else holds weight bytes.
-    assert model.tied_head.blocks.data_ptr() == model.embed_tokens.blocks.data_ptr()
+    assert model.tied_head.runs[0][1].data_ptr() == model.embed_tokens.blocks.data_ptr()
     assert model_bytes(model) == sum(blocks.values()) + dense + model.rotary.inv_freq.nbytes
     # Copied out of the file, which is then unmapped: not resident twice (file pages and a copy).
     assert str(gguf_file) not in Path("/proc/self/maps").read_text()
+
+
+def test_a_q4_k_m_load_holds_the_files_bytes_and_no_float_matrix(tmp_path: Path) -> None:
+    """llama.cpp's Q4_K_M mix (Q4_K, with the embedding, tied head, half the attn_v and ffn_down in
+    Q6_K): every matrix stays in its stored blocks, so the model holds exactly the file's tensor bytes
+    (the norms F32 as stored), and a decode step reads what llama.cpp reads of the same file."""
+    folder = make_tiny_model("llama", tmp_path / "m", hidden_size=256, intermediate_size=512)
+    gguf_file = quantize_checkpoint(folder, "Q4_K_M")
+    model = load_model(folder, TorchAttentionBackend(), quantization="gguf").model
+    held = [t for m in model.modules() for t in held_tensors(m)]
+    assert [tuple(t.shape) for t in held if t.is_floating_point() and t.dim() >= 2] == []
+    # 3 layers of 7 matrices; Q6_K: attn_v and ffn_down of layers 0 and 2, and the embedding
+    assert weight_types(model) == {("gguf", "Q4_K"): 17, ("gguf", "Q6_K"): 5}
+    stored = gguf.GGUFReader(gguf_file).tensors
+    assert model_bytes(model) == sum(int(t.n_bytes) for t in stored) + model.rotary.inv_freq.nbytes
+    assert step_read_bytes(model) == gguf_step_read_bytes(gguf_file)
 
 
 LOAD_AND_LIST = """

@@ -23,13 +23,30 @@ from pagedserve.services.worker.weights.loader import load_model
 
 from pagedserve import LLM, SamplingParams
 
+WIDE = {"hidden_size": 256, "intermediate_size": 512}  # the K-quants' super-blocks are 256 weights
 CASES = [
     ("llama", "Q4_1", {}),  # tied head on the quantized embedding; q/k rows reordered as llama.cpp does
     ("llama", "Q8_0", {}),
-    ("llama", "Q4_K", {"hidden_size": 256, "intermediate_size": 512}),  # Q4_K's blocks are 256 wide
+    ("llama", "Q4_K", WIDE),
     ("qwen2", "Q4_0", {}),  # qkv bias: that projection stays dense; an untied quantized head
     ("qwen3", "Q4_1", {}),  # q/k norms, head_dim != hidden / heads
+    ("llama", "F16", {}),  # F16 kept as stored: no float32 copy
+    # llama.cpp's most used presets: Q6_K embedding (the tied head) and attn_v / ffn_down in half the
+    # layers, so a fused q/k/v holds Q4_K q and k beside a Q6_K v
+    ("llama", "Q4_K_M", WIDE),
+    ("mistral", "Q5_K_M", WIDE),  # an untied Q6_K head
+    (
+        "mistral",
+        "every-type",
+        WIDE,
+    ),  # each tensor kind another type (harness MIXES): all 14 but Q4_0/1, Q8_0, Q4_K
 ]
+# The types each case's `weights` must name (a mix's types; a plain case's one).
+TYPES_OF = {
+    "Q4_K_M": ("Q4_K", "Q6_K"),
+    "Q5_K_M": ("Q5_K", "Q6_K"),
+    "every-type": ("BF16", "F16", "Q2_K", "Q3_K", "IQ4_XS", "Q5_K", "Q6_K", "IQ4_NL", "Q5_0", "Q5_1"),
+}
 
 
 def _greedy(
@@ -47,7 +64,11 @@ def test_greedy_outputs_match_the_dequantized_reference(tmp_path: Path, arch, ty
     prompts = random_prompts(12, seed=3, max_len=40)
     quantized, runtime = _greedy(folder, "gguf", prompts)
     reference, dense_runtime = _greedy(folder, "none", prompts)
-    assert runtime["weights"].startswith(f"gguf {type_name}x"), runtime
+    assert runtime["weights"].startswith("gguf ") and runtime["weights"].endswith(" + float32"), runtime
+    held = dict(part.split("x") for part in runtime["weights"].split()[1:-2])
+    assert set(held) == set(TYPES_OF.get(type_name, (type_name,))), runtime
+    # every matrix stays quantized but a projection with a bias (qwen2's q/k/v)
+    assert runtime["dense_weights"] == ("2 matrices and norms" if arch == "qwen2" else "norms"), runtime
     assert dense_runtime["weights"] == "float32"
     assert [q[0] for q in quantized] == [r[0] for r in reference]
     same = sum(q == r for q, r in zip(quantized, reference, strict=True))

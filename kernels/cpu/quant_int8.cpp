@@ -1,0 +1,357 @@
+// Int8 activations over quantized weights (quant_linear's modes 1-3): each activation row is quantized
+// once per call to int8 per 32-element block, q = round(x * 127 / max|x|), scale sx = max|x| / 127
+// (llama.cpp's Q8_0/Q8_1 of the activations). Per weight group and row: an integer dot product of the
+// group's codes with the row's int8 block, then sum += a * sx * dot + b * sx * sum(q) in float. The int32
+// lanes of a dot each sum 4 neighbouring products, so lanes 0-3 are a group's first half and 4-7 its
+// second: a type with a scale per 16 weights (Q2_K, Q3_K, Q6_K) just gives the two halves' lanes their
+// own a. The b term (the offsets, per half) is a float dot product over half-groups, done once per
+// (row, output) after the main loop.
+//
+//   avx512    two groups per 512-bit register, vpdpbusd (by inline assembly, where the CPU has
+//             avx512_vnni: checked at run time, since the build names no VNNI flag; else
+//             vpmaddubsw + vpmaddwd); signed codes (Q8_0, IQ4) +128 under VNNI (the 128 * sum(q) comes
+//             back through b), |code| and the sign moved onto x without it. 8 rows x 2 outputs a tile.
+//   avx2      one group per 256-bit register, vpmaddubsw + vpmaddwd (no VNNI needed: the EPYC Zen 3 has
+//             none), signed codes by vpsignb. 4 x 2 a tile.
+//   portable  a plain C++ integer dot per half-group (no intrinsics; the compiler vectorizes).
+// vpmaddubsw sums two products into int16 with saturation: at most 2 * 63 * 127 (Q6_K) or 2 * 128 * 127
+// (|Q8_0|), both below 32767.
+#include <ATen/Parallel.h>
+
+#include <vector>
+
+#include "quant_codes_x86.h"
+#include "quant_linear.h"
+
+QUANT_BEGIN
+namespace {
+
+// The activation rows, quantized. Groups are padded to a multiple of 16 with zeros (codes, scales, sums),
+// so a pair of groups (avx512) or a vector of per-group sums never reads past a row.
+struct QuantX {
+  std::vector<int8_t> q;    // [M][Gp * 32]
+  std::vector<float> sx8;   // [M][Gp * 8]: each group's scale, 8 copies (one per int32 lane of its dot)
+  std::vector<float> sxs;   // [M][Gp * 2]: scale * the sum of each half-group's codes
+  int64_t G, Gp;
+};
+
+inline int64_t padded_groups(int64_t G) { return (G + 15) / 16 * 16; }
+
+QuantX quantize_x(const float* x, int64_t M, int64_t K) {
+  QuantX xq;
+  xq.G = K / kGroup;
+  xq.Gp = padded_groups(xq.G);
+  xq.q.assign(M * xq.Gp * kGroup, 0);
+  xq.sx8.assign(M * xq.Gp * 8, 0.0f);
+  xq.sxs.assign(M * xq.Gp * 2, 0.0f);
+  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / K), [&](int64_t begin, int64_t end) {
+    alignas(64) float scaled[kGroup];
+    for (int64_t m = begin; m < end; ++m) {
+      for (int64_t g = 0; g < xq.G; ++g) {
+        const float* xs = x + m * K + g * kGroup;
+        Vec amax(0.0f);
+        for (int64_t c = 0; c < kChunks; ++c) amax = at::vec::maximum(amax, Vec::loadu(xs + c * kLanes).abs());
+        alignas(64) float lanes[kLanes];
+        amax.store(lanes);
+        float mx = 0.0f;
+        for (int64_t i = 0; i < kLanes; ++i) mx = std::max(mx, lanes[i]);
+        const float d = mx / 127.0f, id = mx > 0.0f ? 127.0f / mx : 0.0f;
+        for (int64_t c = 0; c < kChunks; ++c) (Vec::loadu(xs + c * kLanes) * Vec(id)).round().store(scaled + c * kLanes);
+        int8_t* q = xq.q.data() + (m * xq.Gp + g) * kGroup;
+        int sums[2] = {0, 0};
+        for (int64_t i = 0; i < kGroup; ++i) {
+          const int v = static_cast<int>(scaled[i]);
+          q[i] = static_cast<int8_t>(v);
+          sums[i / 16] += v;
+        }
+        for (int i = 0; i < 8; ++i) xq.sx8[(m * xq.Gp + g) * 8 + i] = d;
+        for (int h = 0; h < 2; ++h) xq.sxs[(m * xq.Gp + g) * 2 + h] = d * static_cast<float>(sums[h]);
+      }
+    }
+  });
+  return xq;
+}
+
+// How each path feeds signed codes to an unsigned-by-signed byte product: avx512 with VNNI adds 128
+// (code ^ 0x80, unsigned) and takes 128 * a * sx * sum(q) back through the b term; the others take
+// |code| and move its sign onto the activation (vpsignb / a masked negate), b = 0.
+enum class Signed { kSignOnX, kOffset };
+
+// One weight row's per-group a (8 copies like sx8: lanes 0-3 the first half's, 4-7 the second's) and
+// per-half b, padded like QuantX.
+template <int64_t T, Signed form>
+void weight_scales(const uint8_t* row, int64_t G, float* a8, float* b) {
+  ScaleReader<T> scales(row);
+  for (int64_t g = 0; g < G; ++g) {
+    const Scales sc = scales.at(g);
+    for (int i = 0; i < 8; ++i) a8[g * 8 + i] = sc.a[i / 4];
+    for (int h = 0; h < 2; ++h)
+      b[2 * g + h] = !signed_codes(T) ? sc.b[h] : form == Signed::kOffset ? -128.0f * sc.a[h] : 0.0f;
+  }
+  std::fill(a8 + G * 8, a8 + padded_groups(G) * 8, 0.0f);
+  std::fill(b + 2 * G, b + 2 * padded_groups(G), 0.0f);
+}
+
+// sum_h b[h] * sxs[h] over padded half-groups (a multiple of 32: whole vectors).
+inline float offset_term(const float* b, const float* sxs, int64_t halves) {
+  Vec acc(0.0f);
+  for (int64_t h = 0; h < halves; h += kLanes) acc = at::vec::fmadd(Vec::loadu(b + h), Vec::loadu(sxs + h), acc);
+  return sum_lanes(acc);
+}
+
+// Whether the b term is needed: every unsigned type has an offset; signed codes only through the +128.
+template <int64_t T, Signed form>
+constexpr bool has_offset() { return !signed_codes(T) || form == Signed::kOffset; }
+
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+
+// The lane sums of 8 vectors at once, as one vector: a tree of hadds instead of 8 separate reductions.
+inline __m256 sum8(const __m256* v) {
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+// out[i][j] = the lane sum of v[i * NT + j] (+ bias[j]), for a tile's MT x NT accumulators.
+template <int MT, int NT>
+inline void store_sums(__m256* v, const float* bias, float* out, int64_t out_stride) {
+  constexpr int n = MT * NT, padded = (n + 7) / 8 * 8;
+  for (int k = n; k < padded; ++k) v[k] = _mm256_setzero_ps();
+  alignas(32) float sums[padded];
+  for (int k = 0; k < padded; k += 8) _mm256_store_ps(sums + k, sum8(v + k));
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) out[i * out_stride + j] = sums[i * NT + j] + (bias ? bias[j] : 0.0f);
+}
+
+#endif
+
+#if defined(CPU_CAPABILITY_AVX512)
+
+// Groups g and g+1 (g even; g+1 only where `pair`) as 64 bytes in code order: bytes 0-31 group g, 32-63
+// group g+1, matching the activations' layout. Signed codes stay signed or take the +128 offset.
+template <int64_t T, Signed form>
+inline __m512i codes_pair(const uint8_t* row, int64_t g, bool pair) {
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  if constexpr (T == Q4_K) {
+    // Groups 2k and 2k+1 of a super-block share 32 bytes: low nibbles, high nibbles.
+    const __m256i v = load256(block_of<T>(row, g) + 16 + 16 * (g % 8));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, nib)),
+                              _mm256_and_si256(_mm256_srli_epi16(v, 4), nib), 1);
+  } else if constexpr (T == Q4_0 || T == Q4_1) {
+    constexpr int64_t off = T == Q4_0 ? 2 : 4, bb = block_bytes(T);
+    const __m128i c0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * bb + off));
+    const __m128i c1 = pair ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + (g + 1) * bb + off))
+                            : _mm_setzero_si128();
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(c0), c1, 1);
+    // [g lo, g+1 lo, g hi, g+1 hi] in 128-bit lanes, then lanes 0 2 1 3: each group's low nibbles
+    // (codes 0-15) before its high ones (16-31).
+    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, nib)),
+                                         _mm256_and_si256(_mm256_srli_epi16(v, 4), nib), 1);
+    return _mm512_shuffle_i64x2(w, w, _MM_SHUFFLE(3, 1, 2, 0));
+  } else {
+    const __m256i c1 = pair ? codes_group<T>(row, g + 1) : _mm256_setzero_si256();
+    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(codes_group<T>(row, g)), c1, 1);
+    if constexpr (signed_codes(T) && form == Signed::kOffset)
+      return _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80)));
+    return w;
+  }
+}
+
+// 16 int32 lanes, each the sum of 4 products of unsigned w bytes by signed x bytes.
+template <bool VNNI>
+inline __m512i dot_u8s8(__m512i w, __m512i x) {
+  if constexpr (VNNI) {
+    // vpdpbusd by inline assembly: the avx512 build names no VNNI flag (it must load on every AVX-512
+    // CPU), and this is only reached where the CPU has avx512_vnni (checked at run time).
+    __m512i acc = _mm512_setzero_si512();
+    asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
+    return acc;
+  } else {
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1));
+  }
+}
+
+template <int64_t T, int MT, int NT, bool VNNI>
+inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_stride, const float* a8,
+                     const float* bsc, const float* bias, float* out, int64_t out_stride) {
+  constexpr Signed form = VNNI ? Signed::kOffset : Signed::kSignOnX;
+  constexpr bool sign_x = signed_codes(T) && form == Signed::kSignOnX;
+  const int64_t G = xq.G, Gp = xq.Gp;
+  __m512 acc[MT][NT];
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t g = 0; g < G; g += 2) {
+    __m512i wc[NT];
+    __mmask64 neg[NT];
+    __m512 a[NT];
+    for (int j = 0; j < NT; ++j) {
+      wc[j] = codes_pair<T, form>(w + j * w_stride, g, g + 1 < G);
+      if constexpr (sign_x) {
+        neg[j] = _mm512_movepi8_mask(wc[j]);
+        wc[j] = _mm512_abs_epi8(wc[j]);
+      }
+      a[j] = _mm512_loadu_ps(a8 + j * Gp * 8 + g * 8);
+    }
+    for (int i = 0; i < MT; ++i) {
+      const __m512i x = _mm512_loadu_si512(xq.q.data() + ((m0 + i) * Gp + g) * kGroup);
+      const __m512 sx = _mm512_loadu_ps(xq.sx8.data() + ((m0 + i) * Gp + g) * 8);
+      for (int j = 0; j < NT; ++j) {
+        const __m512i xj = sign_x ? _mm512_mask_sub_epi8(x, neg[j], zero, x) : x;
+        const __m512 dot = _mm512_cvtepi32_ps(dot_u8s8<VNNI>(wc[j], xj));
+        acc[i][j] = _mm512_fmadd_ps(dot, _mm512_mul_ps(a[j], sx), acc[i][j]);
+      }
+    }
+  }
+  // The b term joins the accumulators lane by lane (only their total matters), then one tree reduction.
+  __m256 halves[(MT * NT + 7) / 8 * 8];
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) {
+      __m512 v = acc[i][j];
+      if constexpr (has_offset<T, form>())
+        for (int64_t h = 0; h < 2 * Gp; h += 16)
+          v = _mm512_fmadd_ps(_mm512_loadu_ps(bsc + j * 2 * Gp + h),
+                              _mm512_loadu_ps(xq.sxs.data() + (m0 + i) * 2 * Gp + h), v);
+      halves[i * NT + j] = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    }
+  store_sums<MT, NT>(halves, bias, out, out_stride);
+}
+
+#elif defined(CPU_CAPABILITY_AVX2)
+
+template <int64_t T, int MT, int NT, bool VNNI>
+inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_stride, const float* a8,
+                     const float* bsc, const float* bias, float* out, int64_t out_stride) {
+  const int64_t G = xq.G, Gp = xq.Gp;
+  __m256 acc[MT][NT];
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < G; ++g) {
+    __m256i wc[NT], wabs[NT];
+    __m256 a[NT];
+    for (int j = 0; j < NT; ++j) {
+      wc[j] = codes_group<T>(w + j * w_stride, g);
+      wabs[j] = signed_codes(T) ? _mm256_abs_epi8(wc[j]) : wc[j];
+      a[j] = _mm256_loadu_ps(a8 + j * Gp * 8 + g * 8);
+    }
+    for (int i = 0; i < MT; ++i) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q.data() + ((m0 + i) * Gp + g) * kGroup));
+      const __m256 sx = _mm256_loadu_ps(xq.sx8.data() + ((m0 + i) * Gp + g) * 8);
+      for (int j = 0; j < NT; ++j) {
+        const __m256i xj = signed_codes(T) ? _mm256_sign_epi8(x, wc[j]) : x;
+        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[j], xj), ones);
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(a[j], sx), acc[i][j]);
+      }
+    }
+  }
+  __m256 sums[(MT * NT + 7) / 8 * 8];
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) {
+      __m256 v = acc[i][j];
+      if constexpr (!signed_codes(T))
+        for (int64_t h = 0; h < 2 * Gp; h += 8)
+          v = _mm256_fmadd_ps(_mm256_loadu_ps(bsc + j * 2 * Gp + h),
+                              _mm256_loadu_ps(xq.sxs.data() + (m0 + i) * 2 * Gp + h), v);
+      sums[i * NT + j] = v;
+    }
+  store_sums<MT, NT>(sums, bias, out, out_stride);
+}
+
+#else
+
+template <int64_t T, int MT, int NT, bool VNNI>
+inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_stride, const float* a8,
+                     const float* bsc, const float* bias, float* out, int64_t out_stride) {
+  const int64_t G = xq.G, Gp = xq.Gp;
+  float acc[MT][NT] = {};
+  int16_t codes[NT][kGroup];
+  for (int64_t g = 0; g < G; ++g) {
+    for (int j = 0; j < NT; ++j) codes_at<T>(w + j * w_stride, g, codes[j]);
+    for (int i = 0; i < MT; ++i) {
+      const int8_t* x = xq.q.data() + ((m0 + i) * Gp + g) * kGroup;
+      const float sx = xq.sx8[((m0 + i) * Gp + g) * 8];
+      for (int j = 0; j < NT; ++j) {
+        int32_t dot[2] = {0, 0};
+        for (int64_t k = 0; k < kGroup; ++k) dot[k / 16] += static_cast<int32_t>(codes[j][k]) * x[k];
+        const float* a = a8 + j * Gp * 8 + g * 8;
+        acc[i][j] += sx * (a[0] * static_cast<float>(dot[0]) + a[4] * static_cast<float>(dot[1]));
+      }
+    }
+  }
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) {
+      float s = acc[i][j] + (bias ? bias[j] : 0.0f);
+      if constexpr (!signed_codes(T)) s += offset_term(bsc + j * 2 * Gp, xq.sxs.data() + (m0 + i) * 2 * Gp, 2 * Gp);
+      out[i * out_stride + j] = s;
+    }
+}
+
+#endif
+
+// Which signed-code form each path's int_tile reads its b from (see Signed).
+template <bool VNNI>
+constexpr Signed signed_form() {
+#if defined(CPU_CAPABILITY_AVX512)
+  return VNNI ? Signed::kOffset : Signed::kSignOnX;
+#else
+  return Signed::kSignOnX;
+#endif
+}
+
+template <int64_t T, int NT, bool VNNI>
+inline void int_rows(const QuantX& xq, int64_t M, const uint8_t* w, int64_t w_stride, const float* a8,
+                     const float* bsc, const float* bias, float* out, int64_t N) {
+  int64_t m = 0;
+#if defined(CPU_CAPABILITY_AVX512)
+  // 8 rows a tile (16 accumulators of the 32 registers): each decoded pair of groups serves 8 rows.
+  for (; m + 8 <= M; m += 8) int_tile<T, 8, NT, VNNI>(xq, m, w, w_stride, a8, bsc, bias, out + m * N, N);
+#endif
+  for (; m + 4 <= M; m += 4) int_tile<T, 4, NT, VNNI>(xq, m, w, w_stride, a8, bsc, bias, out + m * N, N);
+  switch (M - m) {
+    case 3: int_tile<T, 3, NT, VNNI>(xq, m, w, w_stride, a8, bsc, bias, out + m * N, N); break;
+    case 2: int_tile<T, 2, NT, VNNI>(xq, m, w, w_stride, a8, bsc, bias, out + m * N, N); break;
+    case 1: int_tile<T, 1, NT, VNNI>(xq, m, w, w_stride, a8, bsc, bias, out + m * N, N); break;
+    default: break;
+  }
+}
+
+template <int64_t T, bool VNNI>
+void int8_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w_stride, const float* bias,
+               float* out, int64_t N) {
+  constexpr Signed form = signed_form<VNNI>();
+  const QuantX xq = quantize_x(x, M, K);
+  const int64_t Gp = xq.Gp;
+  const int64_t pairs = (N + 1) / 2;
+  at::parallel_for(0, pairs, (grain(M, K) + 1) / 2, [&](int64_t begin, int64_t end) {
+    std::vector<float> a8(2 * Gp * 8), bsc(2 * 2 * Gp);
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n = 2 * p;
+      const int nt = n + 1 < N ? 2 : 1;
+      for (int j = 0; j < nt; ++j)
+        weight_scales<T, form>(w + (n + j) * w_stride, xq.G, a8.data() + j * Gp * 8, bsc.data() + j * 2 * Gp);
+      const float* b = bias ? bias + n : nullptr;
+      if (nt == 2)
+        int_rows<T, 2, VNNI>(xq, M, w + n * w_stride, w_stride, a8.data(), bsc.data(), b, out + n, N);
+      else
+        int_rows<T, 1, VNNI>(xq, M, w + n * w_stride, w_stride, a8.data(), bsc.data(), b, out + n, N);
+    }
+  });
+}
+
+}  // namespace
+
+void linear_int8(int64_t type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w_stride,
+                 const float* bias, float* out, int64_t N, bool vnni) {
+  with_type(type, [&](auto t) {
+    constexpr int64_t T = decltype(t)::value;
+    if constexpr (!float_weights(T)) {
+#if defined(CPU_CAPABILITY_AVX512)
+      if (vnni) return int8_impl<T, true>(x, M, K, w, w_stride, bias, out, N);
+#endif
+      int8_impl<T, false>(x, M, K, w, w_stride, bias, out, N);
+    }
+  });
+}
+
+QUANT_END

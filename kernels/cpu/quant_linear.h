@@ -1,0 +1,56 @@
+// The quantized-linear kernel's drivers, one source file each (they compile in parallel):
+//   quant_float.cpp  float32 activations: tiles that decode each group inside the dot products, panels
+//                    decoded into a scratch buffer for a float32 GEMM, and the embedding's row lookup
+//   quant_int8.cpp   int8 activations: integer dot products of codes with quantized rows
+//   quant_linear.cpp the ops (argument checks, which driver a call takes) and their registration
+// `type` is a GGML type number quant::supported accepts; `w` row n starts at w + n * w_stride bytes.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "quant_formats.h"
+
+QUANT_BEGIN
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kLanes = Vec::size();
+constexpr int64_t kChunks = kGroup / kLanes;  // vectors per group
+static_assert(kGroup % kLanes == 0, "a group must be whole vectors");
+
+inline float sum_lanes(const Vec& v) {
+  alignas(64) float lanes[kLanes];
+  v.store(lanes);
+  float s = 0.0f;
+  for (int64_t i = 0; i < kLanes; ++i) s += lanes[i];
+  return s;
+}
+
+// Output features per thread at the least: below ~256K weight-rows of work a second thread's
+// fork/join (and, on shared cores, its wait) costs more than it saves.
+inline int64_t grain(int64_t M, int64_t K) {
+  const int64_t work = std::max<int64_t>(1, M) * K;
+  return std::max<int64_t>(2, (262144 + work - 1) / work);
+}
+
+// out[M, N] = x[M, K] w^T (+ bias), each weight group decoded in registers per tile of rows.
+void linear_tiles(int64_t type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w_stride,
+                  const float* bias, float* out, int64_t N);
+
+// The same through panels of decoded rows and ATen's float32 GEMM (x: [M, K] contiguous, out: [M, N]).
+void linear_panels(int64_t type, const at::Tensor& x, const uint8_t* w, int64_t w_stride, const at::Tensor& bias,
+                   at::Tensor& out);
+
+// out[t] = row ids[t] of w decoded (K weights).
+void decode_rows(int64_t type, const uint8_t* w, int64_t w_stride, const int64_t* ids, int64_t count, int64_t K,
+                 float* out);
+
+// out = x w^T (+ bias) with x quantized to int8 per 32-block; vnni: vpdpbusd (avx512 path only). Integer
+// types only (not F16/BF16).
+void linear_int8(int64_t type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w_stride,
+                 const float* bias, float* out, int64_t N, bool vnni);
+
+QUANT_END
