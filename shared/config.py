@@ -26,7 +26,7 @@ class ServeConfig(BaseSettings):
     # --- model and worker
     model: str = Field("smollm2-135m", description="checkpoint folder, or the bundled name 'smollm2-135m'")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "float32", description="weights and activations; auto = bfloat16 on CPUs with AMX/AVX512-BF16"
+        "float32", description="weights and activations; auto = the one measured faster on this CPU"
     )
     device: str = Field("cpu", description="torch device of the worker: cpu or cuda[:N]")
     attention_backend: Literal["auto", "torch", "cpp", "triton"] = Field(

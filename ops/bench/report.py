@@ -215,7 +215,8 @@ def _print_efficiency(efficiency: dict[str, Any], console: Console) -> None:
     console.print(
         f"model FLOPs of the workload: {flops['total'] / 1e9:.1f} G (layer matmuls "
         f"{flops['layer_matmuls'] / 1e9:.1f}, LM head {flops['lm_head'] / 1e9:.1f}, attention "
-        f"{flops['attention'] / 1e9:.1f}); ceiling: torch.mm [{m}x{k}]x[{k}x{n}] {probes[0]['dtype']}, "
+        f"{flops['attention'] / 1e9:.1f}); ceiling: the best GEMM (torch.mm or oneDNN packed, "
+        f"{'/'.join(p.get('kernel', 'torch.mm') for p in probes)}) [{m}x{k}]x[{k}x{n}] {probes[0]['dtype']}, "
         f"{probes[0]['threads']} threads, "
         + " / ".join(f"{p['flop_per_s'] / 1e9:.1f}" for p in probes)
         + " GFLOP/s before / after the paths"

@@ -28,27 +28,36 @@ from typing import Any
 import torch
 from pagedserve.ops.results import write_json
 from pagedserve.services.checkpoint import resolve_model
+from pagedserve.services.worker.layers.packed_linear import PackedLinear
+from pagedserve.services.worker.layers.quant_linear import QuantLinear
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest, WorkerSampling
+from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
-# Op -> category. Anything not listed counts as "other ops" (norms, rotary, SiLU, adds, copies).
+# Op -> category. Anything not listed counts as "other ops" (copies, views, embedding lookups).
 CATEGORIES = {
     "aten::linear": "linears (incl. LM head)",
     "mkldnn::_linear_pointwise": "linears (incl. LM head)",
     "aten::index_select": "K/V gathers",
     "aten::scaled_dot_product_attention": "attention math (SDPA)",
-    "pagedserve::paged_attention": "attention (C++ paged kernel)",
     "aten::index_put_": "K/V writes",
-    "pagedserve::write_kv": "K/V writes",
-    "pagedserve_ops::rms_norm": "norms, adds, SiLU (C++ fused)",
-    "pagedserve_ops::fused_add_rms_norm": "norms, adds, SiLU (C++ fused)",
-    "pagedserve_ops::silu_and_mul": "norms, adds, SiLU (C++ fused)",
 }
-# Ops whose namespace carries the ISA path (pagedserve_quant_linear_avx2::...): matched by their name.
-SUFFIXES = {"::quant_linear": "linears (incl. LM head)", "::quant_rows": "embedding rows (quantized)"}
+# Our C++ ops live in a namespace per ISA path (pagedserve_paged_attention_avx512::paged_attention):
+# matched by their name.
+SUFFIXES = {
+    "::quant_linear": "linears (incl. LM head)",
+    "::quant_rows": "embedding rows (quantized)",
+    "::paged_attention": "attention (C++ paged kernel)",
+    "::write_kv": "K/V writes",
+    "::rms_norm": "norms, adds, SiLU, rotary (C++ fused)",
+    "::fused_add_rms_norm": "norms, adds, SiLU, rotary (C++ fused)",
+    "::silu_and_mul": "norms, adds, SiLU, rotary (C++ fused)",
+    "::rotary_": "norms, adds, SiLU, rotary (C++ fused)",
+}
 LABELS = ("sample", "pack_batch")
+LINEAR_LABEL = "linear "  # + out x in: one profiler row per linear shape (label_linears)
 
 
 def category(name: str) -> str | None:
@@ -132,11 +141,24 @@ def _label(obj: Any, attr: str, label: str) -> None:
     setattr(obj, attr, wrapped)
 
 
+def label_linears(model: nn.Module) -> None:
+    """Each linear (dense, packed or quantized, the LM head included) under a profiler label naming
+    its shape, so one step's linear time splits by shape: `linear 960x576` is every q/k/v projection."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, PackedLinear, QuantLinear)):
+            _label(module, "forward", f"{LINEAR_LABEL}{module.out_features}x{module.in_features}")
+    if model.lm_head is None and model.tied_head is None:  # the dense tied head: F.linear on the embedding
+        head = model.embed_tokens.weight
+        _label(model, "compute_logits", f"{LINEAR_LABEL}{head.shape[0]}x{head.shape[1]} (F.linear)")
+
+
 def breakdown(variant: Variant, steps: int) -> dict[str, float]:
-    """ms per step by category, from one profiled pass."""
+    """ms per step by category, from one profiled pass; rows named `linear OUTxIN` split the linears'
+    time by weight shape (inside the category, not added to it)."""
     import pagedserve.services.worker.runner as runner_module
 
     _label(variant.runner.sampler, "sample", "sample")
+    label_linears(variant.runner.model)
     pack = runner_module.pack_batch
     runner_module.pack_batch = lambda *a, **k: _timed_pack(pack, *a, **k)
     try:
@@ -151,7 +173,7 @@ def breakdown(variant: Variant, steps: int) -> dict[str, float]:
         ms = event.cpu_time_total / 1e3 / steps
         if (kind := category(name)) is not None:
             totals[kind] = totals.get(kind, 0.0) + ms
-        elif name in LABELS:
+        elif name in LABELS or name.startswith(LINEAR_LABEL):
             totals[name] = ms
     # Ops that are nobody's child: their sum against the wall is the time spent in Python between them.
     for event in prof.events():
@@ -161,6 +183,7 @@ def breakdown(variant: Variant, steps: int) -> dict[str, float]:
     totals["python between ops"] = max(0.0, totals["step wall"] - top_level)
     kinds = {*CATEGORIES.values(), *SUFFIXES.values()}
     accounted = sum(v for k, v in totals.items() if k in kinds or k == "sample")
+    # A linear's label wraps its op: the label's time is the op's plus the Python around it.
     totals["other ops"] = max(0.0, top_level - accounted - totals.get("pack_batch", 0.0))
     return totals
 
@@ -221,8 +244,12 @@ def main() -> None:
         rows = breakdown(v, max(4, args.steps // 3))
         wall = rows.pop("step wall")
         print(f"\n{v.name} profiled step {wall:.1f} ms")
+        shapes = {k: rows.pop(k) for k in list(rows) if k.startswith(LINEAR_LABEL)}
         for name, ms in sorted(rows.items(), key=lambda kv: -kv[1]):
-            print(f"  {name:32s} {ms:7.2f} ms  {100 * ms / wall:5.1f}%")
+            print(f"  {name:38s} {ms:7.2f} ms  {100 * ms / wall:5.1f}%")
+        for name, ms in sorted(shapes.items(), key=lambda kv: -kv[1]):  # with the Python of each call
+            print(f"    {name:36s} {ms:7.2f} ms  {100 * ms / wall:5.1f}%")
+        rows.update(shapes)
         report["profiled_ms"][v.name] = {
             "step": round(wall, 2),
             **{k: round(ms, 2) for k, ms in rows.items()},

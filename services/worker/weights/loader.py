@@ -11,8 +11,8 @@ from pathlib import Path
 import structlog
 import torch
 from pagedserve.kernels.attention import AttentionBackend
-from pagedserve.kernels.cpu.isa import forced_isa
 from pagedserve.services.checkpoint import read_checkpoint
+from pagedserve.services.worker.auto_dtype import auto_cpu_dtype
 from pagedserve.services.worker.models.llama import LlamaForCausalLM
 from pagedserve.services.worker.models.registry import ModelConfig, resolve
 from pagedserve.services.worker.weights.checkpoint_files import (
@@ -48,28 +48,20 @@ class LoadedModel:
     eos_token_ids: tuple[int, ...]  # config.json's and generation_config.json's (services/checkpoint.py)
 
 
-def cpu_has_fast_bf16() -> bool:
-    """AMX or AVX512-BF16: bf16 matmuls run 2-3x faster than fp32 from batch 8 up on such CPUs."""
-    try:
-        flags = next(
-            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
-        )
-    except (OSError, StopIteration):
-        return False
-    if forced_isa() in ("avx2", "portable"):  # the ISA setting hides AVX-512 (tests, --emulate-isa)
-        return False
-    return bool({"amx_bf16", "avx512_bf16"} & set(flags.split()))
-
-
 def resolve_dtype(name: str, device: torch.device | str) -> str:
-    """`auto` -> bfloat16 where bf16 is fast (a CUDA GPU that supports it, a CPU with AMX or
-    AVX512-BF16), else float32. Other names pass through (checked by torch_dtype)."""
+    """`auto` -> bfloat16 where bf16 is the faster dtype (a CUDA GPU that supports it; on a CPU, the
+    rule of services/worker/auto_dtype.py: AMX, or AVX512-BF16 where a cached probe measured it
+    faster), else float32; logged with the reason. Other names pass through (checked by torch_dtype)."""
     if name != "auto":
         return name
     device = torch.device(device)
     if device.type == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
-    return "bfloat16" if device.type == "cpu" and cpu_has_fast_bf16() else "float32"
+    if device.type != "cpu":
+        return "float32"
+    choice = auto_cpu_dtype()
+    log.info("dtype auto", chose=choice.dtype, reason=choice.reason)
+    return choice.dtype
 
 
 def torch_dtype(name: str) -> torch.dtype:

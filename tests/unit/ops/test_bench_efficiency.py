@@ -57,10 +57,11 @@ def test_model_flops_add_up_over_requests() -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_ceiling_probe_times_torch_mm_in_the_given_dtype(dtype: str) -> None:
+def test_the_ceiling_probe_times_the_best_gemm_in_the_given_dtype(dtype: str) -> None:
     ceiling = matmul_ceiling(dtype, (16, 32, 64), budget_s=0.01)
     assert ceiling.flop_per_s > 0 and ceiling.dtype == dtype
     assert ceiling.calls >= 30 and ceiling.threads == torch.get_num_threads()
+    assert ceiling.kernel in ("torch.mm", "onednn-packed")
 
 
 def test_each_path_gets_its_flop_per_s_and_share_of_the_best_ceiling() -> None:
