@@ -1,16 +1,14 @@
-"""The bundled SmolLM2 GGUF requantized into another type, as a checkpoint folder any command takes.
+"""The bundled SmolLM2 GGUF requantized into another type: a .gguf file any command takes as --model.
 
-    .venv/bin/python -m pagedserve.ops.models.requantize_gguf Q8_0 [--out FOLDER]
+    .venv/bin/python -m pagedserve.ops.models.requantize_gguf Q8_0 [--out FILE.gguf]
 
 Every quantized tensor of the bundled Q4_1 file (its Q8_0 embedding too) is dequantized and quantized
 again into the type (the `gguf` package's quantizer); the F32 norms and every metadata field (the
 tokenizer, the chat template) are copied, `general.file_type` set to the new type. Rows are quantized
 in the file's own order: a block never spans two rows, so llama.cpp's q/k row order needs no undoing.
 
-The folder (default `$PAGEDSERVE_CACHE/smollm2-135m-<type>`, beside the bundled checkpoint, not in git)
-is an ordinary checkpoint: the bundled folder's config, tokenizer and generation config, the new
-`.gguf`, and a float32 `model.safetensors` of the new GGUF's dequantized values in Hugging Face's
-names and row order, so `--quantization none` on it is the dequantize-then-float32 reference of
+The file (default `$PAGEDSERVE_CACHE/smollm2-135m-<type>.gguf`, not in git) is a model by itself, as
+the bundled one is: `--quantization none` on it is the dequantize-then-float32 reference of
 `--quantization gguf`. Requantizing Q4_1 values to Q8_0 rounds them once more (to 1/127 of each 32
 weights' largest magnitude): the model is close to the bundled one, not equal to it.
 """
@@ -18,8 +16,6 @@ weights' largest magnitude): the model is close to the bundled one, not equal to
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +25,6 @@ TYPES = {
     "Q4_0": "MOSTLY_Q4_0",
     "Q4_1": "MOSTLY_Q4_1",
 }  # the gguf package quantizes these
-SKIPPED = ("model.safetensors", "pagedserve_source.json")  # replaced: the weights and the bundled file's name
 
 
 def requantize(source: Path, destination: Path, type_name: str) -> None:
@@ -81,43 +76,24 @@ def dequantized_checkpoint(gguf_file: Path) -> dict[str, object]:
     return out
 
 
-def make_folder(type_name: str, out: Path) -> Path:
-    """The requantized checkpoint folder at `out`, written whole or not at all."""
-    from pagedserve.services.worker.weights.bundled import (
-        bundled_checkpoint,
-        find_bundled_gguf,
-        publish_atomically,
-    )
-    from safetensors import safe_open
-    from safetensors.torch import save_file
+def make_file(type_name: str, out: Path) -> Path:
+    """The requantized bundled model at `out`, written whole or not at all."""
+    import os
+    import tempfile
 
-    bundled, source = bundled_checkpoint(), find_bundled_gguf()
+    from pagedserve.services.worker.weights.bundled import find_bundled_gguf
+
     if out.exists():
         raise FileExistsError(f"{out} exists; delete it to make it again")
     out.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(folder: Path) -> None:
-        for item in bundled.iterdir():
-            if item.is_file() and item.name not in SKIPPED and item.suffix != ".gguf":
-                shutil.copy2(item, folder / item.name)
-        gguf_file = folder / source.name.replace(".Q4_1.", f".{type_name}.")
-        if gguf_file.name == source.name:
-            gguf_file = folder / f"{source.stem}.{type_name}.gguf"
-        requantize(source, gguf_file, type_name)
-        tensors = dequantized_checkpoint(gguf_file)
-        with safe_open(str(bundled / "model.safetensors"), framework="pt") as f:
-            expected = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
-        got = {name: tuple(t.shape) for name, t in tensors.items()}
-        if got != expected:
-            raise RuntimeError(
-                f"requantized tensors differ from {bundled}'s: {sorted(set(got) ^ set(expected))}"
-            )
-        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-        (folder / "pagedserve_requantized.json").write_text(
-            json.dumps({"from": source.name, "type": type_name, "gguf": gguf_file.name}, indent=2)
-        )
-
-    publish_atomically(out, write)
+    handle, staging = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
+    os.close(handle)
+    try:
+        requantize(find_bundled_gguf(), Path(staging), type_name)
+        os.chmod(staging, 0o644)
+        os.replace(staging, out)  # atomic: the file is whole or absent
+    finally:
+        Path(staging).unlink(missing_ok=True)
     return out
 
 
@@ -126,10 +102,10 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("type", choices=sorted(TYPES))
-    parser.add_argument("--out", type=Path, help="default: $PAGEDSERVE_CACHE/smollm2-135m-<type>")
+    parser.add_argument("--out", type=Path, help="default: $PAGEDSERVE_CACHE/smollm2-135m-<type>.gguf")
     args = parser.parse_args()
-    out = args.out or cache_root() / f"smollm2-135m-{args.type.lower()}"
-    print(make_folder(args.type, out))
+    out = args.out or cache_root() / f"smollm2-135m-{args.type.lower()}.gguf"
+    print(make_file(args.type, out))
 
 
 if __name__ == "__main__":

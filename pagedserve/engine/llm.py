@@ -65,6 +65,7 @@ class LLM:
         attention_backend: str = config_default("attention_backend"),
         enable_prefix_caching: bool = config_default("enable_prefix_caching"),
         quantization: str = config_default("quantization"),
+        tokenizer: str | None = None,
     ) -> None:
         from pagedserve.services.worker.runner import ModelRunner
 
@@ -84,8 +85,9 @@ class LLM:
             attention_backend=attention_backend,
             enable_prefix_caching=enable_prefix_caching,
             quantization=quantization,
+            tokenizer=tokenizer,
         )
-        checkpoint = load_checkpoint(model)
+        checkpoint = load_checkpoint(model, tokenizer)
         self.tokenizer = load_tokenizer(checkpoint.tokenizer_path)
         self.runner = ModelRunner(
             checkpoint.path,
@@ -96,6 +98,7 @@ class LLM:
             kv_cache_memory=kv_cache_memory,
             attention_backend=attention_backend,
             quantization=config.quantization,
+            tokenizer=checkpoint.tokenizer_path,
         )
         self.max_model_len = checkpoint.served_len(max_model_len)
         limits = SchedulerLimits.from_config(config, self.max_model_len)

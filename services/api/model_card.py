@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer
+from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer, served_name
 from pagedserve.shared.config import ServeConfig
 
 
@@ -74,9 +74,9 @@ class ModelCard:
 
 
 def load_model_card(config: ServeConfig) -> ModelCard:
-    checkpoint = load_checkpoint(config.model)
+    checkpoint = load_checkpoint(config.model, config.tokenizer)
     # The scheduler's limit too: both read it from the checkpoint, capped by the configured length.
     max_model_len = checkpoint.served_len(config.max_model_len)
-    name = config.served_model_name or checkpoint.path.name
-    created = int((checkpoint.path / "config.json").stat().st_mtime)
+    name = config.served_model_name or served_name(config.model)
+    created = int(checkpoint.modified)
     return ModelCard(name, checkpoint.path, load_tokenizer(checkpoint.tokenizer_path), max_model_len, created)

@@ -22,8 +22,8 @@ class ModelInfo:
     eos_token_ids: list[int]
 
 
-def load_model_info(model: str, max_model_len: int | None = None) -> ModelInfo:
-    checkpoint = load_checkpoint(model)
+def load_model_info(model: str, max_model_len: int | None = None, tokenizer: str | None = None) -> ModelInfo:
+    checkpoint = load_checkpoint(model, tokenizer)
     return ModelInfo(
         checkpoint.path,
         load_tokenizer(checkpoint.tokenizer_path),
