@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,9 @@ from pagedserve.services.model_cache import cache_root, publish_atomically
 
 log = structlog.get_logger("pagedserve.tokenizer")
 
-_FORMAT = "1"  # bump when the derivation below changes what it writes
+_FORMAT = "2"  # bump when the derivation below changes what it writes
 _STRINGS = frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.merges"})
+_UNUSED = 5  # gguf.TokenType.UNUSED
 _SPECIAL = {"bos_token": "bos", "eos_token": "eos", "unk_token": "unknown", "pad_token": "padding"}
 
 
@@ -95,7 +97,28 @@ def derive_tokenizer(path: Path) -> Any:
         backend, extra = convert_gguf_tokenizer(meta["general.architecture"], words)
     except (ValueError, KeyError) as e:
         raise GGUFError(f"{path}: its tokenizer cannot be built: {e}") from e
+    backend = _without_unused(backend, words.get("token_type") or [])
     return PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
+
+
+def _without_unused(backend: Any, token_types: list[int]) -> Any:
+    """The vocabulary without the tokens marked unused: llama.cpp's converter pads a vocabulary to the
+    embedding's rows with them (`[PAD151665]`...). The model's own tokenizer has no such tokens, and
+    llama.cpp renders them as nothing; kept, a model that samples one would print its name."""
+    from tokenizers import Tokenizer
+
+    unused = {i for i, kind in enumerate(token_types) if kind == _UNUSED}
+    if not unused:
+        return backend
+    spec = json.loads(backend.to_str())
+    model = spec["model"]
+    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+        return backend  # a positional vocabulary (unigram) cannot lose entries
+    dropped = {token for token, i in model["vocab"].items() if i in unused}
+    model["vocab"] = {token: i for token, i in model["vocab"].items() if i not in unused}
+    merges = model.get("merges") or []
+    model["merges"] = [m for m in merges if not set(m.split(" ") if isinstance(m, str) else m) & dropped]
+    return Tokenizer.from_str(json.dumps(spec))
 
 
 def _cache_folder(path: Path) -> Path | None:

@@ -96,6 +96,16 @@ def test_the_tokenizer_and_chat_template_come_from_the_file_and_are_cached(model
     assert (derived.eos_token, derived.bos_token) == (reference.eos_token, reference.bos_token)
 
 
+def test_padding_tokens_decode_to_nothing_as_in_the_folder(models) -> None:
+    # The vocabulary is padded to the embedding's 320 rows with unused `[PAD283]`-style tokens, which
+    # the folder's tokenizer has no entry for (and llama.cpp prints as nothing).
+    folder, file = models["llama"]
+    derived = load_tokenizer(file)
+    reference = load_tokenizer(folder)
+    assert derived.decode([283, 40, 300]) == reference.decode([283, 40, 300]) == reference.decode([40])
+    assert derived("[PAD283]").input_ids == reference("[PAD283]").input_ids
+
+
 def test_a_folder_holding_one_gguf_and_no_config_is_that_gguf(models, tmp_path: Path) -> None:
     _, file = models["llama"]
     holder = tmp_path / "holder"
