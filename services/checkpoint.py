@@ -82,7 +82,7 @@ def read_config(folder: Path) -> dict[str, Any]:
     """config.json as a dict; FileNotFoundError names the folder when it is not a checkpoint."""
     config_file = Path(folder) / "config.json"
     if not config_file.is_file():
-        raise FileNotFoundError(f"{folder} is not a Hugging Face checkpoint folder: no config.json")
+        raise FileNotFoundError(f"{folder} is not a model: no config.json, and no .gguf file")
     return json.loads(config_file.read_text())
 
 
@@ -149,6 +149,8 @@ def read_checkpoint(path: str | Path, tokenizer: str | Path | None = None) -> Ch
     """A checkpoint folder or a .gguf file (as resolve_model returns them). tokenizer: a folder whose
     tokenizer replaces the model's own (--tokenizer)."""
     path = Path(path)
+    if path.is_dir() and not (path / "config.json").is_file():
+        path = _folder_gguf(path) or path
     checkpoint = _read_gguf(path) if path.suffix == ".gguf" else _read_folder(path)
     if tokenizer is None:
         return checkpoint

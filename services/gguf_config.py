@@ -32,7 +32,15 @@ COMMON_FIELDS: Mapping[str, str] = {
     "attention.layer_norm_rms_epsilon": "rms_norm_eps",
     "rope.freq_base": "rope_theta",
 }
-_REQUIRED = ("embedding_length", "block_count", "attention.head_count")
+# Keys llama.cpp refuses a file without (for every architecture here; an entry adds its own).
+_REQUIRED = (
+    "context_length",
+    "embedding_length",
+    "block_count",
+    "attention.head_count",
+    "attention.layer_norm_rms_epsilon",
+)
+_FLOAT_FIELDS = frozenset({"rms_norm_eps", "rope_theta"})  # the rest of COMMON_FIELDS are counts
 
 # Tokens llama.cpp ends generation on by their text, besides the ids the file names (eos, eot, eom):
 # chat models mark the end of a turn with one of these, whatever their eos_token_id says.
@@ -57,6 +65,7 @@ class GGUFArchitecture:
     model_type: str
     fields: Mapping[str, str] = field(default_factory=dict)  # beyond COMMON_FIELDS: `{arch}.<key>` -> field
     fixed: Mapping[str, Any] = field(default_factory=dict)  # what llama.cpp hard-codes for the architecture
+    required: tuple[str, ...] = ("feed_forward_length",)  # `{arch}.<key>`s beyond _REQUIRED
     adjust: Callable[[dict[str, Any], GGUFModel], None] | None = None  # anything a rename cannot say
 
 
@@ -76,14 +85,14 @@ def hf_config(model: GGUFModel) -> dict[str, Any]:
             f"{model.path}: architecture {arch_name!r} (general.architecture) is not supported; "
             f"supported: {', '.join(GGUF_ARCHITECTURES)}"
         )
-    missing = [f"{arch_name}.{key}" for key in _REQUIRED if model.arch_key(key) is None]
+    missing = [f"{arch_name}.{key}" for key in (*_REQUIRED, *arch.required) if model.arch_key(key) is None]
     if missing:
         raise GGUFError(f"{model.path} lacks metadata the model needs: {', '.join(missing)}")
     config: dict[str, Any] = {"architectures": [arch.hf_architecture], "model_type": arch.model_type}
     for key, name in {**COMMON_FIELDS, **arch.fields}.items():
         value = model.arch_key(key)
         if value is not None:
-            config[name] = _one_value(model, key, value)
+            config[name] = _checked(model, key, _one_value(model, key, value), name in _FLOAT_FIELDS)
     config.setdefault("head_dim", config["hidden_size"] // config["num_attention_heads"])
     config["vocab_size"] = vocab_size(model)
     config["tie_word_embeddings"] = "output.weight" not in model.tensors  # llama.cpp writes it only untied
@@ -155,6 +164,16 @@ def rope_scaling(model: GGUFModel) -> dict[str, Any] | None:
                 scaling[name] = float(model.arch_key(f"rope.scaling.{key}"))
         return scaling
     return {"rope_type": str(kind), "factor": factor}  # the worker names what it does not run
+
+
+def _checked(model: GGUFModel, key: str, value: Any, real: bool) -> Any:
+    """A count must be a positive integer, a real number a positive one (a hand-edited or corrupt
+    file would otherwise fail later, in shapes, far from the key that caused it)."""
+    kinds = (int, float, np.integer, np.floating) if real else (int, np.integer)
+    if isinstance(value, kinds) and not isinstance(value, bool) and value > 0:
+        return float(value) if real else int(value)
+    expected = "a positive number" if real else "a positive integer"
+    raise GGUFError(f"{model.path}: {model.architecture}.{key} is {value!r}; expected {expected}")
 
 
 def _one_value(model: GGUFModel, key: str, value: Any) -> Any:

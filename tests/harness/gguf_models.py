@@ -236,3 +236,50 @@ def _write_metadata(writer, folder: Path, config: dict, chat_template: str | Non
         writer.add_chat_template(chat_template)
         tokenizer.chat_template = chat_template
         tokenizer.save_pretrained(folder)
+
+
+def rewrite_gguf(
+    source: Path,
+    target: Path,
+    *,
+    metadata: dict[str, object] | None = None,
+    drop: tuple[str, ...] = (),
+    extra_tensors: dict[str, np.ndarray] | None = None,
+) -> Path:
+    """Copy the GGUF `source` to `target` with metadata keys replaced or added (`metadata`: a value
+    None removes the key; ints are written as uint32, floats as float32, lists as arrays of their
+    first item's type), the keys or tensors named in `drop` left out, and `extra_tensors` appended:
+    the broken or unusual files that error messages are tested on."""
+    import gguf
+
+    metadata = dict(metadata or {})
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(target, str(reader.fields["general.architecture"].contents()))
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture" or field.name in drop:
+            continue
+        if field.name in metadata:
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    for key, value in metadata.items():
+        if value is not None:
+            kind = gguf.GGUFValueType.get_type(value)
+            kind = gguf.GGUFValueType.UINT32 if kind == gguf.GGUFValueType.INT32 else kind
+            sub = gguf.GGUFValueType.get_type(value[0]) if isinstance(value, list) and value else None
+            writer.add_key_value(key, value, kind, sub_type=sub)
+    for tensor in reader.tensors:
+        if tensor.name in drop:
+            continue
+        kind = gguf.GGMLQuantizationType(tensor.tensor_type)
+        if kind in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            writer.add_tensor(tensor.name, np.array(tensor.data))
+        else:
+            writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=kind)
+    for name, values in (extra_tensors or {}).items():
+        writer.add_tensor(name, values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target

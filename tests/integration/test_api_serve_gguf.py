@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import openai
+import pytest
 from harness.deployment import free_ports
 from harness.gguf_models import write_gguf
 from harness.tiny_models import make_tiny_model
@@ -22,9 +23,15 @@ MESSAGES = [{"role": "user", "content": "Say something."}]
 MAX_TOKENS = 16
 
 
-def test_serve_a_gguf_file_chats_with_its_own_template_as_the_folder_does(tmp_path: Path) -> None:
-    folder = make_tiny_model("llama", tmp_path / "tiny")
-    gguf = write_gguf(folder, tmp_path / "tiny-q8.gguf", "Q8_0")
+# Llama (q/k rows reordered by llama.cpp's layout, tied head) as Q8_0; Qwen3 (q/k norms, a head_dim
+# that is not hidden/heads, one KV head) as F16. Mistral and Qwen2 are checked in-process, as files
+# written by llama.cpp's own converter (tests/unit/worker/test_gguf_llamacpp_converted.py).
+@pytest.mark.parametrize(("arch", "kind"), [("llama", "Q8_0"), ("qwen3", "F16")])
+def test_serve_a_gguf_file_chats_with_its_own_template_as_the_folder_does(
+    tmp_path: Path, arch: str, kind: str
+) -> None:
+    folder = make_tiny_model(arch, tmp_path / "tiny")
+    gguf = write_gguf(folder, tmp_path / f"tiny-{arch}.gguf", kind)
     folder_llm = LLM(str(folder), num_blocks=64, quantization="none")
     chat = folder_llm.tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
@@ -51,16 +58,16 @@ def test_serve_a_gguf_file_chats_with_its_own_template_as_the_folder_does(tmp_pa
             assert lines[-1], f"serve exited before it was ready: {''.join(lines)}"
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{api_port}/v1", api_key="unused", max_retries=0)
         (model,) = client.models.list().data
-        assert model.id == "tiny-q8"  # the file's name without .gguf
+        assert model.id == f"tiny-{arch}"  # the file's name without .gguf
 
         reply = client.chat.completions.create(
-            model="tiny-q8", messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0
+            model=f"tiny-{arch}", messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0
         )
         assert reply.choices[0].message.content == expected_chat
         # the template came from the file: the prompt is the folder's rendering of it, token for token
         assert reply.usage.prompt_tokens == len(folder_llm.encode(chat))
         text = client.completions.create(
-            model="tiny-q8", prompt="Once upon", max_tokens=MAX_TOKENS, temperature=0
+            model=f"tiny-{arch}", prompt="Once upon", max_tokens=MAX_TOKENS, temperature=0
         )
         assert text.choices[0].text == expected_text
 

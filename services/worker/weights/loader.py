@@ -106,9 +106,8 @@ def load_model(
     keep_gguf = keeps_gguf(checkpoint.gguf_files, quantization, dtype, device)
     quant_config = {"quantization_config": quantization_config(folder, checkpoint.config) if folder else None}
     scheme = parse_scheme(quant_config)
-    keep = not checkpoint.gguf_files and keeps_checkpoint_quantized(
-        quant_config, scheme, quantization, dtype, device
-    )
+    # A GGUF has no quantization_config: an explicit gptq/awq/compressed-tensors is refused, naming that.
+    keep = keeps_checkpoint_quantized(quant_config, scheme, quantization, dtype, device)
     # Built on the meta device: no memory and no random init for weights about to be overwritten.
     with torch.device("meta"):
         model = model_class(config, backend).to(dtype=torch_dtype(dtype))
@@ -127,7 +126,10 @@ def load_model(
 
             mapped = map_gguf(checkpoint.gguf_files)
             if keep_gguf:
-                skip = install_quantized(model, quantized_tensors(mapped))
+                try:
+                    skip = install_quantized(model, quantized_tensors(mapped))
+                except ValueError as e:  # shapes the metadata does not predict: name the file
+                    raise ValueError(f"{checkpoint.path}: {e}") from e
             if folder is None or not has_safetensors(folder):
                 dense = dense_tensors(mapped, skip)  # the file holds every weight: no folder to read
         elif scheme is not None and folder is not None:
@@ -166,7 +168,8 @@ def _fill_parameters(
         dest = param.data if rows is None else param.data[rows]
         if dest.shape != tensor.shape:
             raise ValueError(
-                f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, the model expects {tuple(dest.shape)}"
+                f"{source}: tensor {name} has shape {tuple(tensor.shape)}, the model's config makes it "
+                f"{tuple(dest.shape)}"
             )
         dest.copy_(tensor)  # converts to the model's dtype and device
         seen.add(name)

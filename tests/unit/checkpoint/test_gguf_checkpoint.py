@@ -11,7 +11,7 @@ from pathlib import Path
 
 import gguf
 import pytest
-from harness.gguf_models import CHAT_TEMPLATE, write_gguf
+from harness.gguf_models import CHAT_TEMPLATE, rewrite_gguf, write_gguf
 from harness.tiny_models import make_tiny_model
 from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer, resolve_model, served_name
 from pagedserve.services.gguf_config import GGUF_ARCHITECTURES
@@ -34,7 +34,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
     """arch -> (its checkpoint folder, the same model as one .gguf file), written once."""
     root = tmp_path_factory.mktemp("gguf")
     out = {}
-    for arch, kind in (("llama", "Q8_0"), ("qwen2", "F32"), ("qwen3", "F16")):
+    for arch, kind in (("llama", "Q8_0"), ("qwen2", "F32"), ("qwen3", "F16"), ("mistral", "Q4_0")):
         folder = make_tiny_model(arch, root / arch)
         out[arch] = folder, write_gguf(folder, root / f"{arch}.gguf", kind)
     return out
@@ -46,10 +46,13 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "cache"
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
 def test_the_file_reads_as_the_folder_does(models, arch: str) -> None:
     folder, file = models[arch]
     from_folder, from_file = load_checkpoint(str(folder)), load_checkpoint(str(file))
+    # llama.cpp writes a Mistral model as a `llama` one: the same model class serves both.
+    if arch == "mistral":
+        from_folder.config["architectures"] = ["LlamaForCausalLM"]
     for name in FIELDS:
         assert from_file.config.get(name) == pytest.approx(from_folder.config.get(name)), name
     head_dim = (
@@ -189,3 +192,35 @@ def test_a_missing_file_and_a_tokenizer_folder_without_tokenizer_are_clear_error
 def test_tokenizer_overrides_the_files_own(models) -> None:
     folder, file = models["qwen3"]
     assert load_checkpoint(str(file), tokenizer=str(folder)).tokenizer_path == folder
+
+
+def test_metadata_the_model_needs_is_named_with_the_file_when_missing_or_wrong(
+    models, tmp_path: Path
+) -> None:
+    _, file = models["llama"]
+    no_layers = rewrite_gguf(file, tmp_path / "no-layers.gguf", drop=("llama.block_count",))
+    with pytest.raises(GGUFError, match=rf"{no_layers} lacks metadata the model needs: llama.block_count"):
+        load_checkpoint(str(no_layers))
+    wrong = rewrite_gguf(file, tmp_path / "wrong.gguf", metadata={"llama.embedding_length": "sixty-four"})
+    with pytest.raises(
+        GGUFError, match=rf"{wrong}: llama.embedding_length is 'sixty-four'; expected a positive integer"
+    ):
+        load_checkpoint(str(wrong))
+    zero_eps = rewrite_gguf(
+        file, tmp_path / "eps.gguf", metadata={"llama.attention.layer_norm_rms_epsilon": 0.0}
+    )
+    with pytest.raises(GGUFError, match=rf"{zero_eps}: llama.attention.layer_norm_rms_epsilon is 0.0"):
+        load_checkpoint(str(zero_eps))
+    per_layer = rewrite_gguf(
+        file, tmp_path / "per-layer.gguf", metadata={"llama.attention.head_count_kv": [2, 1, 2]}
+    )
+    with pytest.raises(GGUFError, match=rf"{per_layer}: llama.attention.head_count_kv differs per layer"):
+        load_checkpoint(str(per_layer))
+
+
+def test_a_file_without_a_tokenizer_says_to_pass_one(models, tmp_path: Path) -> None:
+    folder, file = models["qwen2"]
+    bare = rewrite_gguf(file, tmp_path / "bare.gguf", drop=("tokenizer.ggml.model",))
+    with pytest.raises(GGUFError, match=rf"{bare} carries no tokenizer .*pass --tokenizer FOLDER"):
+        load_tokenizer(load_checkpoint(str(bare)).tokenizer_path)
+    assert load_checkpoint(str(bare), tokenizer=str(folder)).tokenizer_path == folder

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
-from harness.gguf_models import write_gguf
+from harness.gguf_models import rewrite_gguf, write_gguf
 from harness.greedy_reference import random_prompts
 from harness.tiny_models import make_tiny_model
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
@@ -31,7 +30,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     root = tmp_path_factory.mktemp("gguf-load")
     out = {}
-    for arch, kind in (("llama", "Q8_0"), ("qwen2", "F32"), ("qwen3", "F16")):
+    for arch, kind in (("llama", "Q8_0"), ("qwen2", "F32"), ("qwen3", "F16"), ("mistral", "Q4_0")):
         folder = make_tiny_model(arch, root / arch)
         out[arch] = folder, write_gguf(folder, root / f"{arch}.gguf", kind)
     return out
@@ -42,7 +41,7 @@ def greedy(model: Path, quantization: str = "none", **kwargs) -> tuple[list[list
     return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)], llm.runner.runtime["weights"]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
 def test_a_dense_load_of_the_file_is_the_folders_model(models, arch: str) -> None:
     folder, file = models[arch]
     from_file, weights = greedy(file)
@@ -81,29 +80,31 @@ def test_loading_writes_no_weights_anywhere(models) -> None:
 
 
 def test_a_tensor_the_loader_does_not_know_is_named(models, tmp_path: Path) -> None:
-    folder, _ = models["qwen2"]
-    path = tmp_path / "extra.gguf"
-    write_gguf(folder, path, "F32")
-    # Append a tensor no Qwen2 model has, as a newer architecture variant would.
-    reader = gguf.GGUFReader(path)
-    writer = gguf.GGUFWriter(tmp_path / "with-extra.gguf", "qwen2")
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
-        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.array(tensor.data))
-    writer.add_tensor("blk.0.attn_sinks.weight", np.zeros(4, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    _, file = models["qwen2"]
+    # A tensor no Qwen2 model has, as a newer variant of the architecture would carry.
+    extra = {"blk.0.attn_sinks.weight": np.zeros(4, np.float32)}
+    path = rewrite_gguf(file, tmp_path / "with-extra.gguf", extra_tensors=extra)
     with pytest.raises(
         ValueError,
         match=r"with-extra.gguf \(qwen2\) holds tensors this loader does not know: blk.0.attn_sinks",
     ):
-        load_model(tmp_path / "with-extra.gguf", TorchAttentionBackend())
+        load_model(path, TorchAttentionBackend())
+
+
+@pytest.mark.parametrize("quantization", ["none", "auto"])
+def test_a_shape_the_metadata_does_not_predict_names_the_file_and_tensor(
+    models, tmp_path: Path, quantization: str
+) -> None:
+    _, file = models["llama"]  # 4 heads of 16: a feed-forward length of 96 instead of 128
+    path = rewrite_gguf(file, tmp_path / "ffn.gguf", metadata={"llama.feed_forward_length": 96})
+    with pytest.raises(ValueError, match=rf"{path}: .*mlp.(gate|up|down)_proj.*\b(96|128)\b"):
+        load_model(path, TorchAttentionBackend(), quantization=quantization)
+
+
+def test_a_checkpoint_format_asked_of_a_gguf_is_refused_naming_why(models) -> None:
+    _, file = models["llama"]
+    with pytest.raises(ValueError, match="--quantization gptq: .* no quantization_config"):
+        load_model(file, TorchAttentionBackend(), quantization="gptq")
 
 
 def test_a_tokenizer_folder_replaces_the_files_own(models) -> None:
