@@ -23,6 +23,8 @@ MARKERS_BY_PLACE: dict[str, tuple[str, ...]] = {
     # Every C++ kernel compiled for every ISA path, and a build killed mid-compile: a minute or more.
     "unit/kernels/test_kernel_build.py::test_every_path_compiles_": ("slow",),
     "unit/kernels/test_kernel_build.py::test_a_build_killed_midway_": ("slow",),
+    # The portable path cross-compiled for ARM64 (a compile check, never cached): ~1 min on 2 cores.
+    "unit/kernels/test_kernel_build.py::test_the_portable_path_compiles_for_arm64": ("slow",),
 }
 
 
@@ -32,6 +34,10 @@ def _within(node: str, place: str) -> bool:
     return node == place or node.startswith((place + "/", place + "::", place + "["))
 
 
+# The quick loop (`pytest -m quick`): every test that carries none of these.
+NOT_QUICK = frozenset({"chaos", "slow", "integration", "ray", "packaging", "triton", "docker"})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         node = item.nodeid.removeprefix("tests/")
@@ -39,6 +45,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if _within(node, place):
                 for marker in markers:
                     item.add_marker(marker)
+        if not any(item.get_closest_marker(name) for name in NOT_QUICK):
+            item.add_marker("quick")
 
 
 @pytest.fixture(scope="module", params=ISAS)

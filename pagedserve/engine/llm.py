@@ -66,6 +66,7 @@ class LLM:
         enable_prefix_caching: bool = config_default("enable_prefix_caching"),
         quantization: str = config_default("quantization"),
         tokenizer: str | None = None,
+        speculative_config: dict | str | None = None,
     ) -> None:
         from pagedserve.services.worker.runner import ModelRunner
 
@@ -86,6 +87,7 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             quantization=quantization,
             tokenizer=tokenizer,
+            speculative_config=speculative_config,
         )
         checkpoint = load_checkpoint(model, tokenizer)
         self.tokenizer = load_tokenizer(checkpoint.tokenizer_path)
@@ -99,6 +101,7 @@ class LLM:
             attention_backend=attention_backend,
             quantization=config.quantization,
             tokenizer=checkpoint.tokenizer_path,
+            speculative_config=config.speculative_config,
         )
         self.max_model_len = checkpoint.served_len(max_model_len)
         limits = SchedulerLimits.from_config(config, self.max_model_len)

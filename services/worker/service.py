@@ -81,6 +81,7 @@ class WorkerService:
                 prepack_weights=config.prepack_weights,
                 quantization=config.quantization,
                 tokenizer=config.tokenizer,
+                speculative_config=config.speculative_config,
             )
         self.keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
         self.ctx = zmq.Context()
