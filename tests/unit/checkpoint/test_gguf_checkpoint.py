@@ -16,6 +16,7 @@ from harness.tiny_models import make_tiny_model
 from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer, resolve_model, served_name
 from pagedserve.services.gguf_config import GGUF_ARCHITECTURES
 from pagedserve.services.gguf_file import GGUFError
+from pagedserve.services.gguf_tokenizer import derive_tokenizer
 
 # The fields every service and the worker's registry read; the rest of config.json is transformers'.
 FIELDS = (
@@ -218,9 +219,13 @@ def test_metadata_the_model_needs_is_named_with_the_file_when_missing_or_wrong(
         load_checkpoint(str(per_layer))
 
 
-def test_a_file_without_a_tokenizer_says_to_pass_one(models, tmp_path: Path) -> None:
+def test_a_file_without_a_tokenizer_has_none_and_deriving_one_says_to_pass_one(
+    models, tmp_path: Path
+) -> None:
     folder, file = models["qwen2"]
     bare = rewrite_gguf(file, tmp_path / "bare.gguf", drop=("tokenizer.ggml.model",))
+    # As a folder without tokenizer files: served on token ids alone.
+    assert load_checkpoint(str(bare)).tokenizer_path is None
     with pytest.raises(GGUFError, match=rf"{bare} carries no tokenizer .*pass --tokenizer FOLDER"):
-        load_tokenizer(load_checkpoint(str(bare)).tokenizer_path)
+        derive_tokenizer(bare)
     assert load_checkpoint(str(bare), tokenizer=str(folder)).tokenizer_path == folder
