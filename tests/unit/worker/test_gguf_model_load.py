@@ -97,7 +97,7 @@ def test_a_shape_the_metadata_does_not_predict_names_the_file_and_tensor(
 ) -> None:
     _, file = models["llama"]  # 4 heads of 16: a feed-forward length of 96 instead of 128
     path = rewrite_gguf(file, tmp_path / "ffn.gguf", metadata={"llama.feed_forward_length": 96})
-    with pytest.raises(ValueError, match=rf"{path}: .*mlp.(gate|up|down)_proj.*\b(96|128)\b"):
+    with pytest.raises(ValueError, match=rf"{path}: .*mlp.(gate|up|down)_proj"):
         load_model(path, TorchAttentionBackend(), quantization=quantization)
 
 
