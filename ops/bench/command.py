@@ -53,7 +53,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="pagedserve bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument(
-        "--model", default="smollm2-135m", help="checkpoint folder, or the bundled 'smollm2-135m'"
+        "--model",
+        default="smollm2-135m",
+        help="checkpoint folder, .gguf file (or a folder holding one), or the bundled 'smollm2-135m'",
     )
     ap.add_argument(
         "--dtype",

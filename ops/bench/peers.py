@@ -128,8 +128,13 @@ def run_pagedserve(workload: Workload, settings: BenchSettings) -> PathResult:
 def load_hf_model(settings: BenchSettings) -> Any:
     from transformers import AutoModelForCausalLM
 
+    path = settings.model_path
+    # A GGUF: transformers dequantizes it in memory (its own reader; slow, but only the peer pays).
+    where = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name}
+    if path.suffix != ".gguf":
+        where = {"pretrained_model_name_or_path": str(path)}
     model = AutoModelForCausalLM.from_pretrained(
-        str(settings.model_path), dtype=torch_dtype(settings.dtype), attn_implementation="sdpa"
+        **where, dtype=torch_dtype(settings.dtype), attn_implementation="sdpa"
     )
     return model.eval()
 

@@ -103,8 +103,13 @@ def _server_model(base_url: str, api_key: str | None) -> dict[str, Any]:
 
 
 def _vocab_size(entry: dict[str, Any]) -> int:
-    """A local server's model folder says (pagedserve and vLLM list it as `root`)."""
-    config = Path(str(entry.get("root", ""))) / "config.json"
+    """A local server's model folder or GGUF says (pagedserve and vLLM list it as `root`)."""
+    root = Path(str(entry.get("root", "")))
+    if root.suffix == ".gguf" and root.is_file():
+        from pagedserve.services.checkpoint import read_checkpoint
+
+        return read_checkpoint(root).vocab_size
+    config = root / "config.json"
     if config.is_file():
         hf = json.loads(config.read_text())
         return int(hf.get("text_config", hf)["vocab_size"])
@@ -239,8 +244,8 @@ def run_llamacpp_server(
     from pagedserve.services.checkpoint import load_tokenizer, read_checkpoint
     from pagedserve.services.worker.weights.gguf_weights import gguf_source
 
-    folder = Path(str(entry.get("root", "")))
-    gguf = gguf_source(folder) if (folder / "config.json").is_file() else None
+    folder = Path(str(entry.get("root", "")))  # a checkpoint folder, or the GGUF itself
+    gguf = gguf_source(folder) if folder.suffix == ".gguf" or (folder / "config.json").is_file() else None
     if gguf is None:
         raise SystemExit(
             f"bench serve --peer-llamacpp: the served model {entry.get('id')!r} has no GGUF file"
@@ -261,8 +266,9 @@ def run_llamacpp_server(
         argv = llama_server_argv(binary, gguf, args.llamacpp_port, args.threads, slot_ctx, parallel)
         server = {"server": "llama-server", "parallel": parallel, "slot_ctx": slot_ctx}
     else:
-        tokenizer = load_tokenizer(folder)
-        extra_body = request_extras(list(read_checkpoint(folder).eos_token_ids))
+        checkpoint = read_checkpoint(folder)
+        tokenizer = load_tokenizer(checkpoint.tokenizer_path)
+        extra_body = request_extras(list(checkpoint.eos_token_ids))
 
         def extra_for(prompts: list[list[int]]) -> dict[str, Any]:
             # It takes text only; re-tokenized, lengths shift a little.

@@ -256,6 +256,7 @@ def dtype_refusal(config: ServeConfig) -> str | None:
 def _cmd_up(args: argparse.Namespace) -> int:
     from pagedserve.ops.deploy.supervisor import resolve_model_first
     from pagedserve.ops.deploy.up import run_up
+    from pagedserve.services.checkpoint import served_name
     from pagedserve.shared.log import configure_logging
 
     try:
@@ -269,7 +270,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     try:
         if args.api and config.served_model_name is None:
             # The API is named after the model as the user gave it, not the resolved cache folder.
-            config = config.model_copy(update={"served_model_name": Path(config.model).name})
+            config = config.model_copy(update={"served_model_name": served_name(config.model)})
         config = resolve_model_first(config)
     except ValueError as e:  # no such checkpoint folder: say so before starting anything
         print(f"pagedserve {args.command}: {e}", file=sys.stderr)

@@ -19,11 +19,13 @@ from pagedserve.shared.config import ServeConfig
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."
 
 
-def chat_prompt(model_dir: str, question: str) -> str:
+def chat_prompt(model: str, question: str, tokenizer_folder: str | None = None) -> str:
     """The question wrapped in the model's chat template, as the scheduler takes plain text."""
-    from transformers import AutoTokenizer
+    from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(load_checkpoint(model, tokenizer_folder).tokenizer_path)
+    if tokenizer is None:
+        return question  # no tokenizer: the scheduler will refuse text anyway, and say so
     if not getattr(tokenizer, "chat_template", None):
         return question  # a base model: no template, the question is the prompt
     messages = [{"role": "user", "content": question}]
@@ -45,7 +47,7 @@ def run_demo(
     except ValueError as e:  # no such checkpoint folder
         err.write(f"demo: {e}\n")
         return 2
-    prompt = chat_prompt(config.model, question)
+    prompt = chat_prompt(config.model, question, config.tokenizer)
     with tempfile.TemporaryDirectory(prefix="pagedserve-demo-") as logs:
         # No restarts of the core services: a demo that cannot start should say so at once.
         supervisor = Supervisor(config, workers=1, log_dir=Path(logs), restart_core=False)

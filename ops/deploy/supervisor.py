@@ -21,6 +21,7 @@ from types import TracebackType
 
 from pagedserve.ops.deploy.endpoints import ConfigEndpoints
 from pagedserve.ops.deploy.process_group import ChildSpec, ProcessGroup, RestartPolicy
+from pagedserve.services.checkpoint import BUNDLED_NAME
 from pagedserve.shared.config import ServeConfig
 
 BLOCK_MANAGER = "block-manager"
@@ -65,13 +66,22 @@ def api_name(index: int) -> str:
 
 
 def resolve_model_first(config: ServeConfig) -> ServeConfig:
-    """`config` with `model` resolved to a checkpoint folder, done once here.
+    """`config` with its model checked and prepared once here, before the children start.
 
-    The bundled model is converted on first use; resolved before the children start, they all
-    find it ready instead of converting it at the same time into the same folder."""
-    from pagedserve.services.checkpoint import resolve_model  # lazily: the bundled conversion needs torch
+    ValueError names a model that does not exist or cannot be read. A path becomes absolute (the
+    children may run elsewhere); the bundled name stays a name. A GGUF model's tokenizer is derived and
+    cached now, so the scheduler, the API and the workers all find it instead of each deriving it."""
+    from pagedserve.services.checkpoint import load_checkpoint, resolve_model  # lazily: transformers
 
-    return config.model_copy(update={"model": str(resolve_model(config.model))})
+    path = resolve_model(config.model)
+    checkpoint = load_checkpoint(config.model, config.tokenizer)
+    if checkpoint.tokenizer_path is not None and checkpoint.tokenizer_path.suffix == ".gguf":
+        from pagedserve.services.gguf_tokenizer import cache_tokenizer
+
+        cache_tokenizer(checkpoint.tokenizer_path)
+    if config.model == BUNDLED_NAME:
+        return config
+    return config.model_copy(update={"model": str(path.resolve())})
 
 
 class DeploymentFailed(RuntimeError):

@@ -28,9 +28,9 @@ import pagedserve.services.constraints.matcher as matcher_module
 import torch
 from pagedserve.kernels.cpu.isa import cpu_model
 from pagedserve.ops.results import write_json
+from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.constraints.compiler import ConstraintCompiler
 from pagedserve.services.worker.runner import ModelRunner
-from pagedserve.services.worker.weights.bundled import resolve_model
 from pagedserve.shared.protocol.constraints import StructuredOutputs
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest, WorkerSampling

@@ -1,6 +1,6 @@
 """The worker's resident memory with a model loaded in each weight form, one process each, by part.
 
-    .venv/bin/python -m pagedserve.ops.microbench.weights_rss [--models smollm2-135m FOLDER...]
+    .venv/bin/python -m pagedserve.ops.microbench.weights_rss [--models smollm2-135m FOLDER|FILE.gguf...]
         [--quantizations none gguf] [--kv-mib 64]
 
 For each model and each --quantization (none: float32, the GGUF dequantized; gguf: its stored types),
@@ -10,7 +10,7 @@ every form); the bytes of the model's tensors (weights: quantized blocks, dense 
 weights, each storage once); the KV pool's bytes; and shared libraries' resident pages. The `rest`
 is what is left (the allocator's free lists, Python objects). `step_read_mib`: the weight bytes one
 decode step reads (step_read_bytes), beside llama.cpp's for the folder's GGUF (the same tensors as
-stored). A Q8_0 or Q4_K_M folder is made by `python -m pagedserve.ops.models.requantize_gguf Q8_0`.
+stored). A Q8_0 or Q4_K_M file is made by `python -m pagedserve.ops.models.requantize_gguf Q8_0`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ CHILD = """
 import json, sys
 from pathlib import Path
 from pagedserve.ops.microbench.weights_rss import model_bytes, rss_parts, step_read_bytes
-from pagedserve.services.worker.weights.bundled import resolve_model
+from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.runner import ModelRunner
 before = rss_parts()
 runner = ModelRunner(resolve_model(sys.argv[1]), quantization=sys.argv[2], kv_cache_memory=int(sys.argv[3]) << 20)

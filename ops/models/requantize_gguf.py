@@ -1,6 +1,6 @@
-"""The bundled SmolLM2 GGUF requantized into another type, as a checkpoint folder any command takes.
+"""The bundled SmolLM2 GGUF requantized into another type: a .gguf file any command takes as --model.
 
-    .venv/bin/python -m pagedserve.ops.models.requantize_gguf Q8_0 [--out FOLDER]
+    .venv/bin/python -m pagedserve.ops.models.requantize_gguf Q8_0 [--out FILE.gguf]
     .venv/bin/python -m pagedserve.ops.models.requantize_gguf Q4_K_M [--llama-cpp VENV]
 
 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: every quantized tensor of the bundled Q4_1 file (its Q8_0 embedding too)
@@ -16,10 +16,8 @@ Q4_K_M, Q5_K_M: llama.cpp's own presets, made by llama.cpp's quantizer (`llama_m
 those (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0) and keeps K-quants where the rows allow (ffn_down's
 1536): the file holds Q5_0, Q8_0, Q4_K and Q6_K (Q4_K_M).
 
-The folder (default `$PAGEDSERVE_CACHE/smollm2-135m-<type>`, beside the bundled checkpoint, not in git)
-is an ordinary checkpoint: the bundled folder's config, tokenizer and generation config, the new
-`.gguf`, and a float32 `model.safetensors` of the new GGUF's dequantized values in Hugging Face's
-names and row order, so `--quantization none` on it is the dequantize-then-float32 reference of
+The file (default `$PAGEDSERVE_CACHE/smollm2-135m-<type>.gguf`, not in git) is a model by itself, as
+the bundled one is: `--quantization none` on it is the dequantize-then-float32 reference of
 `--quantization gguf`. Requantizing Q4_1 values to Q8_0 rounds them once more (to 1/127 of each 32
 weights' largest magnitude): the model is close to the bundled one, not equal to it.
 """
@@ -27,8 +25,6 @@ weights' largest magnitude): the model is close to the bundled one, not equal to
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +37,6 @@ TYPES = {
     "Q5_1": "MOSTLY_Q5_1",
 }  # the gguf package quantizes these
 PRESETS = {"Q4_K_M": 15, "Q5_K_M": 17}  # llama.cpp's LLAMA_FTYPE_MOSTLY_*: its quantizer makes these
-SKIPPED = ("model.safetensors", "pagedserve_source.json")  # replaced: the weights and the bundled file's name
 
 
 def requantize(source: Path, destination: Path, type_name: str) -> None:
@@ -112,63 +107,46 @@ def dequantized_checkpoint(gguf_file: Path) -> dict[str, object]:
     return out
 
 
-def make_folder(type_name: str, out: Path, llamacpp: Path | None = None) -> Path:
-    """The requantized checkpoint folder at `out`, written whole or not at all."""
-    from pagedserve.services.worker.weights.bundled import (
-        bundled_checkpoint,
-        find_bundled_gguf,
-        publish_atomically,
-    )
-    from safetensors import safe_open
-    from safetensors.torch import save_file
+def make_file(type_name: str, out: Path, llamacpp: Path | None = None) -> Path:
+    """The requantized bundled model at `out`, written whole or not at all."""
+    import os
+    import tempfile
 
-    bundled, source = bundled_checkpoint(), find_bundled_gguf()
+    from pagedserve.services.worker.weights.bundled import find_bundled_gguf
+
     if out.exists():
         raise FileExistsError(f"{out} exists; delete it to make it again")
     out.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(folder: Path) -> None:
-        for item in bundled.iterdir():
-            if item.is_file() and item.name not in SKIPPED and item.suffix != ".gguf":
-                shutil.copy2(item, folder / item.name)
-        gguf_file = folder / source.name.replace(".Q4_1.", f".{type_name}.")
-        if gguf_file.name == source.name:
-            gguf_file = folder / f"{source.stem}.{type_name}.gguf"
+    handle, staging = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
+    os.close(handle)
+    try:
         if type_name in PRESETS:
-            llamacpp_quantize(source, gguf_file, type_name, llamacpp or Path(".venv-llamacpp"))
-        else:
-            requantize(source, gguf_file, type_name)
-        tensors = dequantized_checkpoint(gguf_file)
-        with safe_open(str(bundled / "model.safetensors"), framework="pt") as f:
-            expected = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
-        got = {name: tuple(t.shape) for name, t in tensors.items()}
-        if got != expected:
-            raise RuntimeError(
-                f"requantized tensors differ from {bundled}'s: {sorted(set(got) ^ set(expected))}"
+            Path(staging).unlink()  # llama.cpp writes the file itself
+            llamacpp_quantize(
+                find_bundled_gguf(), Path(staging), type_name, llamacpp or Path(".venv-llamacpp")
             )
-        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-        (folder / "pagedserve_requantized.json").write_text(
-            json.dumps({"from": source.name, "type": type_name, "gguf": gguf_file.name}, indent=2)
-        )
-
-    publish_atomically(out, write)
+        else:
+            requantize(find_bundled_gguf(), Path(staging), type_name)
+        os.chmod(staging, 0o644)
+        os.replace(staging, out)  # atomic: the file is whole or absent
+    finally:
+        Path(staging).unlink(missing_ok=True)
     return out
 
 
 def main() -> None:
+    from pagedserve.ops.bench.llamacpp_server import llamacpp_venv
     from pagedserve.services.worker.weights.bundled import cache_root
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    from pagedserve.ops.bench.llamacpp_server import llamacpp_venv
-
     parser.add_argument("type", choices=sorted(TYPES) + sorted(PRESETS))
-    parser.add_argument("--out", type=Path, help="default: $PAGEDSERVE_CACHE/smollm2-135m-<type>")
+    parser.add_argument("--out", type=Path, help="default: $PAGEDSERVE_CACHE/smollm2-135m-<type>.gguf")
     parser.add_argument(
         "--llama-cpp", type=Path, help="Q4_K_M/Q5_K_M: llama.cpp's venv (default as the bench's)"
     )
     args = parser.parse_args()
-    out = args.out or cache_root() / f"smollm2-135m-{args.type.lower()}"
-    print(make_folder(args.type, out, args.llama_cpp or llamacpp_venv()))
+    out = args.out or cache_root() / f"smollm2-135m-{args.type.lower()}.gguf"
+    print(make_file(args.type, out, args.llama_cpp or llamacpp_venv()))
 
 
 if __name__ == "__main__":

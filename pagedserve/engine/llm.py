@@ -74,6 +74,7 @@ class LLM:
         attention_backend: str = config_default("attention_backend"),
         enable_prefix_caching: bool = config_default("enable_prefix_caching"),
         quantization: str = config_default("quantization"),
+        tokenizer: str | None = None,
         speculative_config: dict | str | None = None,
         max_loras: int = config_default("max_loras"),
         max_lora_rank: int = config_default("max_lora_rank"),
@@ -100,12 +101,13 @@ class LLM:
             attention_backend=attention_backend,
             enable_prefix_caching=enable_prefix_caching,
             quantization=quantization,
+            tokenizer=tokenizer,
             speculative_config=speculative_config,
             max_loras=max_loras,
             max_lora_rank=max_lora_rank,
             max_cpu_loras=max_cpu_loras,
         )
-        checkpoint = load_checkpoint(model)
+        checkpoint = load_checkpoint(model, tokenizer)
         self.tokenizer = load_tokenizer(checkpoint.tokenizer_path)
         self.runner = ModelRunner(
             checkpoint.path,
@@ -116,6 +118,7 @@ class LLM:
             kv_cache_memory=kv_cache_memory,
             attention_backend=attention_backend,
             quantization=config.quantization,
+            tokenizer=checkpoint.tokenizer_path,
             speculative_config=config.speculative_config,
             max_loras=max_loras,
             max_lora_rank=max_lora_rank,

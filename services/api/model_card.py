@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedserve.services.api.served_kind import ServedKind, served_kind
-from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer, text_config
+from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer, served_name, text_config
 from pagedserve.shared.config import ServeConfig
 
 
@@ -77,11 +77,11 @@ class ModelCard:
 
 
 def load_model_card(config: ServeConfig) -> ModelCard:
-    checkpoint = load_checkpoint(config.model)
+    checkpoint = load_checkpoint(config.model, config.tokenizer)
     # The scheduler's limit too: both read it from the checkpoint, capped by the configured length.
     max_model_len = checkpoint.served_len(config.max_model_len)
-    name = config.served_model_name or checkpoint.path.name
-    created = int((checkpoint.path / "config.json").stat().st_mtime)
+    name = config.served_model_name or served_name(config.model)
+    created = int(checkpoint.modified)
     tokenizer = load_tokenizer(checkpoint.tokenizer_path)
     kind = served_kind(config, checkpoint.path, tokenizer)
     hidden_size = int(text_config(checkpoint.config).get("hidden_size", 0))

@@ -44,11 +44,15 @@ class ConstraintCompiler:
 
     @classmethod
     def for_model(
-        cls, model_path: str | Path, vocab_size: int, stop_token_ids: Sequence[int]
+        cls, tokenizer_source: str | Path | None, vocab_size: int, stop_token_ids: Sequence[int]
     ) -> ConstraintCompiler:
-        from transformers import AutoTokenizer  # lazily: only a worker that meets a constraint pays
+        """tokenizer_source: a checkpoint's tokenizer_path (a folder, or a GGUF: services/checkpoint.py)."""
+        # Lazily: only a worker that meets a constraint pays for the tokenizer.
+        from pagedserve.services.checkpoint import load_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        tokenizer = load_tokenizer(Path(tokenizer_source) if tokenizer_source is not None else None)
+        if tokenizer is None:
+            raise ValueError("structured outputs need the model's tokenizer, and this model has none")
         return cls(tokenizer_info(tokenizer, vocab_size, stop_token_ids))
 
     @property

@@ -23,8 +23,8 @@ class ModelInfo:
     rope_switch_at: int | None = None  # LongRoPE: see services/checkpoint.py
 
 
-def load_model_info(model: str, max_model_len: int | None = None) -> ModelInfo:
-    checkpoint = load_checkpoint(model)
+def load_model_info(model: str, max_model_len: int | None = None, tokenizer: str | None = None) -> ModelInfo:
+    checkpoint = load_checkpoint(model, tokenizer)
     return ModelInfo(
         checkpoint.path,
         load_tokenizer(checkpoint.tokenizer_path),

@@ -67,7 +67,7 @@ class SchedulerService:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.log = configure_logging("scheduler", config.log_format, config.log_level)
-        self.model: ModelInfo = load_model_info(config.model, config.max_model_len)
+        self.model: ModelInfo = load_model_info(config.model, config.max_model_len, config.tokenizer)
         preload_constraints()  # the grammar engine checks constraints at submit: load it off the loop
         self.metrics = SchedulerMetrics()
         self.watch = SchedulerWatch()  # what the live view and `pagedserve top` show

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 
 class RequestConstraints:
-    def __init__(self, model_path: Path, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
-        self._model_path = model_path
+    def __init__(self, tokenizer_source: Path | None, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+        self._tokenizer_source = tokenizer_source  # a folder or a GGUF (services/checkpoint.py)
         self._vocab_size = vocab_size
         self._stop_token_ids = list(stop_token_ids)
         self._compiler: ConstraintCompiler | None = None  # built at the first constrained request
@@ -34,7 +34,7 @@ class RequestConstraints:
             from pagedserve.services.constraints.compiler import ConstraintCompiler  # lazily: xgrammar
 
             self._compiler = ConstraintCompiler.for_model(
-                self._model_path, self._vocab_size, self._stop_token_ids
+                self._tokenizer_source, self._vocab_size, self._stop_token_ids
             )
         return self._compiler
 

@@ -46,13 +46,16 @@ class ModelRunner:
         num_threads: int | None = None,
         prepack_weights: bool = config_default("prepack_weights"),
         quantization: str = config_default("quantization"),
+        tokenizer: str | Path | None = None,
         speculative_config: SpeculativeConfig | None = None,
         allow_slow_dtype: bool = False,
         max_loras: int = config_default("max_loras"),
         max_lora_rank: int = config_default("max_lora_rank"),
         max_cpu_loras: int = config_default("max_cpu_loras"),
     ) -> None:
-        """allow_slow_dtype: load bfloat16/float16 even on a CPU without native support for it (tests of
+        """model_path: a checkpoint folder or a .gguf file (services/checkpoint.py resolve_model).
+        tokenizer: a folder whose tokenizer replaces the model's (--tokenizer; structured outputs use it).
+        allow_slow_dtype: load bfloat16/float16 even on a CPU without native support for it (tests of
         the model code in those dtypes on tiny models); a server refuses it (cpu_dtype.py)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -90,7 +93,8 @@ class ModelRunner:
             num_blocks = num_blocks_for_budget(shape, budget)
         self.kv_cache = KVCache(shape, num_blocks, self.device)
         self.sampler = Sampler(cfg.vocab_size, self._eos_token_ids)
-        self.constraints = RequestConstraints(Path(model_path), cfg.vocab_size, self._eos_token_ids)
+        tokenizer_source = Path(tokenizer) if tokenizer is not None else loaded.tokenizer_path
+        self.constraints = RequestConstraints(tokenizer_source, cfg.vocab_size, self._eos_token_ids)
         self.requests: dict[str, RequestState] = {}
         # Requests computing their prompt's logprobs (sampling.prompt_logprobs); empty: no cost.
         self.prompt_tallies: dict[str, prompt_logprobs.PromptTally] = {}

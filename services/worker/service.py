@@ -81,6 +81,7 @@ class WorkerService:
                 gpu_memory_utilization=config.gpu_memory_utilization,
                 prepack_weights=config.prepack_weights,
                 quantization=config.quantization,
+                tokenizer=config.tokenizer,
                 speculative_config=config.speculative_config,
                 max_loras=config.max_loras,
                 max_lora_rank=config.max_lora_rank,

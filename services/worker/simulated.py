@@ -51,7 +51,8 @@ class SimulatedRunner:
         self.vocab_size = 32000
         self.max_model_len = 2048
         self.eos_token_ids: list[int] = []
-        if model_path is not None and (Path(model_path) / "config.json").exists():
+        path = Path(model_path) if model_path is not None else None
+        if path is not None and (path.suffix == ".gguf" or (path / "config.json").exists()):
             checkpoint = read_checkpoint(model_path)
             self.vocab_size = checkpoint.vocab_size
             self.max_model_len = checkpoint.max_model_len

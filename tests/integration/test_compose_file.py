@@ -130,6 +130,14 @@ def test_workers_share_a_named_model_cache_volume() -> None:
         assert cache in mounts, name
 
 
+def test_every_service_that_reads_the_model_sees_the_models_folder_read_only() -> None:
+    # PAGEDSERVE_MODEL=/models/x.gguf must name the same file in the scheduler, the API and each worker.
+    services = rendered(["cpu", "gpu"], env={"PAGEDSERVE_MODELS_DIR": "/srv/ggufs"})["services"]
+    for name in ("worker", "worker-gpu", "scheduler", "api"):
+        mounts = [(m["source"], m["target"], m.get("read_only")) for m in services[name]["volumes"]]
+        assert ("/srv/ggufs", "/models", True) in mounts, name
+
+
 def test_every_config_field_can_be_set_from_the_host_environment() -> None:
     # The x-config list passes PAGEDSERVE_* through; a new ServeConfig field must be added there.
     env = rendered(["cpu"], env={"PAGEDSERVE_BLOCK_SIZE": "32"})["services"]["worker"]["environment"]

@@ -22,8 +22,7 @@ from pagedserve.ops.bench.llamacpp_server import (
     server_argv,
 )
 from pagedserve.ops.bench.serve_load import LoadSpec, run_load
-from pagedserve.services.checkpoint import read_checkpoint
-from pagedserve.services.worker.weights.bundled import resolve_model
+from pagedserve.services.checkpoint import read_checkpoint, resolve_model
 from pagedserve.services.worker.weights.gguf_weights import gguf_source
 
 pytestmark = pytest.mark.slow

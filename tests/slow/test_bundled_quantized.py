@@ -1,5 +1,5 @@
 """The bundled SmolLM2 served in its GGUF's own types (Q4_1 linears, a Q8_0 embedding and tied head)
-against the dequantize-then-float32 reference (the converted checkpoint, --quantization none): the
+against the dequantize-then-float32 reference (the same file, --quantization none): the
 same weights, so only the order of float32 sums differs. Allowance: 8 chat-like prompts, 16 greedy
 tokens each; every first token equal and at least 7 of 8 equal token for token."""
 

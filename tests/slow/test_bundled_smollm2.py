@@ -1,80 +1,59 @@
-"""The bundled SmolLM2: converted once into a float32 checkpoint with a chat template, and it talks sense."""
+"""The bundled SmolLM2 is served straight from its GGUF: nothing converted or written but its tokenizer
+(derived once from the file's metadata, then cached), which carries the chat template and tokenizes as
+transformers' own GGUF reader does; and the model talks sense."""
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from pagedserve.services.checkpoint import resolve_model
-from pagedserve.services.worker.weights import bundled
+from harness.bundled_reference import transformers_bundled
+from pagedserve.services import gguf_tokenizer
+from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer
+from pagedserve.services.model_cache import cache_root
+from pagedserve.services.worker.weights.bundled import find_bundled_gguf
+
+from pagedserve import LLM, SamplingParams
 
 pytestmark = pytest.mark.slow
 
-
-@dataclass
-class TwoResolutions:
-    first: Path
-    second: Path
-    first_s: float  # the conversion
-    second_s: float  # a look at the cache
-    converted_into: list[Path] = field(default_factory=list)
+TEXTS = ("What is the capital of France?", "  two spaces, ünïcödé, 12345 and <|im_end|>\n\n")
 
 
-@pytest.fixture(scope="module")
-def resolved_twice(tmp_path_factory: pytest.TempPathFactory) -> TwoResolutions:
-    """Resolve the bundled name twice in an empty cache, counting conversions (one real one, ~30 s)."""
-    patch = pytest.MonkeyPatch()
-    patch.setenv("PAGEDSERVE_CACHE", str(tmp_path_factory.mktemp("cache")))
-    converted_into: list[Path] = []
-    convert = bundled.convert_gguf
+def test_the_tokenizer_is_derived_once_then_read_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path))
+    checkpoint = load_checkpoint("smollm2-135m")
+    assert checkpoint.path == find_bundled_gguf() and checkpoint.tokenizer_path == find_bundled_gguf()
+    derived = load_tokenizer(checkpoint.tokenizer_path)
+    files = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
+    assert files == ["chat_template.jinja", "tokenizer.json", "tokenizer_config.json"], files
 
-    def counting_convert(gguf: Path, folder: Path) -> None:
-        converted_into.append(folder)
-        convert(gguf, folder)
+    def derive_again(path: Path) -> None:
+        raise AssertionError(f"derived {path} again: the cache was not read")
 
-    patch.setattr(bundled, "convert_gguf", counting_convert)
-    try:
-        started = time.perf_counter()
-        first = resolve_model("smollm2-135m")
-        first_s = time.perf_counter() - started
-        started = time.perf_counter()
-        second = resolve_model("smollm2-135m")
-        return TwoResolutions(first, second, first_s, time.perf_counter() - started, converted_into)
-    finally:
-        patch.undo()
-
-
-def test_resolving_twice_converts_once(resolved_twice: TwoResolutions) -> None:
-    assert len(resolved_twice.converted_into) == 1
-    assert resolved_twice.first == resolved_twice.second
-    # A ratio within one run, so a loaded machine slows both alike.
-    assert resolved_twice.second_s < resolved_twice.first_s / 20
+    monkeypatch.setattr(gguf_tokenizer, "derive_tokenizer", derive_again)
+    cached = load_tokenizer(checkpoint.tokenizer_path)
+    reference, _ = transformers_bundled(with_model=False)
+    for text in TEXTS:
+        assert derived(text).input_ids == cached(text).input_ids == reference(text).input_ids
+    assert derived.chat_template == cached.chat_template == reference.chat_template
+    assert "<|im_start|>" in derived.chat_template
+    assert (derived.eos_token, cached.eos_token) == ("<|im_end|>", "<|im_end|>")
 
 
-def test_the_checkpoint_is_float32_with_a_chat_template(resolved_twice: TwoResolutions) -> None:
-    from safetensors import safe_open
-    from transformers import AutoTokenizer
+def test_the_bundled_model_answers_sensibly_and_nothing_but_its_tokenizer_is_written() -> None:
+    def written() -> set[Path]:
+        return {p for p in cache_root().rglob("*") if p.is_file() and "kernels" not in p.parts}
 
-    with safe_open(resolved_twice.first / "model.safetensors", "pt") as weights:
-        names = weights.keys()  # a safe_open handle is not iterable itself
-        assert {weights.get_slice(name).get_dtype() for name in names} == {"F32"}
-    tokenizer = AutoTokenizer.from_pretrained(resolved_twice.first)
-    assert tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
-    assert tokenizer.eos_token == "<|im_end|>"
-
-
-def test_the_checkpoint_answers_sensibly_with_transformers(resolved_twice: TwoResolutions) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(resolved_twice.first)
-    model = AutoModelForCausalLM.from_pretrained(resolved_twice.first, dtype=torch.float32)
+    before = written()
+    llm = LLM("smollm2-135m", num_blocks=64)
+    assert llm.runner.runtime["weights"].startswith("gguf Q4_1"), llm.runner.runtime["weights"]
+    new = written() - before
+    assert all("gguf-tokenizers" in p.parts for p in new), new  # no config, no converted weights
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    inputs = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )
-    output = model.generate(**inputs, max_new_tokens=20, do_sample=False)
-    answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-    assert "Paris" in answer
+    prompt = llm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    answer = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=20))[0]
+    assert "Paris" in answer.text
+    assert answer.finish_reason == "stop"  # at <|im_end|>

@@ -19,9 +19,9 @@ import subprocess
 import pytest
 import torch
 from pagedserve.ops.bench.llamacpp_server import llamacpp_venv, llamacpp_venv_ready
+from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.scheduler.model_info import load_tokenizer
 from pagedserve.services.worker.runner import ModelRunner
-from pagedserve.services.worker.weights.bundled import resolve_model
 from pagedserve.services.worker.weights.gguf_weights import gguf_source
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import Execute, NewRequest, WorkerSampling

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagedserve.services.checkpoint import resolve_model
+from harness.bundled_reference import transformers_bundled
 
 from pagedserve import LLM, SamplingParams
 
@@ -27,17 +27,13 @@ QUESTIONS = (
 
 @pytest.fixture(scope="module")
 def prompts_and_reference():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = resolve_model("smollm2-135m")
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer, model = transformers_bundled()
     prompts = [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=True
         )["input_ids"]
         for q in QUESTIONS
     ]
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None  # the engine side runs with ignore_eos
     reference = []
     for p in prompts:

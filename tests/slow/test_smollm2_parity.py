@@ -1,12 +1,15 @@
 """On the real SmolLM2-135M-Instruct (float32), batched greedy decoding through our runner equals
-transformers' generate(do_sample=False), token for token, for chat prompts."""
+transformers' generate(do_sample=False), token for token, for chat prompts. Both read the bundled GGUF:
+we map it and dequantize in memory, transformers dequantizes it with its own reader."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from harness.bundled_reference import transformers_bundled
 from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.frontend import SamplingParams
@@ -30,10 +33,13 @@ def smollm2() -> Path:
 
 
 @pytest.fixture(scope="module")
-def chat_prompts(smollm2: Path) -> list[list[int]]:
-    from transformers import AutoTokenizer
+def reference() -> tuple[Any, Any]:
+    return transformers_bundled()
 
-    tokenizer = AutoTokenizer.from_pretrained(smollm2)
+
+@pytest.fixture(scope="module")
+def chat_prompts(reference: tuple[Any, Any]) -> list[list[int]]:
+    tokenizer, _ = reference
     return [
         list(
             tokenizer.apply_chat_template(
@@ -78,11 +84,8 @@ def _runner_greedy(runner: ModelRunner, prompts: list[list[int]], max_tokens: in
 
 
 @torch.inference_mode()
-def _transformers_greedy(path: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+def _transformers_greedy(model: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """One prompt at a time, so no padding is involved; stops after EOS."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     outputs = []
     for prompt in prompts:
         out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False)
@@ -90,10 +93,12 @@ def _transformers_greedy(path: Path, prompts: list[list[int]], max_tokens: int) 
     return outputs
 
 
-def test_batched_greedy_chat_matches_transformers(smollm2: Path, chat_prompts: list[list[int]]) -> None:
+def test_batched_greedy_chat_matches_transformers(
+    smollm2: Path, chat_prompts: list[list[int]], reference: tuple[Any, Any]
+) -> None:
     runner = ModelRunner(smollm2, dtype="float32", block_size=BLOCK_SIZE, num_blocks=64, quantization="none")
     ours = _runner_greedy(runner, chat_prompts, MAX_TOKENS)
-    expected = _transformers_greedy(smollm2, chat_prompts, MAX_TOKENS)
+    expected = _transformers_greedy(reference[1], chat_prompts, MAX_TOKENS)
     eos = set(runner.eos_token_ids)
     for mine, theirs in zip(ours, expected, strict=True):
         # transformers stops at EOS; our driver decodes on, and the tokens after EOS do not count.

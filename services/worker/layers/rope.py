@@ -81,6 +81,15 @@ def inverse_frequencies(
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     base = 1.0 / (rope.theta**exponents)
     p = rope.params
+    if p.get("freq_factors") is not None:
+        # A GGUF's rope_freqs tensor (Llama 3.1's scaling as llama.cpp stores it): one divisor per
+        # frequency, applied to the rotation of every position (services/gguf_config.py).
+        factors = torch.tensor(p["freq_factors"], dtype=torch.float32)
+        if factors.shape != base.shape:
+            raise ValueError(
+                f"rope freq_factors has {factors.numel()} values; head_dim {head_dim} needs {base.numel()}"
+            )
+        return base / factors, 1.0
     if rope.rope_type == "default":
         return base, 1.0
     if rope.rope_type == "longrope":

@@ -1,9 +1,10 @@
-"""A checkpoint's GGUF weights, read in their stored types, named as the Hugging Face checkpoint names them.
+"""A GGUF model's weights, memory-mapped and named as the Hugging Face checkpoint names them.
 
-Which GGUF belongs to a checkpoint folder: the bundled model's folder records the file it was
-converted from (`pagedserve_source.json`, see bundled.py); any other folder may hold exactly one
-`*.gguf` beside its config.json and tokenizer. The folder still supplies the config, the tokenizer
-and every tensor the GGUF does not keep quantized.
+The file (or split set) is a model by itself (services/checkpoint.py reads its config and tokenizer
+from the metadata), or a checkpoint folder holds it beside config.json. Either way its tensors are
+views of the mapped file: `quantized_tensors` hands over those of a type the kernel runs, as stored
+(install_quantized keeps them packed); `dense_tensors` dequantizes the rest, one tensor at a time and
+in memory only (gguf's dequantizer), for a dense load or for the norms. Nothing is written to disk.
 
 llama.cpp's converter reorders the rows of a Llama model's q and k projections (its rotary kernel
 pairs adjacent dimensions where Hugging Face pairs the two halves of a head); the rows are put back
@@ -12,15 +13,14 @@ here. Rows are whole blocks, so reordering them is a gather of byte rows, exact 
 
 from __future__ import annotations
 
-import json
-import mmap
-import struct
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import structlog
 import torch
+from pagedserve.services.gguf_file import GGUFModel, TensorInfo, read_model
 from pagedserve.services.worker.layers.quant_linear import QuantTensor, runs_packed
 from pagedserve.services.worker.weights.gguf_types import (
     check_unpacked,
@@ -63,140 +63,128 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def gguf_source(folder: Path) -> Path | None:
-    """The GGUF file this checkpoint folder's weights come from, or None where it has none."""
-    source = folder / "pagedserve_source.json"
-    if source.is_file():
-        from pagedserve.services.worker.weights.bundled import find_bundled_gguf
-
-        name = json.loads(source.read_text()).get("gguf")
-        if name:
-            bundled = find_bundled_gguf()
-            if bundled.name != name:
-                raise ValueError(
-                    f"{source} names {name!r}, but the installed bundled GGUF is {bundled.name!r}"
-                )
-            return bundled
-    ggufs = sorted(folder.glob("*.gguf"))
-    if len(ggufs) > 1:
-        raise ValueError(
-            f"{folder} holds {len(ggufs)} .gguf files ({', '.join(g.name for g in ggufs)}); keep one"
-        )
-    return ggufs[0] if ggufs else None
-
-
 def _unpermute_rows(n_rows: int, n_heads: int) -> np.ndarray:
     """Row order that undoes llama.cpp's q/k reordering: per head, its row 2i+j goes back to j*hd/2+i."""
     head_dim = n_rows // n_heads
     return np.arange(n_rows).reshape(n_heads, head_dim // 2, 2).transpose(0, 2, 1).reshape(-1)
 
 
-# GGUF metadata value types -> struct format of a scalar (8 string, 9 array: variable length).
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+# Architectures whose q/k rows llama.cpp's converter reorders (its "normal" rotary mode).
+PERMUTED_QK = frozenset({"llama"})
+# Tensors that are settings rather than weights: services/gguf_config.py reads them into the config.
+CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
 
 
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
-    name: str
-    dims: tuple[int, ...]  # ggml order: dims[0] is the row length (in_features)
-    type_id: int
-    offset: int  # from the data section's start
+@dataclass(slots=True)
+class MappedGGUF:
+    """A GGUF model's tensors by their Hugging Face names, over memory maps of its files."""
 
+    model: GGUFModel
+    tensors: dict[str, TensorInfo]  # Hugging Face name -> where it lies
+    maps: dict[Path, np.memmap] = field(default_factory=dict)
 
-def read_header(path: Path) -> tuple[dict[str, object], list[TensorInfo], int]:
-    """-> (scalar and string metadata, tensor infos, the data section's offset in the file).
+    def raw(self, info: TensorInfo) -> np.ndarray:
+        """The tensor's bytes, [rows, row bytes], a view of the mapped file."""
+        if info.file not in self.maps:
+            # Copy-on-write: writable to numpy (torch.from_numpy warns on read-only memory), never written.
+            self.maps[info.file] = np.memmap(info.file, dtype=np.uint8, mode="c")
+        data = self.maps[info.file][info.start : info.start + info.nbytes]
+        return data.reshape(info.rows, info.nbytes // info.rows)
 
-    Written here rather than gguf.GGUFReader because that reader makes a numpy view per element of
-    every metadata array (the tokenizer's ~150K strings): 44 s on busy shared cores of an AMD EPYC
-    (Zen 3) for the bundled 98 MB file, against well under a second skipping them here. Arrays are
-    skipped, not kept: the weights need only scalars. The tensor bytes are then memory-mapped."""
-    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as blob:
-        return _parse_header(path, blob)
-
-
-def _parse_header(path: Path, blob: mmap.mmap) -> tuple[dict[str, object], list[TensorInfo], int]:
-    pos = 0
-
-    def take(fmt: str):
-        nonlocal pos
-        values = struct.unpack_from("<" + fmt, blob, pos)
-        pos += struct.calcsize("<" + fmt)
-        return values[0] if len(values) == 1 else values
-
-    def string() -> str:
-        nonlocal pos
-        length = take("Q")
-        pos += length
-        return bytes(blob[pos - length : pos]).decode("utf-8", errors="replace")
-
-    def value(kind: int):
-        nonlocal pos
-        if kind == 8:
-            return string()
-        if kind == 9:
-            item_kind, count = take("I"), take("Q")
-            if item_kind in _SCALARS:
-                pos += count * struct.calcsize(_SCALARS[item_kind])
-            else:
-                for _ in range(count):
-                    value(item_kind)
+    def row_order(self, name: str, info: TensorInfo) -> np.ndarray | None:
+        """The gather that undoes llama.cpp's q/k reordering for this tensor, or None."""
+        if self.model.architecture not in PERMUTED_QK or not (".q_proj." in name or ".k_proj." in name):
             return None
-        return take(_SCALARS[kind])
+        heads = self.model.arch_key("attention.head_count")
+        kv_heads = self.model.arch_key("attention.head_count_kv") or heads
+        length = info.dims[-1] if len(info.dims) == 2 else info.dims[0]  # rows, or a bias's elements
+        return _unpermute_rows(length, heads if ".q_proj." in name else kv_heads)
 
-    magic, version = take("4s"), take("I")
-    if magic != b"GGUF" or version < 2:
-        raise ValueError(
-            f"{path} is not a GGUF file of version 2 or later (magic {magic!r}, version {version})"
+
+def map_gguf(files: Path | Sequence[Path]) -> MappedGGUF:
+    """Read the header of the model in `files` (a path, or a split set's parts) and name its tensors;
+    ValueError for a tensor no loader knows (a newer architecture variant would be served wrong)."""
+    first = Path(files) if isinstance(files, (str, Path)) else Path(files[0])
+    model = read_model(first)
+    named: dict[str, TensorInfo] = {}
+    unknown = []
+    for info in model.tensors.values():
+        name = hf_name(info.name)
+        if name is not None:
+            named[name] = info
+        elif info.name not in CONFIG_TENSORS:
+            unknown.append(info.name)
+    if unknown:
+        shown = ", ".join(sorted(unknown)[:8]) + (
+            f" (and {len(unknown) - 8} more)" if len(unknown) > 8 else ""
         )
-    n_tensors, n_kv = take("Q"), take("Q")
-    meta: dict[str, object] = {}
-    for _ in range(n_kv):
-        key = string()
-        found = value(take("I"))
-        if found is not None:
-            meta[key] = found
-    infos = []
-    for _ in range(n_tensors):
-        name = string()
-        dims = tuple(take("Q") for _ in range(take("I")))
-        infos.append(TensorInfo(name, dims, take("I"), take("Q")))
-    alignment = int(meta.get("general.alignment", 32))
-    return meta, infos, -(-pos // alignment) * alignment
+        raise ValueError(
+            f"{model.path} ({model.architecture}) holds tensors this loader does not know: {shown}"
+        )
+    return MappedGGUF(model, named)
 
 
-def read_gguf(path: Path, *, strict: bool = False) -> dict[str, QuantTensor]:
-    """Every mapped tensor of the GGUF in a type the kernel runs, by its Hugging Face name, as views of
-    the memory-mapped file (the q/k rows reordered into a copy). Other tensors (F32 norms, types the
-    kernel lacks) are left out: the checkpoint folder holds them dense. A matrix in a type the kernel
-    lacks is logged by name, or refused where `strict` (--quantization gguf; see gguf_types.py).
+def quantized_tensors(mapped: MappedGGUF, *, strict: bool = False) -> dict[str, QuantTensor]:
+    """Every tensor in a type the kernel runs, by its Hugging Face name, as views of the mapped file
+    (the q/k rows reordered into a copy). The rest (F32 norms, types the kernel lacks) are left to
+    dense_tensors. A matrix in a type the kernel lacks is logged by name, or refused where `strict`
+    (--quantization gguf; see gguf_types.py).
 
     The views cost no memory of their own; whoever keeps a weight copies it (install_quantized), so
     that once this dict is dropped the file is unmapped and each weight is resident exactly once."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    meta, infos, data_start = read_header(path)
-    mapped_infos = [i for i in infos if hf_name(i.name) is not None]
-    unpacked = unpacked_matrices((i.name, i.type_id, i.dims) for i in mapped_infos)
-    check_unpacked(path.name, unpacked, strict=strict)
+    unpacked = unpacked_matrices((info.name, info.type_id, info.dims) for info in mapped.tensors.values())
+    check_unpacked(mapped.model.path.name, unpacked, strict=strict)
     if unpacked:
-        log.warning("gguf weights not kept packed", file=path.name, detail=describe(unpacked))
-    arch = meta.get("general.architecture")
-    heads = meta.get(f"{arch}.attention.head_count")
-    kv_heads = meta.get(f"{arch}.attention.head_count_kv") or heads
-    # Copy-on-write: writable to numpy (torch.from_numpy warns on read-only memory), never written.
-    mapped = np.memmap(path, dtype=np.uint8, mode="c")
+        log.warning("gguf weights not kept packed", file=mapped.model.path.name, detail=describe(unpacked))
     out: dict[str, QuantTensor] = {}
-    for info in mapped_infos:
-        name = hf_name(info.name)
-        if not runs_packed(type_name(info.type_id), info.dims):
+    for name, info in mapped.tensors.items():
+        kind = type_name(info.type_id)
+        if not runs_packed(kind, info.dims):
+            continue
+        data = mapped.raw(info)
+        order = mapped.row_order(name, info)
+        if order is not None:
+            data = data[order]
+        out[name] = QuantTensor(kind, torch.from_numpy(data), info.dims[0])
+    return out
+
+
+def dense_tensors(
+    mapped: MappedGGUF, skip: set[str] | frozenset[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor but those in `skip`, as plain values in Hugging Face's shape and row order,
+    one at a time: F32/F16/BF16 as stored (views of the file), quantized types dequantized in memory."""
+    import gguf
+    from gguf.constants import GGMLQuantizationType
+
+    for name, info in mapped.tensors.items():
+        if name in skip:
             continue
         kind = GGMLQuantizationType(info.type_id)
-        block, block_bytes = GGML_QUANT_SIZES[kind]
-        row_bytes = info.dims[0] // block * block_bytes
-        rows = int(np.prod(info.dims[1:])) if len(info.dims) > 1 else 1
-        start = data_start + info.offset
-        data = mapped[start : start + rows * row_bytes].reshape(rows, row_bytes)
-        if arch == "llama" and (".q_proj." in name or ".k_proj." in name) and len(info.dims) == 2:
-            data = data[_unpermute_rows(rows, heads if ".q_proj." in name else kv_heads)]
-        out[name] = QuantTensor(kind.name, torch.from_numpy(data), info.dims[0])
-    return out
+        raw = mapped.raw(info)
+        if kind == GGMLQuantizationType.F32:
+            values = torch.from_numpy(raw.view(np.float32))
+        elif kind == GGMLQuantizationType.F16:
+            values = torch.from_numpy(raw.view(np.float16))
+        elif kind == GGMLQuantizationType.BF16:
+            values = torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16)
+        else:
+            values = torch.from_numpy(gguf.quants.dequantize(raw, kind).astype(np.float32, copy=False))
+        values = values.reshape(tuple(reversed(info.dims)))
+        order = mapped.row_order(name, info)
+        if order is not None:
+            values = values[torch.from_numpy(order)]
+        yield name, values
+
+
+def gguf_source(path: Path) -> Path | None:
+    """The GGUF a model's weights come from (its first file), or None: for the peers that read it."""
+    from pagedserve.services.checkpoint import read_checkpoint
+
+    files = read_checkpoint(Path(path)).gguf_files
+    return files[0] if files else None
+
+
+def read_gguf(path: Path) -> dict[str, QuantTensor]:
+    """The GGUF's tensors that stay quantized (quantized_tensors of the mapped file)."""
+    return quantized_tensors(map_gguf(path))

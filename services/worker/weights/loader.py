@@ -1,4 +1,5 @@
-"""Load a Hugging Face checkpoint folder (config.json + *.safetensors) into our model modules."""
+"""Load a model into our modules: a Hugging Face checkpoint folder (config.json + *.safetensors, perhaps
+a GGUF beside them) or a GGUF model (a .gguf file or split set, memory-mapped; see gguf_weights.py)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ from pagedserve.services.worker.weights.quantized_load import (
     QUANTIZATIONS,
     install_checkpoint_quantized,
     keeps_checkpoint_quantized,
+    keeps_gguf,
     one_thread,
     quantization_config,
-    quantized_source,
 )
 
 __all__ = ["QUANTIZATIONS", "LoadedModel", "checkpoint_files", "load_model", "resolve_dtype", "torch_dtype"]
@@ -46,6 +47,7 @@ class LoadedModel:
     model: LlamaForCausalLM
     config: ModelConfig
     eos_token_ids: tuple[int, ...]  # config.json's and generation_config.json's (services/checkpoint.py)
+    tokenizer_path: Path | None = None  # the checkpoint's: a folder, or the GGUF holding it
 
 
 def resolve_dtype(name: str, device: torch.device | str) -> str:
@@ -81,20 +83,23 @@ def load_model(
     device: str | torch.device = "cpu",
     quantization: str = "none",
 ) -> LoadedModel:
-    """quantization: `none` loads every weight dense in `dtype` (a GGUF's or a GPTQ/AWQ/compressed-tensors
-    checkpoint's weights dequantized); `gguf` keeps the folder's GGUF weights in their stored types;
-    `gptq` / `awq` / `compressed-tensors` keep such a checkpoint's linears quantized, repacked into the
-    kernel's blocks, every one of them (ValueError where it cannot); `auto` keeps a GGUF, else such a
+    """path: a checkpoint folder or a .gguf file (services/checkpoint.py resolve_model).
+
+    quantization: `none` loads every weight dense in `dtype` (a GGUF's or a GPTQ/AWQ/compressed-tensors
+    checkpoint's weights dequantized in memory); `gguf` keeps the model's GGUF weights in their stored
+    types; `gptq` / `awq` / `compressed-tensors` keep such a checkpoint's linears quantized, repacked into
+    the kernel's blocks, every one of them (ValueError where it cannot); `auto` keeps a GGUF, else such a
     checkpoint's linears, quantized where this worker can run them (CPU, float32, the kernel builds),
     dequantizing any linear that has no kernel format (logged), else loads dense."""
-    folder = Path(path)
-    checkpoint = read_checkpoint(folder)
+    checkpoint = read_checkpoint(Path(path))
+    folder = checkpoint.path if checkpoint.path.is_dir() else None
     model_class, config = resolve(checkpoint.config)
     device = torch.device(device)
-    gguf_file = quantized_source(folder, quantization, dtype, device)
-    quant_config = {"quantization_config": quantization_config(folder, checkpoint.config)}
+    keep_gguf = keeps_gguf(checkpoint.gguf_files, quantization, dtype, device)
+    quant_config = {"quantization_config": quantization_config(folder, checkpoint.config) if folder else None}
     scheme = parse_scheme(quant_config)
-    keep = gguf_file is None and keeps_checkpoint_quantized(quant_config, scheme, quantization, dtype, device)
+    # A GGUF has no quantization_config: an explicit gptq/awq/compressed-tensors is refused, naming that.
+    keep = keeps_checkpoint_quantized(quant_config, scheme, quantization, dtype, device)
     # Built on the meta device: no memory and no random init for weights about to be overwritten.
     with torch.device("meta"):
         model = model_class(config, backend).to(dtype=torch_dtype(dtype))
@@ -102,35 +107,49 @@ def load_model(
     dense: Iterable[tuple[str, torch.Tensor]] = ()
     # A checkpoint format's repack and dequantization run on one thread (see one_thread); the dense
     # rest is dequantized one weight at a time as _fill_parameters reads it.
-    with one_thread() if gguf_file is None and scheme is not None else nullcontext():
-        if gguf_file is not None:
-            from pagedserve.services.worker.weights.gguf_weights import read_gguf
+    with one_thread() if not checkpoint.gguf_files and scheme is not None else nullcontext():
+        if checkpoint.gguf_files:
+            from pagedserve.services.worker.weights.gguf_weights import (
+                dense_tensors,
+                map_gguf,
+                quantized_tensors,
+            )
             from pagedserve.services.worker.weights.quant_install import install_quantized
 
-            skip = install_quantized(model, read_gguf(gguf_file, strict=quantization == "gguf"))
-        elif scheme is not None:
+            mapped = map_gguf(checkpoint.gguf_files)
+            if keep_gguf:
+                try:
+                    skip = install_quantized(model, quantized_tensors(mapped, strict=quantization == "gguf"))
+                except ValueError as e:  # shapes the metadata does not predict: name the file
+                    raise ValueError(f"{checkpoint.path}: {e}") from e
+            if folder is None or not has_safetensors(folder):
+                dense = dense_tensors(mapped, skip)  # the file holds every weight: no folder to read
+        elif scheme is not None and folder is not None:
             skip, dense = install_checkpoint_quantized(
                 model, folder, scheme, keep, strict=quantization == scheme.method
             )
         model.to_empty(device=device)
-        _fill_parameters(model, folder, skip, dense)
+        from_folder = folder is not None and (has_safetensors(folder) or not checkpoint.gguf_files)
+        stored = checkpoint_tensors(folder, skip) if from_folder else ()
+        _fill_parameters(model, checkpoint.path, itertools.chain(stored, dense))
         model.weights_loaded()
     model.eval().requires_grad_(False)
-    return LoadedModel(model, config, checkpoint.eos_token_ids)
+    return LoadedModel(model, config, checkpoint.eos_token_ids, checkpoint.tokenizer_path)
+
+
+def has_safetensors(folder: Path) -> bool:
+    return (folder / "model.safetensors.index.json").is_file() or any(folder.glob("*.safetensors"))
 
 
 def _fill_parameters(
-    model: LlamaForCausalLM,
-    folder: Path,
-    skip: set[str] | None = None,
-    extra: Iterable[tuple[str, torch.Tensor]] = (),
+    model: LlamaForCausalLM, source: Path, tensors: Iterable[tuple[str, torch.Tensor]]
 ) -> None:
-    """skip: checkpoint tensors already in the model in another form (quantized weights); extra: tensors
-    to fill besides the folder's (dequantized weights, by their Hugging Face names)."""
+    """Copy `tensors` (by their Hugging Face names) into the model's dense parameters; every parameter
+    the model has must be filled (those already in the model quantized are not among them)."""
     params = dict(model.named_parameters())
     seen: set[str] = set()
     unexpected: list[str] = []
-    for name, tensor in itertools.chain(checkpoint_tensors(folder, skip or set()), extra):
+    for name, tensor in tensors:
         target = model.checkpoint_target(name)
         if target is None:
             continue
@@ -142,16 +161,17 @@ def _fill_parameters(
         dest = param.data if rows is None else param.data[rows]
         if dest.shape != tensor.shape:
             raise ValueError(
-                f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, the model expects {tuple(dest.shape)}"
+                f"{source}: tensor {name} has shape {tuple(tensor.shape)}, the model's config makes it "
+                f"{tuple(dest.shape)}"
             )
         dest.copy_(tensor)  # converts to the model's dtype and device
         seen.add(name)
     if unexpected:
         raise ValueError(
-            f"checkpoint in {folder} has {len(unexpected)} unexpected tensors: {some_names(unexpected)}"
+            f"checkpoint {source} has {len(unexpected)} unexpected tensors: {some_names(unexpected)}"
         )
     # A bare-model checkpoint (Qwen3-Embedding's, saved from Qwen3Model) names its tensors without "model.".
     seen |= {n if n.startswith(("model.", "lm_head.")) else f"model.{n}" for n in seen}
     missing = [n for n in model.checkpoint_names() if n not in seen]
     if missing:
-        raise ValueError(f"checkpoint in {folder} lacks {len(missing)} tensors: {some_names(missing)}")
+        raise ValueError(f"checkpoint {source} lacks {len(missing)} tensors: {some_names(missing)}")

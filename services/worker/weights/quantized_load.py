@@ -40,26 +40,22 @@ def _kernel_unavailable(dtype: str, device: torch.device, what: str = "quantized
     return None
 
 
-def quantized_source(folder: Path, quantization: str, dtype: str, device: torch.device) -> Path | None:
-    """The GGUF whose stored types this load keeps, or None (a dense load or a checkpoint format's; see
-    load_model)."""
+def keeps_gguf(gguf_files: tuple[Path, ...], quantization: str, dtype: str, device: torch.device) -> bool:
+    """Whether this load keeps the model's GGUF weights in their stored types (see load_model);
+    ValueError for an explicit `gguf` this model or worker cannot honour."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
     if quantization == "none" or quantization in METHODS:
-        return None
-    from pagedserve.services.worker.weights.gguf_weights import gguf_source
-
-    source = gguf_source(folder)
-    reason = None
-    if source is None:
-        reason = f"{folder} has no GGUF weights (no *.gguf, no pagedserve_source.json naming one)"
+        return False
+    if not gguf_files:
+        reason = "the model has no GGUF weights (neither a .gguf file nor a folder holding one)"
     else:
         reason = _kernel_unavailable(dtype, device, "GGUF weights")
     if reason is None:
-        return source
+        return True
     if quantization == "gguf":
         raise ValueError(f"--quantization gguf: {reason}")
-    return None
+    return False
 
 
 # Older exports keep the quantization config beside config.json: AutoGPTQ's file, AutoAWQ's.

@@ -1,5 +1,5 @@
-"""resolve_model: folders pass through, the bundled name is found without importing its package,
-anything else is a clear error, and a failed conversion never leaves a checkpoint behind."""
+"""resolve_model: folders pass through, the bundled name is its GGUF (found without importing its
+package, nothing converted or written), anything else is a clear error."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from pagedserve.services.checkpoint import resolve_model
-from pagedserve.services.worker.weights import bundled
-from pagedserve.services.worker.weights.bundled import find_bundled_gguf, publish_atomically
+from pagedserve.services.checkpoint import load_checkpoint, resolve_model
+from pagedserve.services.worker.weights.bundled import find_bundled_gguf
 
 
 def test_a_folder_passes_through(tmp_path: Path) -> None:
@@ -33,31 +32,16 @@ def test_the_gguf_is_found_without_importing_its_package() -> None:
     assert out.endswith(".gguf False False\n")
 
 
-def test_a_failed_write_leaves_neither_checkpoint_nor_staging(tmp_path: Path) -> None:
-    destination = tmp_path / "model"
-
-    def write_half_then_fail(folder: Path) -> None:
-        (folder / "config.json").write_text("{}")
-        raise KeyboardInterrupt  # as if the user pressed Ctrl-C mid-conversion
-
-    with pytest.raises(KeyboardInterrupt):
-        publish_atomically(destination, write_half_then_fail)
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_a_finished_write_appears_whole(tmp_path: Path) -> None:
-    destination = tmp_path / "model"
-    publish_atomically(destination, lambda folder: (folder / "config.json").write_text("{}"))
-    assert [p.name for p in tmp_path.iterdir()] == ["model"]
-    assert (destination / "config.json").read_text() == "{}"
-
-
-def test_an_incomplete_cached_folder_is_reported_not_used(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_bundled_name_is_its_gguf_read_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path))
-    (tmp_path / "smollm2-135m").mkdir()
-    (tmp_path / "smollm2-135m" / "config.json").write_text("{}")
-    monkeypatch.setattr(bundled, "convert_gguf", lambda gguf, folder: pytest.fail("must not convert"))
-    with pytest.raises(RuntimeError, match="not a complete checkpoint"):
-        resolve_model("smollm2-135m")
+    assert resolve_model("smollm2-135m") == find_bundled_gguf()
+    checkpoint = load_checkpoint("smollm2-135m")
+    assert (checkpoint.architecture, checkpoint.vocab_size, checkpoint.max_model_len) == (
+        "LlamaForCausalLM",
+        49152,
+        8192,
+    )
+    # <|im_end|> (its eos) and <|endoftext|>, which llama.cpp also ends generation on
+    assert checkpoint.eos_token_ids == (0, 2)
+    assert checkpoint.gguf_files == (find_bundled_gguf(),)
+    assert list(tmp_path.iterdir()) == []  # reading the model wrote nothing

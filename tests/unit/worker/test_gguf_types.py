@@ -16,7 +16,7 @@ import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from pagedserve.services.worker.layers.quant_linear import KERNEL_TYPES
 from pagedserve.services.worker.weights.gguf_types import unpacked_matrices
-from pagedserve.services.worker.weights.gguf_weights import read_gguf
+from pagedserve.services.worker.weights.gguf_weights import map_gguf, quantized_tensors
 
 
 def _blocks(type_name: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
@@ -64,7 +64,7 @@ MODEL = {
 def test_strict_refuses_naming_each_tensor_and_its_type(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "m.gguf", MODEL)
     with pytest.raises(ValueError) as refused:
-        read_gguf(path, strict=True)
+        quantized_tensors(map_gguf(path), strict=True)
     message = str(refused.value)
     assert message.startswith("--quantization gguf: m.gguf: ")
     assert "blk.0.attn_q.weight (IQ2_XXS)" in message and "blk.0.ffn_down.weight (F16)" in message
@@ -74,7 +74,7 @@ def test_strict_refuses_naming_each_tensor_and_its_type(tmp_path: Path) -> None:
 
 def test_auto_keeps_what_it_can_and_leaves_the_rest_to_the_dense_load(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "m.gguf", MODEL)
-    held = read_gguf(path)
+    held = quantized_tensors(map_gguf(path))
     assert {name: t.type_name for name, t in held.items()} == {
         "model.embed_tokens.weight": "Q6_K",
         "model.layers.0.self_attn.k_proj.weight": "Q4_K",
@@ -88,7 +88,7 @@ def test_a_type_nothing_reads_is_refused_even_under_auto(tmp_path: Path) -> None
         with pytest.raises(
             ValueError, match=r"m.gguf: blk.0.attn_k.weight \(type id 99\): neither the quantized"
         ):
-            read_gguf(path, strict=strict)
+            quantized_tensors(map_gguf(path), strict=strict)
     # Q8_1 is a type the gguf package names but has no dequantizer for
     found = unpacked_matrices([("blk.1.ffn_up.weight", int(GGMLQuantizationType.Q8_1), (256, 8))])
     assert [(u.tensor, u.type_name, u.dequantizable) for u in found] == [
