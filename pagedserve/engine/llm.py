@@ -18,6 +18,7 @@ from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer
 from pagedserve.services.scheduler.admission import check_request
 from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
+from pagedserve.services.worker.kv_budget import check_fits
 from pagedserve.shared.config import ServeConfig, config_default
 from pagedserve.shared.protocol.frontend import CompletionOutput, SamplingParams
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
@@ -54,7 +55,7 @@ class LLM:
         *,
         block_size: int = config_default("block_size"),
         num_blocks: int | None = None,
-        kv_cache_memory: int = config_default("kv_cache_memory"),
+        kv_cache_memory: int | str = config_default("kv_cache_memory"),
         pipeline_depth: int = config_default("pipeline_depth"),
         max_num_seqs: int = config_default("max_num_seqs"),
         max_num_batched_tokens: int = config_default("max_num_batched_tokens"),
@@ -93,11 +94,15 @@ class LLM:
             device=device,
             block_size=block_size,
             num_blocks=num_blocks,
-            kv_cache_memory=kv_cache_memory,
+            kv_cache_memory=config.kv_cache_memory,
+            kv_cache_share=config.kv_cache_share,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
             attention_backend=attention_backend,
             quantization=config.quantization,
         )
         self.max_model_len = checkpoint.served_len(max_model_len)
+        check_fits(self.runner.pool_sizing, self.max_model_len)
         limits = SchedulerLimits.from_config(config, self.max_model_len)
         self.block_manager = BlockManager(enable_prefix_caching=enable_prefix_caching)
         self.scheduler = Scheduler(limits, self.runner.eos_token_ids, self.tokenizer, owner="llm")
