@@ -39,6 +39,9 @@ class SchedulerStats:
     generated_tokens: int = 0
     kv_slots_used: int = 0  # summed over steps: token slots holding KV
     kv_slots_held: int = 0  # summed over steps: slots of the blocks those requests hold
+    resumed_requests: int = 0  # continued on a restarted worker's intact pool
+    resumed_tokens: int = 0  # their committed slots, not computed again
+    recomputed_tokens: int = 0  # committed slots lost with a worker and computed again
 
     def account_kv(self, num_slots_used: list[int], block_size: int) -> None:
         """One step's KV use: slots holding tokens against the slots of the blocks they occupy."""

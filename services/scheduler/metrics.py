@@ -49,3 +49,18 @@ class SchedulerMetrics:
             "pagedserve_max_waiting_requests", "admission bound: past it requests get 429", registry=r
         )
         self.bm_outages = Counter("pagedserve_block_manager_outages", "block manager unreachable", registry=r)
+        self.resumed = Counter(
+            "pagedserve_requests_resumed",
+            "requests that continued on a restarted worker's pool, nothing computed again",
+            registry=r,
+        )
+        self.recomputed = Counter(
+            "pagedserve_prefill_recomputed_tokens",
+            "committed KV tokens computed again because their worker was lost (0 while pools continue)",
+            registry=r,
+        )
+        self.suspended = Gauge(
+            "pagedserve_workers_suspended",
+            "lost workers whose requests wait for their pool to come back",
+            registry=r,
+        )

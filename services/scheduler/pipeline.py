@@ -11,6 +11,10 @@ class InFlightStep:
     step: int
     request_ids: list[str]
     sent_at: float
+    # Each request's slots once this step is done (parallel to request_ids): committed on its result.
+    slots_after: list[int] = field(default_factory=list)
+    # Requests whose blocks this step copies or forks: lost with the step, they cannot resume.
+    unsafe: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -28,10 +32,16 @@ class PipelineWindow:
     def __len__(self) -> int:
         return len(self.steps)
 
-    def open(self, request_ids: list[str], now: float) -> int:
+    def open(
+        self,
+        request_ids: list[str],
+        now: float,
+        slots_after: list[int] | None = None,
+        unsafe: frozenset[str] = frozenset(),
+    ) -> int:
         step = self.next_step
         self.next_step += 1
-        self.steps.append(InFlightStep(step, request_ids, now))
+        self.steps.append(InFlightStep(step, request_ids, now, slots_after or [], unsafe))
         return step
 
     def close(self, step: int) -> InFlightStep:

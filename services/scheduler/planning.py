@@ -18,7 +18,7 @@ from pagedserve.services.scheduler.limits import SchedulerLimits, SchedulerStats
 from pagedserve.services.scheduler.placement import WorkerState
 from pagedserve.services.scheduler.request import Request, Status
 from pagedserve.shared.paging import blocks_for
-from pagedserve.shared.protocol.blocks import OP_FREE, alloc_op, free_op, grow_op
+from pagedserve.shared.protocol.blocks import OP_FREE, alloc_op, free_op, grow_op, resume_op
 
 
 @dataclass(slots=True)
@@ -28,6 +28,7 @@ class PlanEntry:
     num_tokens: int  # new: max new tokens asked for; cached: tokens scheduled
     new: bool
     forks: list[tuple[int, Request]] = field(default_factory=list)  # (op index, child)
+    resume: bool = False  # a parked request continuing on its restarted worker (resumption.py)
 
 
 @dataclass(slots=True)
@@ -131,8 +132,11 @@ class Planner:
                     self._preempt_for(draft)
                     continue
                 new_known = req.known_since(req.num_known_sent) if req.num_known_sent < req.num_known else []
-                entry = PlanEntry(req, len(draft.ops), n, new=False)
-                draft.ops.append(grow_op(req.request_id, n, new_known))
+                entry = PlanEntry(req, len(draft.ops), n, new=False, resume=req.resume)
+                if req.resume:  # back to its committed slots, the whole table answered for the worker
+                    draft.ops.append(resume_op(req.request_id, req.num_slots_used, n, new_known))
+                else:
+                    draft.ops.append(grow_op(req.request_id, n, new_known))
                 if want_prefill and req.num_slots_used + n == req.num_known:
                     entry.forks = plan_forks(req, draft.owner, draft.ops)
                 draft.entries.append(entry)
@@ -154,6 +158,12 @@ class Planner:
             if blocks_for(len(tokens) + 1, bs) > state.num_blocks:
                 # Could never fit, even alone: waiting would wedge the queue behind it.
                 state.waiting.pop(req)
+                req.refusal = (
+                    f"the request needs KV for {len(tokens) + 1:,} tokens ({len(tokens):,} known + 1 to generate: "
+                    f"{blocks_for(len(tokens) + 1, bs):,} blocks of {bs}) and worker {state.worker_id!r}'s whole "
+                    f"pool holds {state.num_blocks * bs:,} tokens ({state.num_blocks:,} blocks); shorten the "
+                    "prompt, or give the workers a larger pool (--kv-cache-memory, --num-blocks)"
+                )
                 self._reject(req)
                 continue
             max_new = min(draft.tokens, len(tokens))

@@ -33,6 +33,9 @@ class Request:
     # --- KV bookkeeping (mirrors the worker's state one pipeline window ahead)
     on_worker: bool = False  # the worker holds its state (sent as NewRequest, not yet told to forget)
     num_slots_used: int = 0  # tokens whose KV is computed or being computed, over all steps so far
+    num_committed: int = 0  # of those, the slots of steps whose results came back: KV known written
+    resume: bool = False  # its worker came back with the pool: continue from num_committed (resume op)
+    lost_committed: int = 0  # committed KV lost with a worker: prefill computed again when re-admitted
     num_known_sent: int = 0  # known tokens already told to the block manager (for prefix hashing)
     pending: int = 0  # tokens sampled by steps in flight, not yet seen
     in_flight: int = 0  # steps in flight that name this request
@@ -40,6 +43,7 @@ class Request:
     shares_last_block: bool = False  # forked: the next write may copy-on-write
     fork_children: int = 0  # n - 1 children still to fork when the prompt completes
     prompt_logprobs: PromptLogprobs | None = None  # received (sampling.prompt_logprobs; the parent's)
+    refusal: str | None = None  # why it was refused after admission (too large for the pool), in numbers
     # --- timing (for metrics)
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -85,5 +89,5 @@ class Request:
         Outputs so far stay: a recompute prefills prompt + outputs and the stream goes on."""
         self.status = Status.WAITING
         self.on_worker = False
-        self.num_slots_used = self.num_known_sent = self.pending = self.in_flight = 0
-        self.shares_last_block = False
+        self.num_slots_used = self.num_known_sent = self.pending = self.in_flight = self.num_committed = 0
+        self.shares_last_block = self.resume = False

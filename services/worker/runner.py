@@ -6,6 +6,9 @@ No sockets here: the worker service loop feeds it decoded `Execute` messages and
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import mmap
 import time
 from pathlib import Path
 
@@ -13,7 +16,8 @@ import torch
 from pagedserve.kernels.attention import get_backend
 from pagedserve.services.worker import prompt_logprobs
 from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
-from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
+from pagedserve.services.worker.kv_budget import PoolSizing, sized_pool
+from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget
 from pagedserve.services.worker.layers.packed_linear import linears_kind
 from pagedserve.services.worker.layers.quant_linear import weight_types
 from pagedserve.services.worker.models.registry import ModelConfig
@@ -34,16 +38,23 @@ class ModelRunner:
         device: str = config_default("device"),
         block_size: int = config_default("block_size"),
         num_blocks: int | None = None,
-        kv_cache_memory: int = config_default("kv_cache_memory"),
+        kv_cache_memory: int | str = config_default("kv_cache_memory"),
+        kv_cache_share: float = config_default("kv_cache_share"),
+        workers_per_machine: int = config_default("workers_per_machine"),
+        max_num_seqs: int = config_default("max_num_seqs"),
+        max_model_len: int | None = None,
         attention_backend: str = config_default("attention_backend"),
         gpu_memory_utilization: float = config_default("gpu_memory_utilization"),
         num_threads: int | None = None,
         prepack_weights: bool = config_default("prepack_weights"),
         quantization: str = config_default("quantization"),
         allow_slow_dtype: bool = False,
+        defer_pool: bool = False,
     ) -> None:
         """allow_slow_dtype: load bfloat16/float16 even on a CPU without native support for it (tests of
-        the model code in those dtypes on tiny models); a server refuses it (cpu_dtype.py)."""
+        the model code in those dtypes on tiny models); a server refuses it (cpu_dtype.py).
+        defer_pool: no KV pool until `attach_pool` (a worker that maps a shared-memory segment, or a
+        standby that learns its name later)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = torch.device(device)
@@ -52,7 +63,10 @@ class ModelRunner:
             check_cpu_dtype(dtype, self.device)  # UnsupportedDtype, naming the missing CPU feature
         self.dtype = dtype  # what `auto` became here
         backend = get_backend(attention_backend, self.device)
+        self.backend = backend
         self.attention_backend = backend.name
+        self.prefilling = False  # the step being run computes part of a prompt (for failpoints)
+        self.model_path = Path(model_path)
         loaded = load_model(model_path, backend, dtype=dtype, device=self.device, quantization=quantization)
         self.model = loaded.model
         # How many linears run on packed weights (0: off, or not available for this dtype/device).
@@ -60,30 +74,78 @@ class ModelRunner:
         self._config = loaded.config
         self._eos_token_ids = list(loaded.eos_token_ids)
         cfg = loaded.config
-        shape = KVCacheShape(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, torch_dtype(dtype))
-        if num_blocks is None:
-            budget = (
+        self.kv_shape = KVCacheShape(
+            cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, torch_dtype(dtype)
+        )
+        self.served_len = min(max_model_len or cfg.max_model_len, cfg.max_model_len)
+        # Sized after the weights are loaded: `auto` takes a share of what they left.
+        self.size_pool = functools.partial(
+            sized_pool,
+            self.kv_shape.bytes_per_block,
+            block_size,
+            num_blocks=num_blocks,
+            kv_cache_memory=(
                 cuda_budget(self.device, gpu_memory_utilization)
-                if self.device.type == "cuda"
+                if self.device.type == "cuda" and num_blocks is None
                 else kv_cache_memory
-            )
-            num_blocks = num_blocks_for_budget(shape, budget)
-        self.kv_cache = KVCache(shape, num_blocks, self.device)
+            ),
+            share=kv_cache_share,
+            workers_per_machine=workers_per_machine,
+            max_tokens=max_num_seqs * self.served_len,
+        )
+        self.pool_sizing: PoolSizing = self.size_pool()
+        self._kv_cache: KVCache | None = None
+        if not defer_pool:
+            self.attach_pool()
         self.sampler = Sampler(cfg.vocab_size, self._eos_token_ids)
         self.constraints = RequestConstraints(Path(model_path), cfg.vocab_size, self._eos_token_ids)
         self.requests: dict[str, RequestState] = {}
         # Requests computing their prompt's logprobs (sampling.prompt_logprobs); empty: no cost.
         self.prompt_tallies: dict[str, prompt_logprobs.PromptTally] = {}
 
+    # ------------------------------------------------------------------ the KV pool
+
+    def attach_pool(
+        self, memory: mmap.mmap | None = None, offset: int = 0, num_blocks: int | None = None
+    ) -> None:
+        """Lay the pool out in `memory` from `offset` (a shared-memory segment; default private memory);
+        `num_blocks`: a segment's own count, when it continues a pool sized before."""
+        if num_blocks is not None and num_blocks != self.pool_sizing.num_blocks:
+            self.pool_sizing = dataclasses.replace(self.pool_sizing, num_blocks=num_blocks)
+        self._kv_cache = KVCache(self.kv_shape, self.pool_sizing.num_blocks, self.device, memory, offset)
+
+    @property
+    def kv_cache(self) -> KVCache:
+        if self._kv_cache is None:
+            raise RuntimeError("the KV pool is not attached yet (defer_pool): call attach_pool first")
+        return self._kv_cache
+
+    def kv_layout(self) -> dict[str, object]:
+        """What a KV segment must have been written by to be continued here: same model and weights
+        (quantized weights give other K/V than dense ones), same dtypes, same shape."""
+        shape = self.kv_shape
+        return {
+            "format": 1,
+            "model": str(self.model_path),
+            "weights": self.runtime["weights"],
+            "dtype": self.dtype,
+            "kv_dtype": str(shape.dtype).removeprefix("torch."),
+            "num_layers": shape.num_layers,
+            "num_kv_heads": shape.num_kv_heads,
+            "head_dim": shape.head_dim,
+            "block_size": shape.block_size,
+            "num_blocks": self.pool_sizing.num_blocks,
+        }
+
     # ------------------------------------------------------------------ what the worker reports
 
     @property
     def num_blocks(self) -> int:
-        return self.kv_cache.num_blocks
+        return self.pool_sizing.num_blocks
 
     @property
     def block_size(self) -> int:
-        return self.kv_cache.block_size
+        return self.kv_shape.block_size
 
     @property
     def vocab_size(self) -> int:
@@ -142,6 +204,7 @@ class ModelRunner:
                 raise ValueError(f"step {step.step} forks requests but computes no tokens")
             return StepResult(step.step, timings={"step_s": time.perf_counter() - t_start}), None
         batch = pack_batch(scheduled, self.block_size, self.device)
+        self.prefilling = any(n > 1 for _state, n in scheduled)
         t_forward = time.perf_counter()
         hidden = self.model(batch.input_ids, batch.positions, self.kv_cache.layers(), batch.meta)
         if self.prompt_tallies:

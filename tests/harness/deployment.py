@@ -42,6 +42,9 @@ def deployment_config(model: Path | str, **overrides: Any) -> ServeConfig:
         "num_blocks": 256,
         "num_threads": 1,
         "log_format": "json",
+        # No warm standby worker by default: it doubles each deployment's start-up work, and the
+        # tests that need one (fast restarts) ask for it.
+        "standby_workers": 0,
     }
     fields.update(overrides)
     return ServeConfig(**fields)
