@@ -63,27 +63,15 @@ class KVSegment:
         num_blocks: int,
         pool_bytes: Any,  # (num_blocks) -> bytes the pool's tensors take
         adopt_num_blocks: bool,
+        locked: tuple[Path, int] | None = None,
     ) -> KVSegment:
         """Lock and map this worker's segment, continuing it when its layout proves the same.
 
         `adopt_num_blocks`: the pool was sized from the machine (auto), so a segment of another
-        block count is still this worker's pool (the machine's free memory moved, not the config)."""
-        folder = Path(folder)
-        if not folder.is_dir():
-            raise FileNotFoundError(
-                f"kv_segment_dir {str(folder)!r} is not a folder: the supervisor creates it for its deployment"
-            )
-        path = folder / f"{safe_name(worker_id)}.kv"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        block count is still this worker's pool (the machine's free memory moved, not the config).
+        `locked`: what `lock_name` returned, when the name was taken before the model was loaded."""
+        path, fd = lock_name(folder, worker_id) if locked is None else locked
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = lock_holder(fd)
-                raise NameHeld(
-                    f"worker name {worker_id!r} is held by a live process (pid {holder if holder else 'unknown'}) "
-                    f"that locks its KV segment {path}: two workers may not share one name and pool"
-                ) from None
             old = read_header(fd)
             discarded = None
             if old is not None:
@@ -133,6 +121,28 @@ class KVSegment:
             self.memory.close()
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+def lock_name(folder: str | Path, worker_id: str) -> tuple[Path, int]:
+    """Open and lock this worker name's segment file -> (path, fd); NameHeld if a live process has it.
+    Taken first thing at start, so a duplicate is refused at once, before it loads a model."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"kv_segment_dir {str(folder)!r} is not a folder: the supervisor creates it for its deployment"
+        )
+    path = folder / f"{safe_name(worker_id)}.kv"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = lock_holder(fd)
+        os.close(fd)
+        raise NameHeld(
+            f"worker name {worker_id!r} is held by a live process (pid {holder if holder else 'unknown'}) "
+            f"that locks its KV segment {path}: two workers may not share one name and pool"
+        ) from None
+    return path, fd
 
 
 def safe_name(worker_id: str) -> str:

@@ -10,6 +10,7 @@ VMM: docs/kv-persistence.md, not built), the pool is private and dies with the p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pagedserve.services.worker.kv_segment import HEADER_BYTES, KVSegment
@@ -28,9 +29,15 @@ class PoolAttachment:
             self.segment.close()
 
 
-def attach_pool(runner: ModelRunner, segment_dir: str | None, worker_id: str, log: Any) -> PoolAttachment:
+def attach_pool(
+    runner: ModelRunner,
+    segment_dir: str | None,
+    worker_id: str,
+    log: Any,
+    locked: tuple[Path, int] | None = None,
+) -> PoolAttachment:
     """Size and attach the runner's pool (it was built with defer_pool); raises NameHeld when another
-    live process holds this name's segment."""
+    live process holds this name's segment. `locked`: the name, locked already (kv_segment.lock_name)."""
     runner.pool_sizing = runner.size_pool()  # sized now: a standby's memory reading is from its start
     if segment_dir is None or runner.device.type != "cpu":
         if segment_dir is not None:
@@ -46,6 +53,7 @@ def attach_pool(runner: ModelRunner, segment_dir: str | None, worker_id: str, lo
         runner.pool_sizing.num_blocks,
         runner.kv_shape.pool_bytes,
         adopt_num_blocks=runner.pool_sizing.how == "auto",
+        locked=locked,
     )
     if segment.discarded is not None:
         # Another model, dtype or block size wrote it (or a worker died setting it up): never trusted.

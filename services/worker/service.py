@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 from pagedserve.services.worker.kv_budget import PoolTooSmall, check_fits
-from pagedserve.services.worker.kv_segment import NameHeld
+from pagedserve.services.worker.kv_segment import NameHeld, lock_name
 from pagedserve.services.worker.pool_attach import PoolAttachment, attach_pool
 from pagedserve.services.worker.simulated import SimulatedRunner
 from pagedserve.shared import failpoints
@@ -58,6 +58,12 @@ class WorkerService:
             worker_id=self.worker_id
         )
         self.model_path = resolve_model(config.model)
+        # Our name's segment, locked before the model loads: a duplicate is refused at once.
+        self.name_lock = (
+            lock_name(config.kv_segment_dir, self.worker_id)
+            if named and config.kv_segment_dir and config.simulate_step_ms is None and config.device == "cpu"
+            else None
+        )
         self.runner: ModelRunner | SimulatedRunner
         if config.simulate_step_ms is not None:  # no torch, no weights: a fleet on one machine
             self.runner = SimulatedRunner(
@@ -108,7 +114,7 @@ class WorkerService:
             self.log = self.log.bind(worker_id=self.worker_id)
         if isinstance(self.runner, SimulatedRunner):
             return
-        self.pool = attach_pool(self.runner, config.kv_segment_dir, self.worker_id, self.log)
+        self.pool = attach_pool(self.runner, config.kv_segment_dir, self.worker_id, self.log, self.name_lock)
         from pagedserve.services.worker.kv_failpoints import watch_kv_writes  # lazily: torch
 
         runner = self.runner

@@ -56,15 +56,18 @@ def start(
     log_dir: Path,
     policy: Any = None,
     failpoints: dict[str, str] | None = None,
+    rearm_failpoints: bool = True,
     **overrides: Any,
 ) -> Supervisor:
-    """`failpoints`: child name -> spec (shared/failpoints.py), armed in that child only."""
+    """`failpoints`: child name -> spec (shared/failpoints.py), armed in that child only (and in its
+    restarts unless `rearm_failpoints` is false)."""
     sup = Supervisor(
         deployment_config(model, **overrides),
         workers=workers,
         log_dir=log_dir,
         policy=policy,
         failpoints=failpoints,
+        rearm_failpoints=rearm_failpoints,
     )
     sup.start()
     try:
