@@ -51,6 +51,10 @@ class WorkerService:
         """`named` false: a standby, loaded but nameless until `take_name` (standby.py)."""
         from pagedserve.services.checkpoint import resolve_model
 
+        started = time.monotonic()
+        # Where a start (or a restart) spends its time, for the start log: the process up to here
+        # (interpreter, imports), the model, the pool, the registration.
+        self.startup: dict[str, float] = {"process_s": round(process_age_s(), 3)}
         self.config = config
         self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.incarnation = uuid.uuid4().hex
@@ -96,6 +100,7 @@ class WorkerService:
                 quantization=config.quantization,
                 defer_pool=True,  # its name decides which segment holds it
             )
+        self.startup["load_s"] = round(time.monotonic() - started, 3)
         self.pool = PoolAttachment()
         self.pool_continued = False  # the block manager kept our tables (set at registration)
         self.keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
@@ -114,6 +119,7 @@ class WorkerService:
             self.log = self.log.bind(worker_id=self.worker_id)
         if isinstance(self.runner, SimulatedRunner):
             return
+        started = time.monotonic()
         self.pool = attach_pool(self.runner, config.kv_segment_dir, self.worker_id, self.log, self.name_lock)
         from pagedserve.services.worker.kv_failpoints import watch_kv_writes  # lazily: torch
 
@@ -122,6 +128,7 @@ class WorkerService:
         # Before registering: a pool that cannot hold one max_model_len request is a
         # configuration to change, not a worker to restart (exit EX_CONFIG, see run()).
         check_fits(self.runner.pool_sizing, self.runner.served_len)
+        self.startup["pool_s"] = round(time.monotonic() - started, 3)
 
     def pool_facts(self) -> dict[str, object]:
         sizing = getattr(self.runner, "pool_sizing", None)
@@ -208,7 +215,9 @@ class WorkerService:
         faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
 
     def serve(self) -> None:
+        started = time.monotonic()
         self.register_pool()
+        self.startup["register_s"] = round(time.monotonic() - started, 3)
         sched = self._dealer(self.config.worker_endpoint, identity=self.worker_id)
         connects = sched.get_monitor_socket(zmq.EVENT_CONNECTED)
         connection = 0  # how many times the step socket has connected
@@ -220,6 +229,9 @@ class WorkerService:
             num_blocks=self.runner.num_blocks,
             **self.runner.runtime,  # dtype, attention backend, the ISA path of each C++ op
             **self.pool_facts(),  # how many tokens the pool holds, and how it was sized
+            startup=self.startup,
+            pool_epoch=self.pool.epoch,
+            pool_continued=self.pool_continued,
         )
         last_sent = time.monotonic()
         last_hello = 0.0
@@ -279,6 +291,16 @@ class WorkerService:
                 self.log.warning("heartbeat_thread_still_running_at_exit")
             else:
                 self.ctx.term()
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (its /proc start time against the clock since boot)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 # sysexits.h EX_CONFIG: the supervisor does not restart a child that refuses its configuration.

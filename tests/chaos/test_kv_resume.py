@@ -23,7 +23,7 @@ import pytest
 from harness.deployment import blocks, get_text, start, stream_greedy, wait_for, workers_ready
 from harness.greedy_reference import greedy_outputs, random_prompts
 from pagedserve.ops.deploy.supervisor import Supervisor, config_env
-from pagedserve.services.worker.kv_segment import KVSegment
+from pagedserve.services.worker.kv_segment import HEADER_BYTES, KVSegment
 
 MAX_TOKENS = 40
 SHORT = random_prompts(12, seed=5, max_len=40)
@@ -168,7 +168,7 @@ def test_a_segment_of_another_layout_is_discarded_and_the_worker_serves(model_pa
         lambda n: n * 4096,
         False,
     )
-    stale.memory.write(b"\xff" * 4096)  # garbage where the new pool's K/V would start
+    stale.memory[HEADER_BYTES : 2 * HEADER_BYTES] = b"\xff" * HEADER_BYTES  # where the new K/V would start
     stale.close()
     sup = start(model_path, workers=1, log_dir=tmp_path / "logs", kv_segment_dir=str(segments))
     try:
