@@ -96,6 +96,11 @@ class ServeConfig(BaseSettings):
         0.85, gt=0.0, le=1.0, description="fraction of free GPU memory for KV"
     )
     enable_prefix_caching: bool = Field(True, description="reuse full KV blocks of identical prefixes")
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16", "int8"] = Field(
+        "auto",
+        description="K/V storage: auto = the model's dtype; int8 = a quarter of float32's bytes, a scale per "
+        "slot and head (CPU; docs/kv-int8.md); a float dtype other than the model's is refused",
+    )
     kv_persist: bool = Field(
         True,
         description="`pagedserve up` keeps each CPU worker's KV pool in a shared-memory segment it owns, so a "

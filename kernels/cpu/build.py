@@ -54,7 +54,8 @@ PAGED_ATTENTION = Extension("paged_attention", (HERE / "paged_attention.cpp",))
 LAYER_OPS = Extension("layer_ops", (HERE / "layer_ops.cpp",), ("-ffp-contract=off",))
 SAMPLING = Extension("sampling", (HERE / "sampling.cpp",))
 QUANT_LINEAR = Extension("quant_linear", (HERE / "quant_linear.cpp",))
-EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING, QUANT_LINEAR)
+KV_INT8 = Extension("kv_int8", (HERE / "kv_int8.cpp",))  # int8 KV: its write and its attention
+EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING, QUANT_LINEAR, KV_INT8)
 
 _lock = threading.Lock()
 _loaded: set[str] = set()

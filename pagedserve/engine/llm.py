@@ -66,6 +66,7 @@ class LLM:
         attention_backend: str = config_default("attention_backend"),
         enable_prefix_caching: bool = config_default("enable_prefix_caching"),
         quantization: str = config_default("quantization"),
+        kv_cache_dtype: str = config_default("kv_cache_dtype"),
     ) -> None:
         from pagedserve.services.worker.runner import ModelRunner
 
@@ -85,6 +86,7 @@ class LLM:
             attention_backend=attention_backend,
             enable_prefix_caching=enable_prefix_caching,
             quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
         )
         checkpoint = load_checkpoint(model)
         self.tokenizer = load_tokenizer(checkpoint.tokenizer_path)
@@ -100,6 +102,7 @@ class LLM:
             max_model_len=max_model_len,
             attention_backend=attention_backend,
             quantization=config.quantization,
+            kv_cache_dtype=config.kv_cache_dtype,
         )
         self.max_model_len = checkpoint.served_len(max_model_len)
         check_fits(self.runner.pool_sizing, self.max_model_len)

@@ -215,7 +215,9 @@ class Scheduler:
         for rid, group in list(self.groups.items()):
             head = group[0]
             if head.deadline is not None and now >= head.deadline:
-                code = "no_workers" if not self.placement.workers else "timeout"
+                # A suspended worker (lost, its pool waiting for it) serves nobody until it is back.
+                live = any(w.suspended_at is None for w in self.placement.workers.values())
+                code = "timeout" if live else "no_workers"
                 for req in group:
                     if req.status is not Status.FINISHED:
                         events.extend(self._finish(req, "error"))

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from pagedserve.kernels.kv_int8 import row_dim
 from pagedserve.services.worker.kv_budget import blocks_in
 
 _ALIGN = 4096  # each tensor starts on a page: SIMD loads aligned, and a header page fits in front
@@ -34,17 +35,48 @@ class KVCacheShape:
         return torch.empty((), dtype=self.dtype).element_size()
 
     @property
+    def row_dim(self) -> int:
+        """The cache's last dimension: head_dim, and for int8 KV its scale's 4 bytes (kernels/kv_int8.py)."""
+        return row_dim(self.head_dim) if self.dtype == torch.int8 else self.head_dim
+
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        return self.block_size, self.num_kv_heads, self.row_dim
+
+    @property
     def bytes_per_block(self) -> int:
         """K and V of one block, over every layer."""
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self.element_size
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.row_dim * self.element_size
 
     def tensor_bytes(self, num_blocks: int) -> int:
         """One layer's K (or V) tensor."""
-        return num_blocks * self.block_size * self.num_kv_heads * self.head_dim * self.element_size
+        return num_blocks * self.block_size * self.num_kv_heads * self.row_dim * self.element_size
 
     def pool_bytes(self, num_blocks: int) -> int:
         """Every tensor of the pool laid out in one mapping, each on its own page."""
         return 2 * self.num_layers * _aligned(self.tensor_bytes(num_blocks))
+
+
+def resolve_kv_dtype(
+    kv_cache_dtype: str, model_dtype: torch.dtype, device: torch.device, backend: str
+) -> torch.dtype:
+    """What K/V is stored as; ValueError naming the setting where this worker cannot do it."""
+    if kv_cache_dtype == "auto":
+        return model_dtype
+    if kv_cache_dtype == "int8":
+        if device.type != "cpu" or backend == "triton":
+            raise ValueError(
+                f"kv_cache_dtype int8 runs on the CPU (the C++ kernel, or the torch reference); "
+                f"this worker runs {backend} on {device.type}: use kv_cache_dtype auto there"
+            )
+        return torch.int8
+    wanted = getattr(torch, kv_cache_dtype)
+    if wanted != model_dtype:
+        raise ValueError(
+            f"kv_cache_dtype {kv_cache_dtype} with a {str(model_dtype).removeprefix('torch.')} model is not "
+            "supported: the attention kernels read K/V in the model's dtype; use auto, or int8"
+        )
+    return wanted
 
 
 def num_blocks_for_budget(shape: KVCacheShape, budget_bytes: int) -> int:
@@ -75,7 +107,7 @@ class KVCache:
         anonymous one. The caller keeps it open for the cache's life."""
         self.shape = shape
         self.num_blocks = num_blocks
-        dims = (num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
+        dims = (num_blocks, *shape.dims)
         if torch.device(device).type != "cpu":
             # Zeroed, not empty: padded decode attention reads (masked) slots never written, and
             # garbage there could be NaN, which a zero attention weight does not cancel.

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import torch
 from pagedserve.kernels.attention import get_backend
+from pagedserve.kernels.kv_int8 import Int8KVBackend
 from pagedserve.services.worker import prompt_logprobs
 from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
 from pagedserve.services.worker.kv_budget import PoolSizing, sized_pool
-from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget
+from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, resolve_kv_dtype
 from pagedserve.services.worker.layers.packed_linear import linears_kind
 from pagedserve.services.worker.layers.quant_linear import weight_types
 from pagedserve.services.worker.models.registry import ModelConfig
@@ -48,6 +49,7 @@ class ModelRunner:
         num_threads: int | None = None,
         prepack_weights: bool = config_default("prepack_weights"),
         quantization: str = config_default("quantization"),
+        kv_cache_dtype: str = config_default("kv_cache_dtype"),
         allow_slow_dtype: bool = False,
         defer_pool: bool = False,
     ) -> None:
@@ -63,6 +65,9 @@ class ModelRunner:
             check_cpu_dtype(dtype, self.device)  # UnsupportedDtype, naming the missing CPU feature
         self.dtype = dtype  # what `auto` became here
         backend = get_backend(attention_backend, self.device)
+        kv_dtype = resolve_kv_dtype(kv_cache_dtype, torch_dtype(dtype), self.device, backend.name)
+        if kv_dtype == torch.int8:
+            backend = Int8KVBackend(backend)  # quantizes on write, dequantizes where it reads
         self.backend = backend
         self.attention_backend = backend.name
         self.prefilling = False  # the step being run computes part of a prompt (for failpoints)
@@ -74,9 +79,7 @@ class ModelRunner:
         self._config = loaded.config
         self._eos_token_ids = list(loaded.eos_token_ids)
         cfg = loaded.config
-        self.kv_shape = KVCacheShape(
-            cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, torch_dtype(dtype)
-        )
+        self.kv_shape = KVCacheShape(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, kv_dtype)
         self.served_len = min(max_model_len or cfg.max_model_len, cfg.max_model_len)
         # Sized after the weights are loaded: `auto` takes a share of what they left.
         self.size_pool = functools.partial(
@@ -174,6 +177,7 @@ class ModelRunner:
             "dtype": self.dtype,
             "device": self.device.type,
             "attention_backend": self.attention_backend,
+            "kv_cache_dtype": str(self.kv_shape.dtype).removeprefix("torch."),
             "layer_ops": "torch" if layer_ops is None else layer_ops.name,
             "linears": linears_kind(self.model),
             "weights": weights_kind(self.model, self.dtype),

@@ -98,6 +98,7 @@ class WorkerService:
                 gpu_memory_utilization=config.gpu_memory_utilization,
                 prepack_weights=config.prepack_weights,
                 quantization=config.quantization,
+                kv_cache_dtype=config.kv_cache_dtype,
                 defer_pool=True,  # its name decides which segment holds it
             )
         self.startup["load_s"] = round(time.monotonic() - started, 3)

@@ -180,3 +180,9 @@ def test_a_pool_sized_for_the_machine_costs_nothing_until_written():
 def _rss() -> int:
     with open(f"/proc/{os.getpid()}/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def test_int8_kv_holds_3_76x_the_tokens_of_float32_kv_on_smollm2():
+    int8 = KVCacheShape(30, 16, 3, 64, torch.int8)
+    assert SMOLLM2.bytes_per_block / int8.bytes_per_block == 256 / 68  # 3.76: a float32 scale per 64 values
+    assert int8.dims == (16, 3, 68)
