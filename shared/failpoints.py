@@ -43,6 +43,7 @@ POINTS = {
     "worker.stop_before_result": "the worker has a step result with tokens and SIGSTOPs itself before sending it",
     "worker.kv_write": "a layer's K/V of a step were just written (the next layers' not yet)",
     "worker.prefill_kv_write": "as worker.kv_write, counting only steps that compute part of a prompt",
+    "worker.mid_verification": "the worker has scored proposed tokens (speculative decoding) and not yet sampled them",
 }
 
 _TERM = re.compile(

@@ -67,6 +67,7 @@ class LLM:
         enable_prefix_caching: bool = config_default("enable_prefix_caching"),
         quantization: str = config_default("quantization"),
         kv_cache_dtype: str = config_default("kv_cache_dtype"),
+        speculative_config: dict | str | None = None,
     ) -> None:
         from pagedserve.services.worker.runner import ModelRunner
 
@@ -87,6 +88,7 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             quantization=quantization,
             kv_cache_dtype=kv_cache_dtype,
+            speculative_config=speculative_config,
         )
         checkpoint = load_checkpoint(model)
         self.tokenizer = load_tokenizer(checkpoint.tokenizer_path)
@@ -103,6 +105,7 @@ class LLM:
             attention_backend=attention_backend,
             quantization=config.quantization,
             kv_cache_dtype=config.kv_cache_dtype,
+            speculative_config=config.speculative_config,
         )
         self.max_model_len = checkpoint.served_len(max_model_len)
         check_fits(self.runner.pool_sizing, self.max_model_len)

@@ -15,6 +15,7 @@ class InFlightStep:
     slots_after: list[int] = field(default_factory=list)
     # Requests whose blocks this step copies or forks: lost with the step, they cannot resume.
     unsafe: frozenset[str] = frozenset()
+    lookahead: dict[str, int] = field(default_factory=dict)  # proposal slots granted, by request
 
 
 @dataclass(slots=True)
@@ -38,10 +39,11 @@ class PipelineWindow:
         now: float,
         slots_after: list[int] | None = None,
         unsafe: frozenset[str] = frozenset(),
+        lookahead: dict[str, int] | None = None,
     ) -> int:
         step = self.next_step
         self.next_step += 1
-        self.steps.append(InFlightStep(step, request_ids, now, slots_after or [], unsafe))
+        self.steps.append(InFlightStep(step, request_ids, now, slots_after or [], unsafe, lookahead or {}))
         return step
 
     def close(self, step: int) -> InFlightStep:

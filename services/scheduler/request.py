@@ -32,8 +32,18 @@ class Request:
     finish_reason: str | None = None
     # --- KV bookkeeping (mirrors the worker's state one pipeline window ahead)
     on_worker: bool = False  # the worker holds its state (sent as NewRequest, not yet told to forget)
-    num_slots_used: int = 0  # tokens whose KV is computed or being computed, over all steps so far
-    num_committed: int = 0  # of those, the slots of steps whose results came back: KV known written
+    # Tokens whose KV is computed or being computed, over all steps so far; while speculating steps are
+    # in flight, as if every proposal they may bring were accepted (an upper bound), corrected by
+    # their results (speculation.py). With nothing in flight it is exact.
+    num_slots_used: int = 0
+    # Slots the block manager's table holds: the most num_slots_used has been. Slots of rejected
+    # proposals stay given and are written again by the next tokens.
+    num_slots_given: int = 0
+    lookahead_in_flight: int = 0  # proposal slots of the steps in flight, not yet resolved
+    # Of those, the slots of steps whose results came back: KV known written (rejected proposals not
+    # counted). Kept as of each step in flight: InFlightStep.slots_after.
+    num_committed: int = 0
+    num_rejected: int = 0  # proposal slots the worker rejected, over all steps so far (speculation)
     resume: bool = False  # its worker came back with the pool: continue from num_committed (resume op)
     lost_committed: int = 0  # committed KV lost with a worker: prefill computed again when re-admitted
     num_known_sent: int = 0  # known tokens already told to the block manager (for prefix hashing)
@@ -44,6 +54,10 @@ class Request:
     fork_children: int = 0  # n - 1 children still to fork when the prompt completes
     prompt_logprobs: PromptLogprobs | None = None  # received (sampling.prompt_logprobs; the parent's)
     refusal: str | None = None  # why it was refused after admission (too large for the pool), in numbers
+    # --- speculation (speculation.py): this completion's proposals so far, and its acceptance average
+    num_proposed: int = 0
+    num_accepted: int = 0
+    spec_acceptance: float = 0.6
     # --- timing (for metrics)
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -90,4 +104,5 @@ class Request:
         self.status = Status.WAITING
         self.on_worker = False
         self.num_slots_used = self.num_known_sent = self.pending = self.in_flight = self.num_committed = 0
+        self.num_slots_given = self.lookahead_in_flight = self.num_rejected = 0
         self.shares_last_block = self.resume = False

@@ -57,6 +57,8 @@ def suspend(
             continue
         req.in_flight = req.pending = 0
         req.num_slots_used = req.num_committed  # a free below says: only these slots were written
+        req.num_slots_given = req.num_committed  # the resume op takes the table back there
+        req.lookahead_in_flight = 0  # the proposals of lost steps are lost with them
         if req.status is Status.FINISHED:
             out.frees.append(free_op(req.request_id, req.num_slots_used))
             out.released.append(req)

@@ -100,6 +100,7 @@ class WorkerService:
                 quantization=config.quantization,
                 kv_cache_dtype=config.kv_cache_dtype,
                 defer_pool=True,  # its name decides which segment holds it
+                speculative_config=config.speculative_config,
             )
         self.startup["load_s"] = round(time.monotonic() - started, 3)
         self.pool = PoolAttachment()

@@ -13,7 +13,8 @@ from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.scheduler.request import Status
 from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
 from pagedserve.shared.protocol.frontend import SamplingParams
-from pagedserve.shared.protocol.step import Execute, StepResult
+from pagedserve.shared.protocol.step import Execute, Speculated, StepResult
+from pagedserve.shared.speculative_config import SpeculativeConfig
 
 W = "w0"
 BS = 4
@@ -48,6 +49,7 @@ class PoolWorker:
                     self.pool[dst * BS + i] = self.pool[src * BS + i]
         scheduled = [(r.request_id, r.num_scheduled_tokens) for r in ex.new_requests]
         scheduled += [(r.request_id, r.num_scheduled_tokens) for r in ex.cached_requests]
+        lookahead = {r.request_id: r.num_lookahead for r in ex.cached_requests if r.num_lookahead}
         for rid, n in scheduled:  # every K/V write first, as the model does layer by layer
             tokens, blocks, computed = self.state[rid]
             for p in range(computed[0], computed[0] + n):
@@ -56,24 +58,59 @@ class PoolWorker:
                         raise Crash
                     self.writes_left -= 1
                 self.pool[self.slot(blocks, p)] = tokens[p] * 1000 + p
-        ids, toks = [], []
+        ids, toks, more = [], [], []
         for rid, n in scheduled:
             tokens, blocks, computed = self.state[rid]
             computed[0] += n
             if computed[0] == len(tokens):
                 context = [self.pool[self.slot(blocks, p)] for p in range(len(tokens))]
                 assert context == [t * 1000 + p for p, t in enumerate(tokens)], f"{rid}: KV is not its tokens"
-                tok = sum((i + 1) * v for i, v in enumerate(context)) % 89 + 10
+                tok = next_token(context)
                 tokens.append(tok)
+                if rid in lookahead:
+                    extra = self.speculate(rid, lookahead[rid])
+                    more.append(Speculated(len(ids), lookahead[rid], extra))
                 ids.append(rid)
                 toks.append(tok)
-        return StepResult(ex.step, ids, toks)
+        return StepResult(ex.step, ids, toks, speculation=more)
+
+    def speculate(self, rid: str, proposals: int) -> list[int]:
+        """A decode verifying `proposals` proposed tokens: the K/V of each is written (slots past the
+        decode's), the first `accepted` were the right tokens, the others wrong (their slots hold
+        garbage, to be written again). Returns the tokens after the first: the accepted proposals'
+        successors."""
+        tokens, blocks, computed = self.state[rid]
+        accepted = (len(tokens) * 7) % (proposals + 1)
+        out = []
+        for j in range(proposals):
+            p = computed[0] + j
+            if self.writes_left is not None:
+                if self.writes_left == 0:
+                    raise Crash
+                self.writes_left -= 1
+            self.pool[self.slot(blocks, p)] = tokens[p] * 1000 + p if j < accepted else -1
+            if j < accepted:
+                out.append(next_token([self.pool[self.slot(blocks, q)] for q in range(p + 1)]))
+                tokens.append(out[-1])
+        computed[0] += accepted
+        return out
 
 
-def setup(depth: int = 2, budget: int = 24, num_blocks: int = 96) -> tuple[Scheduler, BlockManager]:
+def next_token(context: list[int]) -> int:
+    return sum((i + 1) * v for i, v in enumerate(context)) % 89 + 10
+
+
+SPEC = SpeculativeConfig(num_speculative_tokens=3, max_step_rows=64, row_cost=0.0)
+
+
+def setup(
+    depth: int = 2, budget: int = 24, num_blocks: int = 96, spec: SpeculativeConfig | None = None
+) -> tuple[Scheduler, BlockManager]:
     bm = BlockManager(lease_ttl_s=100.0)
     bm.add_pool(W, num_blocks, BS)
-    limits = SchedulerLimits(max_model_len=4096, pipeline_depth=depth, max_num_batched_tokens=budget)
+    limits = SchedulerLimits(
+        max_model_len=4096, pipeline_depth=depth, max_num_batched_tokens=budget, speculative=spec
+    )
     sched = Scheduler(limits, eos_token_ids=[0])
     sched.add_worker(W, num_blocks, BS)
     shared = [5, 6, 7, 8, 9, 10, 11, 12]  # two full blocks every prompt starts with: prefix-cache hits
@@ -145,6 +182,26 @@ def test_a_worker_killed_mid_write_resumes_every_request_exactly_with_nothing_re
     assert outputs(done) == reference
     assert sched.stats.recomputed_tokens == 0
     assert sched.stats.resumed_requests == len(out.parked)
+    assert bm.num_free_blocks(W) == 96 and bm.check_invariants() == []
+
+
+@pytest.mark.parametrize("crash_at_write", [60, 140, 230])
+def test_speculating_requests_resume_from_their_accepted_tokens_only(reference, crash_at_write):
+    # Proposals' slots are written by the step that verifies them; the rejected ones hold garbage and
+    # must not count as committed: a resumed request that trusted them would read -1 from its KV.
+    sched, bm = setup(spec=SPEC)
+    pool: dict[int, int] = {}
+    done: list[RequestDone] = []
+    with pytest.raises(Crash):
+        drive(sched, bm, PoolWorker(pool, crash_after_writes=crash_at_write), done)
+    assert sched.stats.spec_proposed > sched.stats.spec_accepted > 0  # some accepted, some rejected
+    out = sched.suspend_worker(W, 1.0, "epoch-a", "incarnation-1")
+    bm.apply(out.frees, 1.0)
+    assert out.parked
+    assert sched.resume_worker(W, "epoch-a", "incarnation-2", continued=True) == len(out.parked)
+    done += finish(sched, bm, PoolWorker(pool))
+    assert outputs(done) == reference
+    assert sched.stats.recomputed_tokens == 0
     assert bm.num_free_blocks(W) == 96 and bm.check_invariants() == []
 
 
