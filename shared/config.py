@@ -14,6 +14,32 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+def parse_bytes(value: object) -> int | str:
+    """`auto`, an int, or a size such as `512MiB`, `4GiB`, `2G` (powers of 1024) -> int bytes or `auto`."""
+    if isinstance(value, bool):
+        raise ValueError(f"kv_cache_memory must be 'auto' or a size in bytes, got {value!r}")
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"kv_cache_memory must be at least 1 byte, got {value}")
+        return value
+    text = str(value).strip()
+    if text.lower() == "auto":
+        return "auto"
+    units = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20}
+    units |= {"g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40}
+    number = text.rstrip("bBiIkKmMgGtT ")
+    unit = text[len(number) :].strip().lower()
+    try:
+        amount = float(number)
+    except ValueError:
+        amount = -1.0
+    if unit not in units or amount <= 0:
+        raise ValueError(
+            f"kv_cache_memory must be 'auto', a number of bytes or a size like 512MiB / 4GiB; got {value!r}"
+        )
+    return max(1, int(amount * units[unit]))
+
+
 def _power_of_two(value: int) -> bool:
     return value > 0 and value & (value - 1) == 0
 
@@ -71,11 +97,47 @@ class ServeConfig(BaseSettings):
     # --- KV cache
     block_size: int = Field(16, description="tokens per KV block: a power of two, 8 to 128")
     num_blocks: int | None = Field(None, ge=1, description="KV blocks per worker (overrides kv_cache_memory)")
-    kv_cache_memory: int = Field(256 * 1024**2, ge=1, description="bytes of KV cache per worker on the CPU")
+    kv_cache_memory: int | Literal["auto"] = Field(
+        "auto",
+        description="KV cache per worker on the CPU: bytes, a size (512MiB, 4GiB), or auto = kv_cache_share of "
+        "the memory free after the weights (cgroup limits respected), split among workers_per_machine",
+    )
+    kv_cache_share: float = Field(
+        0.5, gt=0.0, le=0.95, description="with kv_cache_memory auto: the share of available memory for KV"
+    )
+    workers_per_machine: int = Field(
+        1, ge=1, le=4096, description="workers sharing this machine's memory (`pagedserve up` sets --workers)"
+    )
     gpu_memory_utilization: float = Field(
         0.85, gt=0.0, le=1.0, description="fraction of free GPU memory for KV"
     )
     enable_prefix_caching: bool = Field(True, description="reuse full KV blocks of identical prefixes")
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16", "int8"] = Field(
+        "auto",
+        description="K/V storage: auto = the model's dtype; int8 = a quarter of float32's bytes, a scale per "
+        "slot and head (CPU; docs/kv-int8.md); a float dtype other than the model's is refused",
+    )
+    kv_persist: bool = Field(
+        True,
+        description="`pagedserve up` keeps each CPU worker's KV pool in a shared-memory segment it owns, so a "
+        "restarted worker continues its pool and its requests resume without recompute",
+    )
+    kv_segment_dir: str | None = Field(
+        None, description="folder of the workers' KV segments (set by `pagedserve up`); None = private memory"
+    )
+    kv_resume_timeout_s: float = Field(
+        10.0,
+        gt=0.0,
+        description="a lost worker whose pool is in shared memory has this long to come back and resume its "
+        "requests before they recompute on another worker",
+    )
+    standby_workers: int = Field(
+        1,
+        ge=0,
+        le=1,
+        description="`pagedserve up` keeps this many workers loaded and nameless, to take a dead worker's place "
+        "at once (its model already loaded) instead of starting a process",
+    )
 
     # --- scheduling
     max_num_seqs: int = Field(64, ge=1, le=4096, description="requests running at once per worker")
@@ -218,6 +280,11 @@ class ServeConfig(BaseSettings):
     # --- logging
     log_format: Literal["auto", "json", "pretty"] = Field("auto", description="auto = pretty on a terminal")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="lowest level logged")
+
+    @field_validator("kv_cache_memory", mode="before")
+    @classmethod
+    def _kv_cache_memory_is_a_size(cls, v: Any) -> int | str:
+        return parse_bytes(v)
 
     @field_validator("block_size")
     @classmethod

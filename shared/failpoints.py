@@ -18,6 +18,7 @@ last counted term the point is off again. Tasks:
     return       `fire` returns True: the caller skips its work (drops a message, a reply)
     sleep(ms)    block this thread that long (a slow step, a delayed reply)
     stop         SIGSTOP this process (a hang; whoever SIGCONTs it sees it resume mid-step)
+    kill         SIGKILL this process (a crash nothing can catch: mid-step, mid-K/V-write)
     panic(text)  raise FailpointPanic(text) (a crash at that exact place)
 
 Every point a process may fire is declared in POINTS (the docs list them): a spec naming another
@@ -40,6 +41,8 @@ POINTS = {
     "worker.drop_execute": "the worker reads an Execute and drops it: no step, no reply",
     "worker.delay_reply": "the worker has a step result and waits before sending it",
     "worker.stop_before_result": "the worker has a step result with tokens and SIGSTOPs itself before sending it",
+    "worker.kv_write": "a layer's K/V of a step were just written (the next layers' not yet)",
+    "worker.prefill_kv_write": "as worker.kv_write, counting only steps that compute part of a prompt",
     "worker.mid_verification": "the worker has scored proposed tokens (speculative decoding) and not yet sampled them",
     "worker.lora_load": "the worker has read and checked a LoRA adapter a step needs and not yet cached or slotted it",
 }
@@ -47,7 +50,7 @@ POINTS = {
 _TERM = re.compile(
     r"^(?:(?P<pct>\d+(?:\.\d+)?)%)?(?:(?P<count>\d+)\*)?(?P<task>[a-z]+)(?:\((?P<arg>[^)]*)\))?$"
 )
-_TASKS = {"off", "return", "sleep", "stop", "panic"}
+_TASKS = {"off", "return", "sleep", "stop", "panic", "kill"}
 
 
 class FailpointPanic(RuntimeError):
@@ -148,6 +151,8 @@ def fire(name: str) -> bool:
         time.sleep(float(term.arg) / 1000.0)
     elif term.task == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
+    elif term.task == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
     elif term.task == "panic":
         raise FailpointPanic(term.arg or name)
     return term.task == "return"

@@ -60,7 +60,8 @@ QUANT_LINEAR = Extension(
     (HERE / "quant_linear.cpp", HERE / "quant_float.cpp", HERE / "quant_int8.cpp"),
     headers=(HERE / "quant_linear.h", HERE / "quant_formats.h", HERE / "quant_codes_x86.h"),
 )
-EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING, QUANT_LINEAR)
+KV_INT8 = Extension("kv_int8", (HERE / "kv_int8.cpp",))  # int8 KV: its write and its attention
+EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING, QUANT_LINEAR, KV_INT8)
 
 _lock = threading.Lock()
 _loaded: set[str] = set()

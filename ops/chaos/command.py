@@ -36,7 +36,7 @@ from pagedserve.ops.chaos.deployment import Deployment, DeploymentError, attache
 from pagedserve.ops.chaos.faults import FAULT_KINDS, MIN_READY_TO_HIT, FaultInjector
 from pagedserve.ops.chaos.load import LoadOutcome, LoadSettings, run_load, run_reference
 from pagedserve.ops.chaos.outputs import judge_outputs
-from pagedserve.ops.chaos.report import build_report, print_report
+from pagedserve.ops.chaos.report import add_segments_left, build_report, print_report
 from pagedserve.ops.chaos.timeline import write_timeline
 from pagedserve.ops.chaos.watch import DeploymentWatch, blocks, ready_workers
 from pagedserve.ops.deploy.supervisor import DeploymentFailed
@@ -217,6 +217,7 @@ def run(dep: Deployment, args: argparse.Namespace, console: Console) -> dict[str
     dump, whole, _ = settle(dep, max(args.settle_timeout - (time.monotonic() - settle_start), 1.0))
     settle_s = time.monotonic() - settle_start
     watch.stop()
+    kv = kv_counters(watch)  # before the reference run, which must not move them
     reference = None
     if args.reference and load.records:
         console.print(f"reference: {len(load.records)} prompts again, without faults")
@@ -249,9 +250,18 @@ def run(dep: Deployment, args: argparse.Namespace, console: Console) -> dict[str
         outputs,
         watch.timeline.to_json(t0),
         injector.unavailable,
+        kv,
     )
     report["watch_errors"] = watch.errors[:20]
     return report
+
+
+def kv_counters(watch: DeploymentWatch) -> dict[str, float]:
+    totals = watch.read_kv_totals()
+    return {
+        "resumed_requests": totals["pagedserve_requests_resumed_total"],
+        "recomputed_prefill_tokens": totals["pagedserve_prefill_recomputed_tokens_total"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,9 +296,14 @@ def main(argv: list[str] | None = None) -> int:
             deployment = attached(args.endpoint, args.scheduler_ops, args.block_manager_ops, project)
         with deployment as dep:
             report = run(dep, args, console)
+            folder = dep.supervisor.segments.path if dep.supervisor and dep.supervisor.segments else None
     except (DeploymentError, DeploymentFailed, TimeoutError) as e:
         print(f"pagedserve chaos: {e}", file=sys.stderr)
         return 2
+    # The deployment has stopped: none of its KV segments may be left in shared memory.
+    add_segments_left(
+        report, None if folder is None else len(list(folder.glob("*"))) if folder.exists() else 0
+    )
     print_report(report, console)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, report)

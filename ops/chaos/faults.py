@@ -58,6 +58,9 @@ class Fault:
     pause_s: float | None = None
     resumed_at: float | None = None  # SIGCONT sent (pauses)
     instance_before: str | None = None  # block-manager kills: the instance that was hit
+    # Worker faults: the scheduler's workers-lost count at the fault. A worker restarted (a standby
+    # promoted) faster than /readyz is polled never leaves the ready list: the count says it was seen.
+    lost_before: float | None = None
     noticed_at: float | None = None  # the deployment was seen to miss it
     recovered_at: float | None = None  # whole again: see DeploymentWatch
 

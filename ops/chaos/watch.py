@@ -3,9 +3,10 @@
 A thread polls the scheduler's /readyz about 20 times a second. For each fault it notes when the
 deployment was seen to miss it (`noticed`) and when it was whole again (`recovered`):
 
-- a worker fault: noticed when the victim's id leaves the ready list (or, for a victim of unknown
-  id, `pagedserve_workers_lost` goes up); recovered once it is resumed (pauses), back in /readyz
-  and its pool in the block manager's /blocks. A short pause is often never noticed: as it should.
+- a worker fault: noticed when the victim's id leaves the ready list or `pagedserve_workers_lost`
+  goes up (a worker restarted from the standby within a poll never leaves the list); recovered once
+  it is resumed (pauses), back in /readyz and its pool in the block manager's /blocks. A short pause
+  is often never noticed: as it should.
 - a scheduler or block-manager kill: noticed when /readyz stops answering or says the block
   manager is down; recovered when /readyz is ready with every worker and /blocks has every pool.
 - an API kill: noticed when its /health stops answering, recovered when it answers again.
@@ -29,6 +30,8 @@ from pagedserve.ops.deploy import ops_client
 POLL_S = 0.05
 SAMPLE_S = 0.5
 LOST_METRIC = "pagedserve_workers_lost_total"
+# Counters the report sums over the run, across scheduler restarts (each starts them from 0).
+KV_METRICS = ("pagedserve_requests_resumed_total", "pagedserve_prefill_recomputed_tokens_total")
 
 
 # ---------------------------------------------------------------- reading the ops endpoints
@@ -70,15 +73,40 @@ def ready_workers(scheduler_ops: str) -> list[str] | None:
         return None
 
 
-def workers_lost(scheduler_ops: str) -> float | None:
+def metric_values(scheduler_ops: str, names: tuple[str, ...]) -> dict[str, float] | None:
+    """Unlabelled counters of the scheduler's /metrics (absent ones: 0); None when it does not answer."""
     try:
         _, body = ops_client.get(f"{scheduler_ops}/metrics", timeout_s=1.0)
     except OSError:
         return None
+    values = dict.fromkeys(names, 0.0)
     for line in body.decode(errors="replace").splitlines():
-        if line.startswith(LOST_METRIC + " "):
-            return float(line.split()[1])
-    return None
+        name, _, value = line.partition(" ")
+        if name in values:
+            values[name] = float(value)
+    return values
+
+
+def workers_lost(scheduler_ops: str) -> float | None:
+    values = metric_values(scheduler_ops, (LOST_METRIC,))
+    return None if values is None else values[LOST_METRIC]
+
+
+@dataclass(slots=True)
+class RunningTotal:
+    """A counter summed over scheduler restarts: a value below the last one is a new process's."""
+
+    last: float = 0.0
+    before: float = 0.0  # what earlier scheduler processes counted
+
+    def see(self, value: float) -> None:
+        if value < self.last:
+            self.before += self.last
+        self.last = value
+
+    @property
+    def total(self) -> float:
+        return self.before + self.last
 
 
 def blocks(block_manager_ops: str) -> dict[str, Any] | None:
@@ -149,6 +177,7 @@ class DeploymentWatch:
         self._restart_counts: dict[str, int] = {}
         self._next_sample = 0.0
         self._bm_instance: str | None = None
+        self.kv_totals = {name: RunningTotal() for name in KV_METRICS}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-watch", daemon=True)
@@ -173,6 +202,8 @@ class DeploymentWatch:
             return [f for f in self.faults if f.recovered_at is None]
 
     def record(self, fault: Fault) -> Fault:
+        if fault.is_worker:
+            fault.lost_before = workers_lost(self.scheduler_ops)
         if fault.kind == "block_manager_kill":
             # Read now: a restart is quick, and the scheduler may resync between two polls of /readyz.
             fault.instance_before = self._bm_instance
@@ -212,7 +243,7 @@ class DeploymentWatch:
             self._next_sample = now + SAMPLE_S
             self._sample(now, ready, dump)
         lost = None
-        if any(f.is_worker and f.noticed_at is None and f.worker_id is None for f in pending):
+        if any(f.is_worker and f.noticed_at is None for f in pending):
             lost = workers_lost(self.scheduler_ops)
         bm_pending = any(f.kind == "block_manager_kill" for f in pending)
         if bm_pending or now >= self._next_sample:
@@ -237,7 +268,14 @@ class DeploymentWatch:
             ):
                 fault.recovered_at = time.monotonic()
 
+    def read_kv_totals(self) -> dict[str, float]:
+        values = metric_values(self.scheduler_ops, KV_METRICS)
+        for name, value in (values or {}).items():
+            self.kv_totals[name].see(value)
+        return {name: total.total for name, total in self.kv_totals.items()}
+
     def _sample(self, now: float, ready: list[str] | None, dump: dict[str, Any] | None) -> None:
+        self.read_kv_totals()
         totals = (dump or {}).get("totals", {})
         self.timeline.samples.append(
             Sample(
@@ -272,6 +310,8 @@ def _noticed(
     if fault.kind == "block_manager_kill":  # gone, replaced, or the scheduler says it is down
         gone = bm_instance is None or bm_instance != fault.instance_before
         return gone or (state is not None and not state.get("block_manager", True))
+    if lost is not None and fault.lost_before is not None and lost > fault.lost_before:
+        return True
     if ready is None:
         return False
     if fault.worker_id is not None:

@@ -60,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
             help="test deployments only: arm named faults in this process, e.g. "
             "'worker.drop_execute=3*off->1*return' (docs/failure-model.md lists them)",
         )
+        if name == "worker":
+            p.add_argument(
+                "--standby",
+                action="store_true",
+                help="load the model, then wait on stdin for the name of a dead worker to become "
+                "(the supervisor keeps one warm: services/worker/standby.py)",
+            )
         p.set_defaults(handler=_cmd_service)
 
     for name in ("up", "serve"):
@@ -185,7 +192,10 @@ def _cmd_service(args: argparse.Namespace) -> int:
             print(f"pagedserve worker: {refusal}", file=sys.stderr)
             return 2
     module = importlib.import_module(SERVICES[args.command])
-    module.run(config)
+    if getattr(args, "standby", False):
+        module.run(config, standby=True)
+    else:
+        module.run(config)
     return 0
 
 

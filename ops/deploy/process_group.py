@@ -10,6 +10,7 @@ import collections
 import contextlib
 import ctypes
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -25,6 +26,9 @@ import structlog
 log = structlog.get_logger("supervisor")
 
 _PR_SET_PDEATHSIG = 1
+# sysexits.h EX_CONFIG: a child that refuses its configuration (a KV pool too small for max_model_len)
+# would refuse it again on every restart; it is given up at once, its message in its log.
+EXIT_CONFIG = 78
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +37,9 @@ class ChildSpec:
     argv: Sequence[str]
     env: Mapping[str, str] | None = None  # None: inherit ours
     restart: bool = True
+    restart_argv: Sequence[str] | None = None  # for restarts, when not `argv` (faults armed once only)
+    # The group's standby may take this child's place on a restart, told these arguments (standby.py).
+    standby_args: Sequence[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +78,11 @@ class ProcessGroup:
         policy: RestartPolicy | None = None,
         log_dir: Path | None = None,
         poll_interval_s: float = 0.05,
+        standby: ChildSpec | None = None,
     ) -> None:
+        """`standby`: a process kept started ahead (its stdin a pipe) to replace a child that has
+        `standby_args` when it dies: told those arguments on one JSON line, it becomes that child,
+        and another standby is started."""
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"child names must be unique, got {names}")
@@ -79,6 +90,7 @@ class ProcessGroup:
         self.log_dir = log_dir
         self.poll_interval_s = poll_interval_s
         self._children = {s.name: _Child(s) for s in specs}
+        self._standby = None if standby is None else _Child(standby)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -152,7 +164,12 @@ class ProcessGroup:
 
     # ------------------------------------------------------------------ internals
 
-    def _spawn(self, child: _Child) -> None:
+    def standby_pid(self) -> int | None:
+        with self._lock:
+            proc = None if self._standby is None else self._standby.proc
+            return proc.pid if proc is not None and proc.poll() is None else None
+
+    def _spawn(self, child: _Child, argv: Sequence[str] | None = None) -> None:
         stdout: IO[bytes] | None = None
         if self.log_dir is not None:
             if child.log_file is None:
@@ -160,9 +177,9 @@ class ProcessGroup:
             stdout = child.log_file
         env = None if child.spec.env is None else dict(child.spec.env)
         child.proc = subprocess.Popen(
-            list(child.spec.argv),
+            list(argv or child.spec.argv),
             env=env,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if child is self._standby else subprocess.DEVNULL,
             stdout=stdout,
             stderr=subprocess.STDOUT if stdout is not None else None,
             # Own session: a Ctrl-C in the terminal reaches only us, and we stop children in order.
@@ -178,6 +195,8 @@ class ProcessGroup:
             with self._lock:
                 for child in self._children.values():
                     self._spawn(child)
+                if self._standby is not None:
+                    self._spawn(self._standby)
         except OSError as e:
             self._spawn_error = e
         spawned.set()
@@ -190,9 +209,8 @@ class ProcessGroup:
 
     def _terminate_all(self) -> None:
         with self._lock:
-            live = [
-                c for c in reversed(self._children.values()) if c.proc is not None and c.proc.poll() is None
-            ]
+            everyone = [*self._children.values(), *([self._standby] if self._standby else [])]
+            live = [c for c in reversed(everyone) if c.proc is not None and c.proc.poll() is None]
             for child in live:
                 _signal(child.proc, signal.SIGTERM)
             deadline = time.monotonic() + self._grace_s
@@ -206,10 +224,12 @@ class ProcessGroup:
                     )
                     _signal(child.proc, signal.SIGKILL)
                     child.proc.wait()
-            for child in self._children.values():
+            for child in everyone:
                 if child.log_file is not None:
                     child.log_file.close()
                     child.log_file = None
+                if child.proc is not None and child.proc.stdin is not None:
+                    child.proc.stdin.close()
 
     def _tend(self, child: _Child, now: float) -> None:
         if child.given_up:
@@ -219,7 +239,8 @@ class ProcessGroup:
                 child.restarts.append(now)
                 child.total_restarts += 1
                 try:
-                    self._spawn(child)
+                    if not self._promote_standby(child, now):
+                        self._spawn(child, child.spec.restart_argv)
                 except OSError as e:
                     child.given_up = True
                     log.error("child_restart_failed", child=child.spec.name, error=str(e))
@@ -232,12 +253,17 @@ class ProcessGroup:
         )
         while child.restarts and now - child.restarts[0] > 60.0:
             child.restarts.popleft()
-        if not child.spec.restart or len(child.restarts) >= self.policy.max_restarts_per_minute:
+        if (
+            not child.spec.restart
+            or code == EXIT_CONFIG
+            or len(child.restarts) >= self.policy.max_restarts_per_minute
+        ):
             child.given_up = True
             log.error(
                 "child_given_up",
                 child=child.spec.name,
                 exit_code=code,
+                cause=exit_cause(code),
                 restarts_last_minute=len(child.restarts),
             )
             return
@@ -253,9 +279,34 @@ class ProcessGroup:
             restart_number=child.total_restarts + 1,
         )
 
+    def _promote_standby(self, child: _Child, now: float) -> bool:
+        """Hand `child`'s place to the standby, if there is a live one and the child takes it."""
+        standby = self._standby
+        if standby is None or child.spec.standby_args is None:
+            return False
+        if standby.proc is None or standby.proc.poll() is not None or standby.proc.stdin is None:
+            self._spawn(standby)  # died meanwhile: the next restart may find it ready
+            return False
+        log_path = None if self.log_dir is None else str(self.log_dir / f"{child.spec.name}.log")
+        order = json.dumps({"args": list(child.spec.standby_args), "log": log_path}) + "\n"
+        try:
+            standby.proc.stdin.write(order.encode())
+            standby.proc.stdin.close()
+        except OSError:  # it died this instant
+            self._spawn(standby)
+            return False
+        child.proc, standby.proc = standby.proc, None
+        child.started_at = now
+        child.restart_at = None
+        log.info("child_promoted_from_standby", child=child.spec.name, pid=child.proc.pid)
+        self._spawn(standby)
+        return True
+
 
 def exit_cause(code: int) -> str:
     """What ended a child, in words: 'SIGKILL' for -9, 'exit 1', ..."""
+    if code == EXIT_CONFIG:
+        return f"exit {code} (configuration refused)"
     if code < 0:
         try:
             return signal.Signals(-code).name

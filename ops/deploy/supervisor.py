@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pagedserve.ops.deploy.endpoints import ConfigEndpoints
+from pagedserve.ops.deploy.kv_segments import SegmentFolder
 from pagedserve.ops.deploy.process_group import ChildSpec, ProcessGroup, RestartPolicy
 from pagedserve.services.checkpoint import BUNDLED_NAME
 from pagedserve.shared.config import ServeConfig
@@ -27,6 +28,7 @@ from pagedserve.shared.config import ServeConfig
 BLOCK_MANAGER = "block-manager"
 SCHEDULER = "scheduler"
 API = "api"
+STANDBY = "worker-standby"
 CORE_SERVICES = (BLOCK_MANAGER, SCHEDULER)
 
 # Given a service name and a worker id (None for the core services), the argv that runs it.
@@ -84,6 +86,18 @@ def resolve_model_first(config: ServeConfig) -> ServeConfig:
     return config.model_copy(update={"model": str(path.resolve())})
 
 
+def _armed(spec: ChildSpec, failpoints: str, rearm: bool) -> ChildSpec:
+    armed = ["--failpoints", failpoints]
+    return ChildSpec(
+        spec.name,
+        [*spec.argv, *armed],
+        spec.env,
+        spec.restart,
+        restart_argv=None if rearm else spec.argv,
+        standby_args=None if spec.standby_args is None else [*spec.standby_args, *(armed if rearm else [])],
+    )
+
+
 class DeploymentFailed(RuntimeError):
     """A core service died more often than the restart policy allows."""
 
@@ -100,15 +114,36 @@ class Supervisor(ConfigEndpoints):
         restart_core: bool = True,
         api: bool = False,
         failpoints: Mapping[str, str] | None = None,
+        rearm_failpoints: bool = True,
     ) -> None:
+        """`failpoints`: child name -> spec, armed in that child (test deployments); with
+        `rearm_failpoints` false only its first process gets them, not its restarts."""
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
+        # Every worker here shares this machine's memory: an auto-sized KV pool takes 1/N of the share.
+        if workers and "workers_per_machine" not in config.model_fields_set:
+            config = config.model_copy(update={"workers_per_machine": workers})
+        # Our own workers (a custom launcher may not run ours): their pools in segments we own
+        # (kv_segments.py), and a standby loaded ahead to take a dead worker's place.
+        real = launcher is service_argv and workers > 0 and config.simulate_step_ms is None
+        self.segments: SegmentFolder | None = None
+        if real and config.kv_persist and config.kv_segment_dir is None and config.device == "cpu":
+            self.segments = SegmentFolder()
+            config = config.model_copy(update={"kv_segment_dir": str(self.segments.path)})
         self.config = config
         self.workers = workers
         self.api = api
         env = config_env(config)
         specs = [ChildSpec(s, launcher(s, None), env, restart=restart_core) for s in CORE_SERVICES]
-        specs += [ChildSpec(worker_name(i), launcher("worker", worker_name(i)), env) for i in range(workers)]
+        specs += [
+            ChildSpec(
+                worker_name(i),
+                launcher("worker", worker_name(i)),
+                env,
+                standby_args=["--worker-id", worker_name(i)],
+            )
+            for i in range(workers)
+        ]
         if api:  # the OpenAI-compatible API: one more client of the front socket, restarted like the rest
             # With api_processes > 1: api, api-1, ... on one port (SO_REUSEPORT), each supervised.
             specs += [
@@ -120,12 +155,15 @@ class Supervisor(ConfigEndpoints):
         if unknown:
             raise ValueError(f"failpoints for unknown children {unknown}")
         specs = [
-            ChildSpec(s.name, [*s.argv, "--failpoints", failpoints[s.name]], s.env, s.restart)
-            if failpoints and s.name in failpoints
-            else s
+            _armed(s, failpoints[s.name], rearm_failpoints) if failpoints and s.name in failpoints else s
             for s in specs
         ]
-        self.group = ProcessGroup(specs, policy=policy, log_dir=log_dir)
+        standby = (
+            ChildSpec(STANDBY, [*service_argv("worker", None), "--standby"], env)
+            if real and config.standby_workers
+            else None
+        )
+        self.group = ProcessGroup(specs, policy=policy, log_dir=log_dir, standby=standby)
 
     # ------------------------------------------------------------------ endpoints
 
@@ -165,7 +203,10 @@ class Supervisor(ConfigEndpoints):
             raise DeploymentFailed(f"{', '.join(dead)} exited and was not restarted{self._log_hint(dead[0])}")
 
     def stop(self, grace_s: float = 10.0) -> dict[str, int | None]:
-        return self.group.stop(grace_s)
+        codes = self.group.stop(grace_s)
+        if self.segments is not None:
+            self.segments.remove()  # every worker is gone: nobody maps them any more
+        return codes
 
     def __enter__(self) -> Supervisor:
         return self.start()

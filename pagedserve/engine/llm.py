@@ -18,6 +18,7 @@ from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer
 from pagedserve.services.scheduler.admission import check_request
 from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
+from pagedserve.services.worker.kv_budget import check_fits
 from pagedserve.shared.config import ServeConfig, config_default
 from pagedserve.shared.protocol.frontend import CompletionOutput, SamplingParams
 from pagedserve.shared.protocol.pooling import PoolingParams, unpack_floats
@@ -63,7 +64,7 @@ class LLM:
         *,
         block_size: int = config_default("block_size"),
         num_blocks: int | None = None,
-        kv_cache_memory: int = config_default("kv_cache_memory"),
+        kv_cache_memory: int | str = config_default("kv_cache_memory"),
         pipeline_depth: int = config_default("pipeline_depth"),
         max_num_seqs: int = config_default("max_num_seqs"),
         max_num_batched_tokens: int = config_default("max_num_batched_tokens"),
@@ -75,6 +76,7 @@ class LLM:
         enable_prefix_caching: bool = config_default("enable_prefix_caching"),
         quantization: str = config_default("quantization"),
         tokenizer: str | None = None,
+        kv_cache_dtype: str = config_default("kv_cache_dtype"),
         speculative_config: dict | str | None = None,
         max_loras: int = config_default("max_loras"),
         max_lora_rank: int = config_default("max_lora_rank"),
@@ -102,6 +104,7 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             quantization=quantization,
             tokenizer=tokenizer,
+            kv_cache_dtype=kv_cache_dtype,
             speculative_config=speculative_config,
             max_loras=max_loras,
             max_lora_rank=max_lora_rank,
@@ -115,16 +118,21 @@ class LLM:
             device=device,
             block_size=block_size,
             num_blocks=num_blocks,
-            kv_cache_memory=kv_cache_memory,
+            kv_cache_memory=config.kv_cache_memory,
+            kv_cache_share=config.kv_cache_share,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
             attention_backend=attention_backend,
             quantization=config.quantization,
             tokenizer=checkpoint.tokenizer_path,
+            kv_cache_dtype=config.kv_cache_dtype,
             speculative_config=config.speculative_config,
             max_loras=max_loras,
             max_lora_rank=max_lora_rank,
             max_cpu_loras=max_cpu_loras,
         )
         self.max_model_len = checkpoint.served_len(max_model_len)
+        check_fits(self.runner.pool_sizing, self.max_model_len)
         limits = SchedulerLimits.from_config(config, self.max_model_len, checkpoint.rope_switch_at)
         self.block_manager = BlockManager(enable_prefix_caching=enable_prefix_caching)
         self.scheduler = Scheduler(limits, self.runner.eos_token_ids, self.tokenizer, owner="llm")

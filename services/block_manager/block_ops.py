@@ -17,6 +17,7 @@ from pagedserve.shared.protocol.blocks import (
     OP_FREE,
     OP_GROW,
     OP_OPTIONAL,
+    OP_RESUME,
     UNCHANGED,
     BlockAnswers,
     error_result,
@@ -113,11 +114,24 @@ def _free(manager: BlockManager, op: list[Any], now: float) -> Any:
     return manager.free(request_id, num_computed)
 
 
+def _resume(manager: BlockManager, op: list[Any], now: float) -> Any:
+    _, request_id, num_slots, num_new_tokens, new_token_ids = op
+    _need_str("request_id", request_id)
+    _need_count("num_slots", num_slots)
+    _need_count("num_new_tokens", num_new_tokens)
+    _need_tokens("new_token_ids", new_token_ids)
+    growth = manager.resume(request_id, num_slots, num_new_tokens, new_token_ids, now)
+    if growth is None:
+        return None
+    return [manager.table(request_id), [list(c) for c in growth.copies]]
+
+
 _HANDLERS: dict[str, Callable[[BlockManager, list[Any], float], Any]] = {
     OP_ALLOC: _alloc,
     OP_GROW: _grow,
     OP_FORK: _fork,
     OP_FREE: _free,
+    OP_RESUME: _resume,
 }
 
 _INT_ONLY = {int}

@@ -83,6 +83,11 @@ class BlockManager:
             self._leases.remove(rid)
         return dropped
 
+    def requests_of(self, pool_id: str) -> list[str]:
+        """Ids of the tables in this pool."""
+        pool = self._pools.get(pool_id)
+        return [rid for rid, table in self._tables.items() if table.pool is pool]
+
     def has_pool(self, pool_id: str) -> bool:
         return pool_id in self._pools
 
@@ -254,6 +259,30 @@ class BlockManager:
         new_block_ids = tuple([take_free().id for _ in range(num_fresh)])
         block_ids.extend(new_block_ids)
         return Growth(new_block_ids, replaced, copies)
+
+    def resume(
+        self, request_id: str, num_slots: int, num_new_tokens: int, new_token_ids: Sequence[int], now: float
+    ) -> Growth | None:
+        """The table's worker died and came back with this pool (a shared-memory segment): its slots
+        past `num_slots`, the ones its owner saw committed, may never have been written (the steps
+        that computed them died), so they are given again, and keys over blocks not wholly within
+        `num_slots` that this table's owner still had pending leave the cache. Then `grow`. Blocks
+        taken for the lost steps stay in the table: the replayed steps fill them."""
+        table = self._tables.get(request_id)
+        if table is None:
+            raise UnknownRequestError(f"unknown request {request_id!r}")
+        if num_slots > table.num_slots:
+            raise BlockManagerError(
+                f"request {request_id!r}: cannot resume at {num_slots} slots, it was given {table.num_slots}"
+            )
+        pool = table.pool
+        owner = table.lease.owner
+        for index in range(num_slots // pool.block_size, table.num_hashed_blocks):
+            block = pool.blocks[table.block_ids[index]]
+            if block.cache_key is not None and block.pending == owner:
+                pool.uncache(block)
+        table.num_slots = num_slots
+        return self.grow(request_id, num_new_tokens, new_token_ids, now)
 
     def fork(self, parent_id: str, child_id: str, owner: str, now: float) -> bool:
         """The child shares every block of the parent (copy-on-write on the first write into

@@ -95,6 +95,10 @@ class BlockManagerService:
         self.lock = threading.Lock()  # the ops thread reads the core while the loop changes it
         self.instance = uuid.uuid4().hex
         self.incarnations: dict[str, str] = {}
+        # Per pool: the epoch of its shared-memory segment ("" for a private pool), and whether the
+        # current incarnation's registration continued it (its Registered reply says so).
+        self.epochs: dict[str, str] = {}
+        self.continued: dict[str, bool] = {}
         self.last_heartbeat: dict[str, float] = {}
         self.metrics = BlockManagerMetrics()
         # The live view: occupancy once a second, and the pool encoding shared by every viewer.
@@ -246,7 +250,8 @@ class BlockManagerService:
         elif isinstance(msg, WorkerAnnouncement):
             self.register(msg, now)
             if isinstance(msg, Register):
-                send(self.sock, Registered(msg.pool_id, self.instance), to=identity)
+                continued = self.continued.get(msg.pool_id, False)
+                send(self.sock, Registered(msg.pool_id, self.instance, continued), to=identity)
         elif isinstance(msg, RenewOwner):
             with self.lock:
                 self.core.renew_owner(msg.owner, now)
@@ -259,21 +264,37 @@ class BlockManagerService:
             send(self.sock, PoolsReply(msg.seq, pools, self.instance), to=identity)
 
     def register(self, msg: WorkerAnnouncement, now: float) -> None:
+        """A new incarnation of a pool's worker: its pool continues (tables and prefix cache kept) when
+        it maps the same shared-memory segment we know (same epoch, same size); else the KV those
+        tables point at is gone and they are dropped."""
         pool_id, incarnation = msg.pool_id, msg.incarnation
         num_blocks, block_size = msg.num_blocks, msg.block_size
         self.last_heartbeat[pool_id] = now
         if self.incarnations.get(pool_id) == incarnation:
             return
         with self.lock:
-            dropped = self.core.remove_pool(pool_id) if self.core.has_pool(pool_id) else []
-            self.core.add_pool(pool_id, num_blocks, block_size)
+            continued = (
+                msg.pool_epoch != ""
+                and self.epochs.get(pool_id) == msg.pool_epoch
+                and self.core.pools().get(pool_id) == (num_blocks, block_size)
+            )
+            if continued:
+                kept, dropped = self.core.requests_of(pool_id), []
+            else:
+                kept = []
+                dropped = self.core.remove_pool(pool_id) if self.core.has_pool(pool_id) else []
+                self.core.add_pool(pool_id, num_blocks, block_size)
         self.incarnations[pool_id] = incarnation
+        self.epochs[pool_id] = msg.pool_epoch
+        self.continued[pool_id] = continued
         self.log.info(
-            "pool_registered",
+            "pool_continued" if continued else "pool_registered",
             worker_id=pool_id,
             incarnation=incarnation,
             num_blocks=num_blocks,
             block_size=block_size,
+            pool_epoch=msg.pool_epoch,
+            kept_requests=len(kept),
             dropped_requests=len(dropped),
         )
 
@@ -294,7 +315,13 @@ class BlockManagerService:
 
     def drop_silent_workers(self, now: float) -> None:
         for pool_id, seen in list(self.last_heartbeat.items()):
-            if now - seen <= self.config.worker_timeout_s:
+            # A pool in shared memory outlives its worker: its tables wait for the worker's restart
+            # as long as the scheduler holds its requests for it (then a while more, so that the
+            # scheduler gives up first and frees them itself).
+            grace = self.config.worker_timeout_s
+            if self.epochs.get(pool_id):
+                grace += self.config.kv_resume_timeout_s
+            if now - seen <= grace:
                 continue
             with self.lock:
                 free_before = self.core.num_free_blocks(pool_id) if self.core.has_pool(pool_id) else 0
@@ -302,6 +329,8 @@ class BlockManagerService:
                 dropped = self.core.remove_pool(pool_id) if self.core.has_pool(pool_id) else []
             del self.last_heartbeat[pool_id]
             self.incarnations.pop(pool_id, None)
+            self.epochs.pop(pool_id, None)
+            self.continued.pop(pool_id, None)
             self.metrics.reclaimed_blocks.labels("worker_lost").inc(total - free_before)
             self.metrics.reclaimed_requests.labels("worker_lost").inc(len(dropped))
             self.log.warning(

@@ -249,7 +249,7 @@ class FrontDoor:
         self.metrics.finished.labels(done.error_code or head.finish_reason or "unknown").inc()
         client = self.clients.done(done.request_id)
         if done.error_code is not None:
-            message = _ERROR_MESSAGES.get(done.error_code, done.error_code)
+            message = done.error_message or _ERROR_MESSAGES.get(done.error_code, done.error_code)
             reply: Finished | Error = Error(code=done.error_code, message=message, request_id=done.request_id)
         else:
             reply = Finished(

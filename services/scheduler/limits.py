@@ -51,6 +51,9 @@ class SchedulerStats:
     generated_tokens: int = 0
     kv_slots_used: int = 0  # summed over steps: token slots holding KV
     kv_slots_held: int = 0  # summed over steps: slots of the blocks those requests hold
+    resumed_requests: int = 0  # continued on a restarted worker's intact pool
+    resumed_tokens: int = 0  # their committed slots, not computed again
+    recomputed_tokens: int = 0  # committed slots lost with a worker and computed again
     # Speculative decoding: tokens proposed and accepted, and decodes that were granted lookahead.
     spec_proposed: int = 0
     spec_accepted: int = 0

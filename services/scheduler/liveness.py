@@ -33,6 +33,8 @@ class WorkerLink:
     runtime: dict[str, str] = field(default_factory=dict)  # as it last announced (dtype, ISA paths)
     dumped_for: float | None = None  # sent_at of the step whose suspected hang was already dumped
     connection: int = 0  # the step socket's connection number, from its last Hello
+    pool_epoch: str = ""  # its pool's shared-memory segment ("" when the pool dies with it)
+    pool_continued: bool = False  # the block manager kept its pool's tables when it registered
 
 
 class WorkerLiveness:
@@ -73,6 +75,7 @@ class WorkerLiveness:
         if step_socket and msg.connection:
             link.connection = msg.connection
         link.model, link.runtime = msg.model, msg.runtime
+        link.pool_epoch, link.pool_continued = msg.pool_epoch, msg.pool_continued
         return link, joined
 
     def view(self, now: float) -> list[dict[str, object]]:

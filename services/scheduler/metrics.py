@@ -76,3 +76,18 @@ class SchedulerMetrics:
         self.lora_loaded = Gauge(
             "pagedserve_lora_adapters_loaded", "LoRA adapters requests may name", registry=r
         )
+        self.resumed = Counter(
+            "pagedserve_requests_resumed",
+            "requests that continued on a restarted worker's pool, nothing computed again",
+            registry=r,
+        )
+        self.recomputed = Counter(
+            "pagedserve_prefill_recomputed_tokens",
+            "committed KV tokens computed again because their worker was lost (0 while pools continue)",
+            registry=r,
+        )
+        self.suspended = Gauge(
+            "pagedserve_workers_suspended",
+            "lost workers whose requests wait for their pool to come back",
+            registry=r,
+        )

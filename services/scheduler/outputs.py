@@ -42,6 +42,7 @@ class RequestDone:
     num_prompt_tokens: int
     num_cached_tokens: int
     error_code: str | None = None
+    error_message: str | None = None  # the numbers behind error_code, when there are any
 
     @property
     def prompt_logprobs(self) -> PromptLogprobs | None:
@@ -129,7 +130,13 @@ class Outputs:
         text = self.texts[request_id]
         return text.text[: text.emitted]
 
-    def done(self, group_id: str, completions: list[Request], error_code: str | None) -> RequestDone:
+    def done(
+        self,
+        group_id: str,
+        completions: list[Request],
+        error_code: str | None,
+        error_message: str | None = None,
+    ) -> RequestDone:
         parent = completions[0]
         texts = [self.texts.pop(r.request_id).text if r.request_id in self.texts else "" for r in completions]
         logprobs = [self.logprobs.pop(r.request_id, None) for r in completions]
@@ -141,4 +148,5 @@ class Outputs:
             len(parent.prompt_token_ids),
             parent.num_cached_tokens,
             error_code,
+            error_message,
         )

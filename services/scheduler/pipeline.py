@@ -11,6 +11,10 @@ class InFlightStep:
     step: int
     request_ids: list[str]
     sent_at: float
+    # Each request's slots once this step is done (parallel to request_ids): committed on its result.
+    slots_after: list[int] = field(default_factory=list)
+    # Requests whose blocks this step copies or forks: lost with the step, they cannot resume.
+    unsafe: frozenset[str] = frozenset()
     lookahead: dict[str, int] = field(default_factory=dict)  # proposal slots granted, by request
 
 
@@ -29,10 +33,17 @@ class PipelineWindow:
     def __len__(self) -> int:
         return len(self.steps)
 
-    def open(self, request_ids: list[str], now: float, lookahead: dict[str, int] | None = None) -> int:
+    def open(
+        self,
+        request_ids: list[str],
+        now: float,
+        slots_after: list[int] | None = None,
+        unsafe: frozenset[str] = frozenset(),
+        lookahead: dict[str, int] | None = None,
+    ) -> int:
         step = self.next_step
         self.next_step += 1
-        self.steps.append(InFlightStep(step, request_ids, now, lookahead or {}))
+        self.steps.append(InFlightStep(step, request_ids, now, slots_after or [], unsafe, lookahead or {}))
         return step
 
     def close(self, step: int) -> InFlightStep:

@@ -27,6 +27,10 @@ class WorkerState:
     forget: list[str] = field(default_factory=list)  # the worker may drop these
     stray: list[str] = field(default_factory=list)  # tables forked for a step that then could not run
     starving: bool = False  # a running request could not grow: admit nobody until it can
+    # Lost with its pool in shared memory: its running requests wait for it (resumption.py).
+    suspended_at: float | None = None
+    pool_epoch: str = ""  # of the pool they wait for
+    incarnation: str = ""  # of the process that was lost
 
     @property
     def load(self) -> int:
@@ -43,29 +47,36 @@ class Placement:
 
     def add(self, worker_id: str, num_blocks: int, block_size: int) -> None:
         """A new (or new incarnation of a) worker: orphans are placed at once."""
-        # Step numbers never repeat across a worker's comings and goings, so a late result of a
-        # dropped incarnation can never be taken for a step of the new one.
-        self._window_base += 1 << 32
         self.workers[worker_id] = WorkerState(
             worker_id,
             num_blocks,
             block_size,
-            PipelineWindow(self.pipeline_depth, next_step=self._window_base),
+            self.new_window(),
             WaitingQueue(self.aging_s),
             free_blocks=num_blocks,
         )
+        self.place_orphans()
+
+    def remove(self, worker_id: str) -> WorkerState | None:
+        return self.workers.pop(worker_id, None)
+
+    def new_window(self) -> PipelineWindow:
+        # Step numbers never repeat across a worker's comings and goings, so a late result of a
+        # dropped incarnation can never be taken for a step of the new one.
+        self._window_base += 1 << 32
+        return PipelineWindow(self.pipeline_depth, next_step=self._window_base)
+
+    def place_orphans(self) -> None:
         while len(self.orphans):
             head = self.orphans.peek(0.0)
             assert head is not None
             self.orphans.pop(head)
             self.enqueue(head, front=False)
 
-    def remove(self, worker_id: str) -> WorkerState | None:
-        return self.workers.pop(worker_id, None)
-
     def enqueue(self, req: Request, front: bool) -> None:
-        """Wait on the least-loaded worker; `front`: ahead of its level (it arrived before them)."""
-        target = min(self.workers.values(), key=lambda w: w.load, default=None)
+        """Wait on the least-loaded live worker; `front`: ahead of its level (it arrived before them)."""
+        live = [w for w in self.workers.values() if w.suspended_at is None]
+        target = min(live, key=lambda w: w.load, default=None)
         if target is None:
             req.worker_id = ""
             self.orphans.push(req)

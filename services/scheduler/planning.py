@@ -25,7 +25,7 @@ from pagedserve.services.scheduler.placement import WorkerState
 from pagedserve.services.scheduler.request import Request, Status
 from pagedserve.services.scheduler.speculation import SpeculationPolicy
 from pagedserve.shared.paging import blocks_for
-from pagedserve.shared.protocol.blocks import OP_FREE, alloc_op, free_op, grow_op
+from pagedserve.shared.protocol.blocks import OP_FREE, alloc_op, free_op, grow_op, resume_op
 
 LONG_ROPE_SALT = "longrope-long"  # the prefix-cache namespace of requests rotated with the long factors
 
@@ -38,6 +38,7 @@ class PlanEntry:
     new: bool
     lookahead: int = 0  # a decode's slots for proposed tokens (speculation.py)
     forks: list[tuple[int, Request]] = field(default_factory=list)  # (op index, child)
+    resume: bool = False  # a parked request continuing on its restarted worker (resumption.py)
 
 
 @dataclass(slots=True)
@@ -171,7 +172,8 @@ class Planner:
                     self.stats.rope_recomputes += 1
                     continue
                 n = min(draft.tokens, req.num_known - req.num_slots_used) if want_prefill else 1
-                ahead = min(lookahead.get(id(req), 0), draft.tokens - n)  # proposals count as tokens
+                # Proposals count as tokens; a resumed request is sent as new, without any.
+                ahead = 0 if req.resume else min(lookahead.get(id(req), 0), draft.tokens - n)
                 ahead = min(ahead, self._room_before_rope_switch(req, n))
                 need = blocks_to_grow(req, n + ahead, bs)
                 if ahead and need > draft.blocks - self.limits.watermark_blocks - len(decodes):
@@ -187,10 +189,13 @@ class Planner:
                     self._preempt_for(draft)
                     continue
                 new_known = req.known_since(req.num_known_sent) if req.num_known_sent < req.num_known else []
-                entry = PlanEntry(req, len(draft.ops), n, new=False, lookahead=ahead)
-                # The table grows only past the slots it was given (rejected proposals' slots are reused).
-                grow = max(0, req.num_slots_used + n + ahead - req.num_slots_given)
-                draft.ops.append(grow_op(req.request_id, grow, new_known))
+                entry = PlanEntry(req, len(draft.ops), n, new=False, lookahead=ahead, resume=req.resume)
+                if req.resume:  # back to its committed slots, the whole table answered for the worker
+                    draft.ops.append(resume_op(req.request_id, req.num_slots_used, n, new_known))
+                else:
+                    # The table grows only past the slots it was given (rejected proposals' slots are reused).
+                    grow = max(0, req.num_slots_used + n + ahead - req.num_slots_given)
+                    draft.ops.append(grow_op(req.request_id, grow, new_known))
                 if want_prefill and req.num_slots_used + n == req.num_known:
                     entry.forks = plan_forks(req, draft.owner, draft.ops)
                 draft.entries.append(entry)
@@ -212,6 +217,12 @@ class Planner:
             if blocks_for(len(tokens) + 1, bs) > state.num_blocks:
                 # Could never fit, even alone: waiting would wedge the queue behind it.
                 state.waiting.pop(req)
+                req.refusal = (
+                    f"the request needs KV for {len(tokens) + 1:,} tokens ({len(tokens):,} known + 1 to generate: "
+                    f"{blocks_for(len(tokens) + 1, bs):,} blocks of {bs}) and worker {state.worker_id!r}'s whole "
+                    f"pool holds {state.num_blocks * bs:,} tokens ({state.num_blocks:,} blocks); shorten the "
+                    "prompt, or give the workers a larger pool (--kv-cache-memory, --num-blocks)"
+                )
                 self._reject(req)
                 continue
             if req.lora is not None and not self._adapter_fits(req, draft):

@@ -42,6 +42,12 @@ class Request:
     # proposals stay given and are written again by the next tokens.
     num_slots_given: int = 0
     lookahead_in_flight: int = 0  # proposal slots of the steps in flight, not yet resolved
+    # Of those, the slots of steps whose results came back: KV known written (rejected proposals not
+    # counted). Kept as of each step in flight: InFlightStep.slots_after.
+    num_committed: int = 0
+    num_rejected: int = 0  # proposal slots the worker rejected, over all steps so far (speculation)
+    resume: bool = False  # its worker came back with the pool: continue from num_committed (resume op)
+    lost_committed: int = 0  # committed KV lost with a worker: prefill computed again when re-admitted
     num_known_sent: int = 0  # known tokens already told to the block manager (for prefix hashing)
     pending: int = 0  # tokens sampled by steps in flight, not yet seen
     in_flight: int = 0  # steps in flight that name this request
@@ -53,6 +59,7 @@ class Request:
     rope_long: bool = False
     prompt_logprobs: PromptLogprobs | None = None  # received (sampling.prompt_logprobs; the parent's)
     pooled: bytes | None = None  # sampling.pooling: the vector the worker sent in place of a token
+    refusal: str | None = None  # why it was refused after admission (too large for the pool), in numbers
     # --- speculation (speculation.py): this completion's proposals so far, and its acceptance average
     num_proposed: int = 0
     num_accepted: int = 0
@@ -109,6 +116,6 @@ class Request:
         Outputs so far stay: a recompute prefills prompt + outputs and the stream goes on."""
         self.status = Status.WAITING
         self.on_worker = False
-        self.num_slots_used = self.num_known_sent = self.pending = self.in_flight = 0
-        self.num_slots_given = self.lookahead_in_flight = 0
-        self.shares_last_block = False
+        self.num_slots_used = self.num_known_sent = self.pending = self.in_flight = self.num_committed = 0
+        self.num_slots_given = self.lookahead_in_flight = self.num_rejected = 0
+        self.shares_last_block = self.resume = False

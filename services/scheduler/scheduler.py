@@ -30,10 +30,18 @@ from pagedserve.services.scheduler.outputs import OutputEvent, Outputs, RequestD
 from pagedserve.services.scheduler.placement import Placement
 from pagedserve.services.scheduler.planning import Planner, StepPlan, schedulable
 from pagedserve.services.scheduler.request import Request, Status
+from pagedserve.services.scheduler.resumption import Suspension, can_resume, suspend
 from pagedserve.services.scheduler.speculation import SpeculationPolicy
 from pagedserve.services.scheduler.stopping import Tokenizer
 from pagedserve.shared.lora_modules import LoRAModule, LoRARegistry
-from pagedserve.shared.protocol.blocks import BlockAnswers, BlockOpError, alloc_result, grow_result
+from pagedserve.shared.protocol.blocks import (
+    BlockAnswers,
+    BlockOpError,
+    Resumption,
+    alloc_result,
+    grow_result,
+    resume_result,
+)
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 from pagedserve.shared.protocol.step import (
@@ -102,12 +110,47 @@ class Scheduler:
                 continue
             if req.status is Status.WAITING:
                 state.waiting.remove(req)
+            elif req.status is Status.RUNNING:
+                req.lost_committed = req.num_committed  # computed again once it is admitted elsewhere
             req.reset_to_waiting()
             moved.append(req)
+        self._requeue(moved)
+        return moved
+
+    def suspend_worker(self, worker_id: str, now: float, pool_epoch: str, incarnation: str) -> Suspension:
+        """The worker is gone but its pool lives on (shared memory): its running requests wait for it
+        to come back and resume (resumption.py); the rest move now. Returns the frees to send."""
+        state = self.placement.workers[worker_id]
+        held = [r for r in self.requests.values() if r.worker_id == worker_id]
+        out = suspend(state, held, now, pool_epoch, incarnation)
+        for req in out.released:
+            self._release(req)
+        self._requeue(out.moved)
+        return out
+
+    def is_suspended(self, worker_id: str) -> bool:
+        state = self.placement.workers.get(worker_id)
+        return state is not None and state.suspended_at is not None
+
+    def suspended_since(self, worker_id: str) -> float | None:
+        state = self.placement.workers.get(worker_id)
+        return None if state is None else state.suspended_at
+
+    def resume_worker(self, worker_id: str, pool_epoch: str, incarnation: str, continued: bool) -> int | None:
+        """The suspended worker is back: with its pool (its parked requests resume; returns how many),
+        or not (None: the caller frees their tables and removes the worker, so they recompute)."""
+        state = self.placement.workers[worker_id]
+        if not can_resume(state, pool_epoch, incarnation, continued):
+            return None
+        state.suspended_at = None
+        state.window = self.placement.new_window()
+        self.placement.place_orphans()
+        return len(state.running)
+
+    def _requeue(self, moved: list[Request]) -> None:
         # They arrived before anyone still waiting: back in front, oldest first.
         for req in sorted(moved, key=lambda r: r.arrival, reverse=True):
             self.placement.enqueue(req, front=True)
-        return moved
 
     def has_worker(self, worker_id: str) -> bool:
         return worker_id in self.placement.workers
@@ -186,7 +229,9 @@ class Scheduler:
         for rid, group in list(self.groups.items()):
             head = group[0]
             if head.deadline is not None and now >= head.deadline:
-                code = "no_workers" if not self.placement.workers else "timeout"
+                # A suspended worker (lost, its pool waiting for it) serves nobody until it is back.
+                live = any(w.suspended_at is None for w in self.placement.workers.values())
+                code = "timeout" if live else "no_workers"
                 for req in group:
                     if req.status is not Status.FINISHED:
                         events.extend(self._finish(req, "error"))
@@ -198,7 +243,11 @@ class Scheduler:
         events: list[Event] = []
         for req in self.rejected:
             events.extend(
-                self._done_if_complete(req.parent_id or req.request_id, error_code="too_large_for_pool")
+                self._done_if_complete(
+                    req.parent_id or req.request_id,
+                    error_code="too_large_for_pool",
+                    error_message=req.refusal,
+                )
             )
         self.rejected.clear()
         return events
@@ -240,7 +289,7 @@ class Scheduler:
 
     def can_schedule(self, worker_id: str) -> bool:
         state = self.placement.workers.get(worker_id)
-        if state is None or not state.window.has_room():
+        if state is None or state.suspended_at is not None or not state.window.has_room():
             return False
         if state.to_free or len(state.waiting):
             return True
@@ -283,7 +332,8 @@ class Scheduler:
         for entry in plan.entries:
             req = entry.request
             try:
-                res = (alloc_result if entry.new else grow_result)(results[entry.op_index])
+                read = alloc_result if entry.new else resume_result if entry.resume else grow_result
+                res = read(results[entry.op_index])
             except BlockOpError:
                 res = None  # refused like a full pool: the same recovery
             if res is None:
@@ -303,6 +353,9 @@ class Scheduler:
                 req.num_known_sent = req.num_known
                 req.num_cached_tokens = res.num_cached_tokens
                 self.stats.cached_tokens += res.num_cached_tokens
+                if req.lost_committed:  # its KV died with a worker: this prefill computes it again
+                    self.stats.recomputed_tokens += max(0, req.lost_committed - res.num_cached_tokens)
+                    req.lost_committed = 0
                 state.running.append(req)
                 execute.new_requests.append(
                     NewRequest(
@@ -317,6 +370,9 @@ class Scheduler:
                         None if req.lora is None else req.lora.path,
                     )
                 )
+            elif entry.resume:
+                execute.new_requests.append(self._resumed(req, entry.num_tokens, res))
+                execute.copies.extend(res.copies)
             else:
                 req.num_slots_used += entry.num_tokens + entry.lookahead
                 req.num_slots_given = max(req.num_slots_given, req.num_slots_used)
@@ -355,10 +411,41 @@ class Scheduler:
             state.forget = plan.forget + state.forget
             return None
         step_ids = execute.request_ids() + [f.child_id for f in execute.forks]
-        execute.step = state.window.open(step_ids, now, lookahead)
+        # Lost with this step, a copy-on-write or a fork leaves blocks nobody is sure of.
+        unsafe = frozenset(
+            [r.request_id for r in execute.cached_requests if r.replaced_blocks]
+            + [i for f in execute.forks for i in (f.parent_id, f.child_id)]
+        )
+        # Counted with the proposals rejected so far: on the result, less those rejected since (this
+        # step's among them), it is what the worker wrote (Request.num_committed).
+        slots_after = [
+            self.requests[rid].num_slots_used + self.requests[rid].num_rejected for rid in step_ids
+        ]
+        execute.step = state.window.open(step_ids, now, slots_after, unsafe, lookahead)
         self.stats.account_kv([r.num_slots_used for r in state.running], state.block_size)
         self.stats.steps += 1
         return execute
+
+    def _resumed(self, req: Request, num_tokens: int, res: Resumption) -> NewRequest:
+        """A parked request, to the restarted worker that holds its pool: as new, its committed slots
+        already computed (their KV is in the pool it mapped again)."""
+        committed = req.num_slots_used
+        req.num_slots_used += num_tokens
+        req.num_slots_given = max(req.num_slots_given, req.num_slots_used)
+        req.num_known_sent = req.num_known
+        req.on_worker = True
+        req.resume = False
+        self.stats.resumed_requests += 1
+        self.stats.resumed_tokens += committed
+        return NewRequest(
+            req.request_id,
+            req.known_token_ids(),
+            len(req.prompt_token_ids),
+            committed,
+            num_tokens,
+            res.block_ids,
+            WorkerSampling.of(req.sampling, req.seed, False),
+        )
 
     # ------------------------------------------------------------------ results
 
@@ -420,6 +507,7 @@ class Scheduler:
                 proposed = outcome.num_proposed if outcome else 0
                 accepted = len(outcome.more_token_ids) if outcome else 0
                 self.speculation.on_outcome(req, step.lookahead[rid], proposed, accepted)
+                req.num_rejected += step.lookahead[rid] - accepted
                 self.stats.spec_decodes += 1
                 self.stats.spec_proposed += proposed
                 self.stats.spec_accepted += accepted
@@ -428,6 +516,11 @@ class Scheduler:
                 if req in state.running:
                     state.running.remove(req)
                 state.to_free.append(req)
+        for rid, slots in zip(step.request_ids, step.slots_after, strict=False):
+            done = self.requests.get(rid)
+            if done is not None and done.status is not Status.WAITING:
+                # This step's KV is written: it survives a restart.
+                done.num_committed = slots - done.num_rejected
         for gid in done_groups:
             events.extend(self._done_if_complete(gid))
         return events
@@ -466,9 +559,11 @@ class Scheduler:
     def _release(self, req: Request) -> None:
         self.requests.pop(req.request_id, None)
 
-    def _done_if_complete(self, group_id: str, error_code: str | None = None) -> list[RequestDone]:
+    def _done_if_complete(
+        self, group_id: str, error_code: str | None = None, error_message: str | None = None
+    ) -> list[RequestDone]:
         group = self.groups.get(group_id)
         if group is None or any(r.status is not Status.FINISHED for r in group):
             return []
         del self.groups[group_id]
-        return [self.outputs.done(group_id, all_completions(group_id, group), error_code)]
+        return [self.outputs.done(group_id, all_completions(group_id, group), error_code, error_message)]

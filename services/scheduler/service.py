@@ -119,6 +119,7 @@ class SchedulerService:
         # timeout for a moment, so a death is noticed in well under a second, not worker_timeout_s.
         self.worker_monitor = self.workers_sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.stopping = False
+        self._counted = (0, 0)  # core stats already added to the resumed / recomputed counters
         self.ops: OpsServer | None = None
         if config.scheduler_ops_port:
             self.ops = OpsServer(
@@ -372,7 +373,24 @@ class SchedulerService:
         if not self.send_to_worker(link.worker_id, Reset(self.generation)):
             return
         link.generation = self.generation
-        self.core.add_worker(link.worker_id, link.num_blocks, link.block_size)
+        wid = link.worker_id
+        if self.core.is_suspended(wid):
+            since = self.core.suspended_since(wid) or 0.0
+            parked = self.core.resume_worker(wid, link.pool_epoch, link.incarnation, link.pool_continued)
+            if parked is not None:
+                link.active = True
+                self.metrics.workers.set(len(self.liveness.active_ids()))
+                self.log.info(
+                    "worker_resumed",
+                    worker_id=wid,
+                    parked=parked,
+                    waited_s=round(time.monotonic() - since, 3),
+                )
+                return
+            self.give_up_worker(
+                wid, "back without its pool (a fresh segment, or the block manager dropped it)"
+            )
+        self.core.add_worker(wid, link.num_blocks, link.block_size)
         link.active = True
         self.metrics.workers.set(len(self.liveness.active_ids()))
 
@@ -386,6 +404,11 @@ class SchedulerService:
 
     def lose_worker(self, wid: str, reason: str) -> None:
         link = self.liveness.drop(wid)
+        if self.core.is_suspended(wid):
+            return  # already waiting for it (a restart's first heartbeat says "restarted" again)
+        if link is not None and link.active and link.pool_epoch and not self.bm.down:
+            self.suspend_worker(link, reason)
+            return
         # If only we think it is dead, the block manager still holds these tables: free them.
         # (The worker runs steps in order, so a step still queued there ends before any new one.)
         # Steps in flight may never run: nothing of these tables counts as written (num_computed 0).
@@ -404,6 +427,35 @@ class SchedulerService:
             requeued=len(moved),
             was_active=bool(link and link.active),
         )
+
+    def suspend_worker(self, link: WorkerLink, reason: str) -> None:
+        """Lost, but its pool lives on in shared memory: its running requests wait for it (they resume
+        with nothing computed again); the others move now."""
+        wid = link.worker_id
+        out = self.core.suspend_worker(wid, time.monotonic(), link.pool_epoch, link.incarnation)
+        if out.frees:
+            self.bm.rpc(out.frees)
+        self.metrics.workers_lost.inc()
+        if self.watch.lost(wid, reason, time.monotonic()):
+            self.metrics.step_timeouts.inc()
+        self.metrics.workers.set(len(self.liveness.active_ids()))
+        self.log.warning(
+            "worker_lost",
+            worker_id=wid,
+            reason=reason,
+            suspended=True,
+            parked=len(out.parked),
+            requeued=len(out.moved),
+            resume_timeout_s=self.config.kv_resume_timeout_s,
+        )
+
+    def give_up_worker(self, wid: str, why: str) -> None:
+        """A suspended worker's requests stop waiting for it: they recompute elsewhere."""
+        held = self.core.live_request_ids(wid)
+        moved = self.core.remove_worker(wid)
+        if held and not self.bm.down:
+            self.bm.rpc([free_op(rid, 0) for rid in held])
+        self.log.warning("suspended_worker_given_up", worker_id=wid, reason=why, requeued=len(moved))
 
     def on_step_result(self, wid: str, result: StepResult, now: float) -> None:
         if not self.core.has_worker(wid):
@@ -443,10 +495,10 @@ class SchedulerService:
         """Every table may be gone: pause, recompute everything once it answers again."""
         self.core.set_owner(self.bm.owner)
         self.metrics.bm_outages.inc()
-        for wid, link in self.liveness.links.items():
-            if link.active:
-                self.core.remove_worker(wid)
-                link.active = False
+        for wid in self.core.worker_ids():  # suspended ones too: their tables are gone as well
+            self.core.remove_worker(wid)
+        for link in self.liveness.links.values():
+            link.active = False
         self.log.error("block_manager_lost", reason=reason, new_owner=self.bm.owner)
 
     def probe_block_manager(self) -> None:
@@ -469,6 +521,13 @@ class SchedulerService:
                     "step_timeout", worker_id=wid, reason=reason, **self.liveness.steps.describe(wid)
                 )
             self.lose_worker(wid, reason)
+        for wid in self.core.worker_ids():
+            since = self.core.suspended_since(wid)
+            if since is not None and now - since > self.config.kv_resume_timeout_s:
+                self.give_up_worker(
+                    wid, f"not back within kv_resume_timeout_s ({self.config.kv_resume_timeout_s} s)"
+                )
+        self.sync_kv_counters()
         self.front.abort_lapsed_clients(now, self.config.client_timeout_s)
         self.front.dispatch(self.core.expire(now), now)
         if self.bm.down:
@@ -477,6 +536,13 @@ class SchedulerService:
         self.metrics.running.set(self.core.num_running)
         if self.watch.history.due(now):
             self.watch.sample(now, self.core.num_waiting, self.core.num_running)
+
+    def sync_kv_counters(self) -> None:
+        stats, m = self.core.stats, self.metrics
+        m.resumed.inc(stats.resumed_requests - self._counted[0])
+        m.recomputed.inc(stats.recomputed_tokens - self._counted[1])
+        self._counted = (stats.resumed_requests, stats.recomputed_tokens)
+        m.suspended.set(sum(1 for wid in self.core.worker_ids() if self.core.is_suspended(wid)))
 
     def dump_stacks(self, wid: str, now: float) -> None:
         """A suspected hang: our stacks and the worker's into the logs, while it is still stuck."""

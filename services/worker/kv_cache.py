@@ -1,15 +1,25 @@
 """The worker's KV pool: per layer, K and V tensors [num_blocks, block_size, num_kv_heads, head_dim].
 
-Block ids from the block manager index dimension 0 directly. The pool is sized once, at start-up,
-from an explicit block count or a byte budget, and reported to the block manager.
+Block ids from the block manager index dimension 0 directly. The pool is sized once, at start-up
+(kv_budget.py), and reported to the block manager.
+
+On the CPU every tensor is a view into one flat mapping: anonymous memory by default, or a
+shared-memory segment that outlives the worker (kv_segment.py). Either way the pages are zero until
+first written and are only taken from the machine when touched, so a pool sized for the machine
+costs nothing at start and a restarted worker finds its KV where it left it.
 """
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from pagedserve.kernels.kv_int8 import row_dim
+from pagedserve.services.worker.kv_budget import blocks_in
+
+_ALIGN = 4096  # each tensor starts on a page: SIMD loads aligned, and a header page fits in front
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,20 +31,56 @@ class KVCacheShape:
     dtype: torch.dtype
 
     @property
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def row_dim(self) -> int:
+        """The cache's last dimension: head_dim, and for int8 KV its scale's 4 bytes (kernels/kv_int8.py)."""
+        return row_dim(self.head_dim) if self.dtype == torch.int8 else self.head_dim
+
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        return self.block_size, self.num_kv_heads, self.row_dim
+
+    @property
     def bytes_per_block(self) -> int:
         """K and V of one block, over every layer."""
-        element = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.row_dim * self.element_size
+
+    def tensor_bytes(self, num_blocks: int) -> int:
+        """One layer's K (or V) tensor."""
+        return num_blocks * self.block_size * self.num_kv_heads * self.row_dim * self.element_size
+
+    def pool_bytes(self, num_blocks: int) -> int:
+        """Every tensor of the pool laid out in one mapping, each on its own page."""
+        return 2 * self.num_layers * _aligned(self.tensor_bytes(num_blocks))
+
+
+def resolve_kv_dtype(
+    kv_cache_dtype: str, model_dtype: torch.dtype, device: torch.device, backend: str
+) -> torch.dtype:
+    """What K/V is stored as; ValueError naming the setting where this worker cannot do it."""
+    if kv_cache_dtype == "auto":
+        return model_dtype
+    if kv_cache_dtype == "int8":
+        if device.type != "cpu" or backend == "triton":
+            raise ValueError(
+                f"kv_cache_dtype int8 runs on the CPU (the C++ kernel, or the torch reference); "
+                f"this worker runs {backend} on {device.type}: use kv_cache_dtype auto there"
+            )
+        return torch.int8
+    wanted = getattr(torch, kv_cache_dtype)
+    if wanted != model_dtype:
+        raise ValueError(
+            f"kv_cache_dtype {kv_cache_dtype} with a {str(model_dtype).removeprefix('torch.')} model is not "
+            "supported: the attention kernels read K/V in the model's dtype; use auto, or int8"
+        )
+    return wanted
 
 
 def num_blocks_for_budget(shape: KVCacheShape, budget_bytes: int) -> int:
-    num_blocks = budget_bytes // shape.bytes_per_block
-    if num_blocks < 1:
-        raise ValueError(
-            f"a KV budget of {budget_bytes} bytes holds no block: one block of {shape.block_size} tokens "
-            f"needs {shape.bytes_per_block} bytes"
-        )
-    return num_blocks
+    return blocks_in(budget_bytes, shape.bytes_per_block, shape.block_size)
 
 
 def cuda_budget(device: torch.device, gpu_memory_utilization: float) -> int:
@@ -43,15 +89,47 @@ def cuda_budget(device: torch.device, gpu_memory_utilization: float) -> int:
     return int(free * gpu_memory_utilization)
 
 
+def anonymous_memory(nbytes: int) -> mmap.mmap:
+    """Private zero pages, taken from the machine only when written (torch.zeros would touch them all)."""
+    return mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+
 class KVCache:
-    def __init__(self, shape: KVCacheShape, num_blocks: int, device: torch.device | str) -> None:
+    def __init__(
+        self,
+        shape: KVCacheShape,
+        num_blocks: int,
+        device: torch.device | str,
+        memory: mmap.mmap | None = None,
+        offset: int = 0,
+    ) -> None:
+        """`memory` (CPU only): the mapping to lay the pool out in, from `offset` on; default a fresh
+        anonymous one. The caller keeps it open for the cache's life."""
         self.shape = shape
         self.num_blocks = num_blocks
-        dims = (num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
-        # Zeroed, not empty: padded decode attention reads (masked) slots never written, and
-        # garbage there could be NaN, which a zero attention weight does not cancel.
-        self.k = [torch.zeros(dims, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)]
-        self.v = [torch.zeros(dims, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)]
+        dims = (num_blocks, *shape.dims)
+        if torch.device(device).type != "cpu":
+            # Zeroed, not empty: padded decode attention reads (masked) slots never written, and
+            # garbage there could be NaN, which a zero attention weight does not cancel.
+            self.k = [torch.zeros(dims, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)]
+            self.v = [torch.zeros(dims, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)]
+            self.memory = None
+            return
+        self.memory = memory if memory is not None else anonymous_memory(shape.pool_bytes(num_blocks))
+        if len(self.memory) < offset + shape.pool_bytes(num_blocks):
+            raise ValueError(
+                f"a KV mapping of {len(self.memory)} bytes cannot hold {num_blocks} blocks from offset "
+                f"{offset} ({shape.pool_bytes(num_blocks)} bytes)"
+            )
+        flat = torch.frombuffer(self.memory, dtype=torch.uint8)
+        step = _aligned(shape.tensor_bytes(num_blocks))
+        views = [
+            flat[offset + i * step : offset + i * step + shape.tensor_bytes(num_blocks)]
+            .view(shape.dtype)
+            .view(dims)
+            for i in range(2 * shape.num_layers)
+        ]
+        self.k, self.v = views[0::2], views[1::2]
 
     @property
     def block_size(self) -> int:
@@ -69,3 +147,7 @@ class KVCache:
         dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64, device=device)
         for cache in (*self.k, *self.v):
             cache[dst] = cache[src]
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN

@@ -6,14 +6,19 @@ No sockets here: the worker service loop feeds it decoded `Execute` messages and
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import mmap
 import time
 from pathlib import Path
 
 import torch
 from pagedserve.kernels.attention import get_backend
+from pagedserve.kernels.kv_int8 import Int8KVBackend
 from pagedserve.services.worker import pooling, prompt_logprobs
 from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
-from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, num_blocks_for_budget
+from pagedserve.services.worker.kv_budget import PoolSizing, sized_pool
+from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, resolve_kv_dtype
 from pagedserve.services.worker.layers.packed_linear import linears_kind
 from pagedserve.services.worker.layers.quant_linear import dense_weights, weight_types
 from pagedserve.services.worker.layers.rope import longrope_tokens
@@ -40,23 +45,31 @@ class ModelRunner:
         device: str = config_default("device"),
         block_size: int = config_default("block_size"),
         num_blocks: int | None = None,
-        kv_cache_memory: int = config_default("kv_cache_memory"),
+        kv_cache_memory: int | str = config_default("kv_cache_memory"),
+        kv_cache_share: float = config_default("kv_cache_share"),
+        workers_per_machine: int = config_default("workers_per_machine"),
+        max_num_seqs: int = config_default("max_num_seqs"),
+        max_model_len: int | None = None,
         attention_backend: str = config_default("attention_backend"),
         gpu_memory_utilization: float = config_default("gpu_memory_utilization"),
         num_threads: int | None = None,
         prepack_weights: bool = config_default("prepack_weights"),
         quantization: str = config_default("quantization"),
         tokenizer: str | Path | None = None,
+        kv_cache_dtype: str = config_default("kv_cache_dtype"),
         speculative_config: SpeculativeConfig | None = None,
         allow_slow_dtype: bool = False,
         max_loras: int = config_default("max_loras"),
         max_lora_rank: int = config_default("max_lora_rank"),
         max_cpu_loras: int = config_default("max_cpu_loras"),
+        defer_pool: bool = False,
     ) -> None:
         """model_path: a checkpoint folder or a .gguf file (services/checkpoint.py resolve_model).
         tokenizer: a folder whose tokenizer replaces the model's (--tokenizer; structured outputs use it).
         allow_slow_dtype: load bfloat16/float16 even on a CPU without native support for it (tests of
-        the model code in those dtypes on tiny models); a server refuses it (cpu_dtype.py)."""
+        the model code in those dtypes on tiny models); a server refuses it (cpu_dtype.py).
+        defer_pool: no KV pool until `attach_pool` (a worker that maps a shared-memory segment, or a
+        standby that learns its name later)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = torch.device(device)
@@ -65,7 +78,13 @@ class ModelRunner:
             check_cpu_dtype(dtype, self.device)  # UnsupportedDtype, naming the missing CPU feature
         self.dtype = dtype  # what `auto` became here
         backend = get_backend(attention_backend, self.device)
+        kv_dtype = resolve_kv_dtype(kv_cache_dtype, torch_dtype(dtype), self.device, backend.name)
+        if kv_dtype == torch.int8:
+            backend = Int8KVBackend(backend)  # quantizes on write, dequantizes where it reads
+        self.backend = backend
         self.attention_backend = backend.name
+        self.prefilling = False  # the step being run computes part of a prompt (for failpoints)
+        self.model_path = Path(model_path)
         loaded = load_model(model_path, backend, dtype=dtype, device=self.device, quantization=quantization)
         self.model = loaded.model
         # How many linears run on packed weights (0: off, or not available for this dtype/device).
@@ -83,15 +102,27 @@ class ModelRunner:
             )
         self._eos_token_ids = list(loaded.eos_token_ids)
         cfg = loaded.config
-        shape = KVCacheShape(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, torch_dtype(dtype))
-        if num_blocks is None:
-            budget = (
+        self.kv_shape = KVCacheShape(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, kv_dtype)
+        self.served_len = min(max_model_len or cfg.max_model_len, cfg.max_model_len)
+        # Sized after the weights are loaded: `auto` takes a share of what they left.
+        self.size_pool = functools.partial(
+            sized_pool,
+            self.kv_shape.bytes_per_block,
+            block_size,
+            num_blocks=num_blocks,
+            kv_cache_memory=(
                 cuda_budget(self.device, gpu_memory_utilization)
-                if self.device.type == "cuda"
+                if self.device.type == "cuda" and num_blocks is None
                 else kv_cache_memory
-            )
-            num_blocks = num_blocks_for_budget(shape, budget)
-        self.kv_cache = KVCache(shape, num_blocks, self.device)
+            ),
+            share=kv_cache_share,
+            workers_per_machine=workers_per_machine,
+            max_tokens=max_num_seqs * self.served_len,
+        )
+        self.pool_sizing: PoolSizing = self.size_pool()
+        self._kv_cache: KVCache | None = None
+        if not defer_pool:
+            self.attach_pool()
         self.sampler = Sampler(cfg.vocab_size, self._eos_token_ids)
         tokenizer_source = Path(tokenizer) if tokenizer is not None else loaded.tokenizer_path
         self.constraints = RequestConstraints(tokenizer_source, cfg.vocab_size, self._eos_token_ids)
@@ -103,15 +134,49 @@ class ModelRunner:
         # Speculative decoding: who proposes the tokens a decode's lookahead is filled with.
         self.proposer: Proposer | None = make_proposer(speculative_config) if speculative_config else None
 
+    # ------------------------------------------------------------------ the KV pool
+
+    def attach_pool(
+        self, memory: mmap.mmap | None = None, offset: int = 0, num_blocks: int | None = None
+    ) -> None:
+        """Lay the pool out in `memory` from `offset` (a shared-memory segment; default private memory);
+        `num_blocks`: a segment's own count, when it continues a pool sized before."""
+        if num_blocks is not None and num_blocks != self.pool_sizing.num_blocks:
+            self.pool_sizing = dataclasses.replace(self.pool_sizing, num_blocks=num_blocks)
+        self._kv_cache = KVCache(self.kv_shape, self.pool_sizing.num_blocks, self.device, memory, offset)
+
+    @property
+    def kv_cache(self) -> KVCache:
+        if self._kv_cache is None:
+            raise RuntimeError("the KV pool is not attached yet (defer_pool): call attach_pool first")
+        return self._kv_cache
+
+    def kv_layout(self) -> dict[str, object]:
+        """What a KV segment must have been written by to be continued here: same model and weights
+        (quantized weights give other K/V than dense ones), same dtypes, same shape."""
+        shape = self.kv_shape
+        return {
+            "format": 1,
+            "model": str(self.model_path),
+            "weights": self.runtime["weights"],
+            "dtype": self.dtype,
+            "kv_dtype": str(shape.dtype).removeprefix("torch."),
+            "num_layers": shape.num_layers,
+            "num_kv_heads": shape.num_kv_heads,
+            "head_dim": shape.head_dim,
+            "block_size": shape.block_size,
+            "num_blocks": self.pool_sizing.num_blocks,
+        }
+
     # ------------------------------------------------------------------ what the worker reports
 
     @property
     def num_blocks(self) -> int:
-        return self.kv_cache.num_blocks
+        return self.pool_sizing.num_blocks
 
     @property
     def block_size(self) -> int:
-        return self.kv_cache.block_size
+        return self.kv_shape.block_size
 
     @property
     def vocab_size(self) -> int:
@@ -140,6 +205,7 @@ class ModelRunner:
             "dtype": self.dtype,
             "device": self.device.type,
             "attention_backend": self.attention_backend,
+            "kv_cache_dtype": str(self.kv_shape.dtype).removeprefix("torch."),
             "layer_ops": "torch" if layer_ops is None else layer_ops.name,
             "linears": linears_kind(self.model),
             "weights": weights_kind(self.model, self.dtype),
@@ -183,6 +249,7 @@ class ModelRunner:
                     for i, (s, n) in enumerate(scheduled)
                 ],
             )
+        self.prefilling = any(n > 1 for _state, n in scheduled)
         t_forward = time.perf_counter()
         hidden = self.model(
             batch.input_ids,

@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import zmq
+from pagedserve.services.worker.kv_budget import PoolTooSmall, check_fits
+from pagedserve.services.worker.kv_segment import NameHeld, lock_name
+from pagedserve.services.worker.pool_attach import PoolAttachment, attach_pool
 from pagedserve.services.worker.simulated import SimulatedRunner
 from pagedserve.shared import failpoints
 from pagedserve.shared.config import ServeConfig
@@ -45,9 +48,14 @@ _FROM_BLOCK_MANAGER = message_table(Registered, Error)  # Error: it could not re
 
 
 class WorkerService:
-    def __init__(self, config: ServeConfig) -> None:
+    def __init__(self, config: ServeConfig, named: bool = True) -> None:
+        """`named` false: a standby, loaded but nameless until `take_name` (standby.py)."""
         from pagedserve.services.checkpoint import resolve_model
 
+        started = time.monotonic()
+        # Where a start (or a restart) spends its time, for the start log: the process up to here
+        # (interpreter, imports), the model, the pool, the registration.
+        self.startup: dict[str, float] = {"process_s": round(process_age_s(), 3)}
         self.config = config
         self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.incarnation = uuid.uuid4().hex
@@ -55,6 +63,12 @@ class WorkerService:
             worker_id=self.worker_id
         )
         self.model_path = resolve_model(config.model)
+        # Our name's segment, locked before the model loads: a duplicate is refused at once.
+        self.name_lock = (
+            lock_name(config.kv_segment_dir, self.worker_id)
+            if named and config.kv_segment_dir and config.simulate_step_ms is None and config.device == "cpu"
+            else None
+        )
         self.runner: ModelRunner | SimulatedRunner
         if config.simulate_step_ms is not None:  # no torch, no weights: a fleet on one machine
             self.runner = SimulatedRunner(
@@ -77,11 +91,17 @@ class WorkerService:
                 block_size=config.block_size,
                 num_blocks=config.num_blocks,
                 kv_cache_memory=config.kv_cache_memory,
+                kv_cache_share=config.kv_cache_share,
+                workers_per_machine=config.workers_per_machine,
+                max_num_seqs=config.max_num_seqs,
+                max_model_len=config.max_model_len,
                 attention_backend=config.attention_backend,
                 gpu_memory_utilization=config.gpu_memory_utilization,
                 prepack_weights=config.prepack_weights,
                 quantization=config.quantization,
                 tokenizer=config.tokenizer,
+                kv_cache_dtype=config.kv_cache_dtype,
+                defer_pool=True,  # its name decides which segment holds it
                 speculative_config=config.speculative_config,
                 max_loras=config.max_loras,
                 max_lora_rank=config.max_lora_rank,
@@ -92,10 +112,39 @@ class WorkerService:
             if self.runner.loras is not None:
                 for name, path in parse_lora_modules(config.lora_modules):
                     self.runner.loras.load(name, str(Path(path).resolve()))
+        self.startup["load_s"] = round(time.monotonic() - started, 3)
+        self.pool = PoolAttachment()
+        self.pool_continued = False  # the block manager kept our tables (set at registration)
         self.keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
         self.ctx = zmq.Context()
         self.stopping = threading.Event()
         self.generation = 0  # of the last reset obeyed: stamped on every step result
+        if named:
+            self.take_name(config)
+
+    def take_name(self, config: ServeConfig) -> None:
+        """Become `config.worker_id` and attach its pool: its segment when the deployment keeps
+        pools in shared memory (a restart continues it), else private memory."""
+        self.config = config
+        if config.worker_id:
+            self.worker_id = config.worker_id
+            self.log = self.log.bind(worker_id=self.worker_id)
+        if isinstance(self.runner, SimulatedRunner):
+            return
+        started = time.monotonic()
+        self.pool = attach_pool(self.runner, config.kv_segment_dir, self.worker_id, self.log, self.name_lock)
+        from pagedserve.services.worker.kv_failpoints import watch_kv_writes  # lazily: torch
+
+        runner = self.runner
+        watch_kv_writes(runner.backend, lambda: runner.prefilling)  # test deployments' failpoints only
+        # Before registering: a pool that cannot hold one max_model_len request is a
+        # configuration to change, not a worker to restart (exit EX_CONFIG, see run()).
+        check_fits(self.runner.pool_sizing, self.runner.served_len)
+        self.startup["pool_s"] = round(time.monotonic() - started, 3)
+
+    def pool_facts(self) -> dict[str, object]:
+        sizing = getattr(self.runner, "pool_sizing", None)
+        return {} if sizing is None else sizing.describe()
 
     def announcement(
         self, kind: type[Hello] | type[Heartbeat] | type[Register], connection: int = 0
@@ -110,6 +159,8 @@ class WorkerService:
             str(self.model_path),
             self.runner.runtime,
             connection,
+            self.pool.epoch,
+            self.pool_continued,
         )
 
     def _dealer(self, endpoint: str, identity: str | None = None) -> zmq.Socket:
@@ -132,11 +183,14 @@ class WorkerService:
                 if bm.poll(1000):
                     reply = read_message(decode(bm.recv()), _FROM_BLOCK_MANAGER)
                     if isinstance(reply, Registered):
+                        self.pool_continued = reply.continued
                         self.log.info(
                             "pool_registered",
                             num_blocks=self.runner.num_blocks,
                             block_size=self.runner.block_size,
                             bm_instance=reply.instance,
+                            pool_epoch=self.pool.epoch,
+                            continued=reply.continued,
                         )
                         return
                     self.log.warning("register_refused", code=reply.code, error=reply.message)
@@ -173,7 +227,9 @@ class WorkerService:
         faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
 
     def serve(self) -> None:
+        started = time.monotonic()
         self.register_pool()
+        self.startup["register_s"] = round(time.monotonic() - started, 3)
         sched = self._dealer(self.config.worker_endpoint, identity=self.worker_id)
         connects = sched.get_monitor_socket(zmq.EVENT_CONNECTED)
         connection = 0  # how many times the step socket has connected
@@ -184,6 +240,10 @@ class WorkerService:
             endpoint=self.config.worker_endpoint,
             num_blocks=self.runner.num_blocks,
             **self.runner.runtime,  # dtype, attention backend, the ISA path of each C++ op
+            **self.pool_facts(),  # how many tokens the pool holds, and how it was sized
+            startup=self.startup,
+            pool_epoch=self.pool.epoch,
+            pool_continued=self.pool_continued,
         )
         last_sent = time.monotonic()
         last_hello = 0.0
@@ -245,11 +305,37 @@ class WorkerService:
                 self.ctx.term()
 
 
-def run(config: ServeConfig) -> None:
-    service = WorkerService(config)
+def process_age_s() -> float:
+    """Seconds since this process started (its /proc start time against the clock since boot)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+# sysexits.h EX_CONFIG: the supervisor does not restart a child that refuses its configuration.
+EXIT_CONFIG = 78
+
+
+def run(config: ServeConfig, standby: bool = False) -> None:
+    """`standby`: load the model, then wait on stdin for the name of a dead worker to become
+    (standby.py); the supervisor keeps one such process warm to replace a worker at once."""
+    try:
+        service = WorkerService(config, named=not standby)
+        if standby:
+            from pagedserve.services.worker.standby import wait_for_name
+
+            service.take_name(wait_for_name(config, service.log))
+    except (PoolTooSmall, NameHeld) as e:
+        print(f"pagedserve worker: {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG)
     on_stop_signals(service.stopping.set)
     try:
         service.serve()
     except Exception:
         service.log.exception("worker_crashed")
         sys.exit(1)
+    finally:
+        service.pool.close()

@@ -8,6 +8,8 @@ Hot path, so plain lists (no field names, no per-field validation beyond the fra
     ["grow", request_id, num_new_tokens, new_token_ids]         [new_block_ids, [[idx, id]...], [[src, dst]...]] | None
     ["fork", parent_id, child_id, owner]                        True | None
     ["free", request_id, num_computed]                          blocks whose ref count hit 0
+    ["resume", request_id, num_slots, num_new_tokens, new_token_ids]
+                                                                [block_ids, [[src, dst]...]] | None
 
     frames: BlockBatch {seq, ops} -> BlockReply {seq, results: [one per op, in order],
             free_blocks: {pool_id: n}, instance}
@@ -18,6 +20,10 @@ cache for others.
 
 `num_computed` of a free is how many of the table's slots the owner saw computed (nil: all of
 them): the prefix cache keeps only blocks it knows were written (services/block_manager/pool.py).
+
+`resume` takes a table whose worker died and came back with its pool intact (a shared-memory segment)
+back to the `num_slots` its owner saw committed, then grows it like `grow`; it answers the whole
+table, which the restarted worker needs, and the copies to make first.
 
 An op naming an unknown pool or request, or with malformed arguments, has `{"error": message}`
 as its result; the other ops of the batch still run. Frames carry a `seq` so a caller that timed
@@ -39,7 +45,8 @@ OP_ALLOC = "alloc"
 OP_GROW = "grow"
 OP_FORK = "fork"
 OP_FREE = "free"
-OP_ARITY = {OP_ALLOC: 7, OP_GROW: 4, OP_FORK: 4, OP_FREE: 3}  # list length, name included
+OP_RESUME = "resume"
+OP_ARITY = {OP_ALLOC: 7, OP_GROW: 4, OP_FORK: 4, OP_FREE: 3, OP_RESUME: 5}  # list length, name included
 # Trailing arguments an op may add, sent only when set (older peers keep working):
 # alloc's cache namespace (the request's LoRA adapter).
 OP_OPTIONAL = {OP_ALLOC: 1}
@@ -119,6 +126,12 @@ def grow_op(request_id: str, num_new_tokens: int, new_token_ids: Sequence[int] =
 
 def fork_op(parent_id: str, child_id: str, owner: str) -> list[Any]:
     return [OP_FORK, parent_id, child_id, owner]
+
+
+def resume_op(
+    request_id: str, num_slots: int, num_new_tokens: int, new_token_ids: Sequence[int] = ()
+) -> list[Any]:
+    return [OP_RESUME, request_id, num_slots, num_new_tokens, list(new_token_ids)]
 
 
 def free_op(request_id: str, num_computed: int | None = None) -> list[Any]:
@@ -228,6 +241,21 @@ def alloc_result(result: Any) -> Allocation | None:
 def grow_result(result: Any) -> Growth | None:
     _raise_if_error(result)
     return None if result is None else Growth.from_wire(result)
+
+
+@dataclass(slots=True)
+class Resumption:
+    """A table taken back to its committed slots and grown: all of it, and the copies to make first."""
+
+    block_ids: list[int]
+    copies: list[tuple[int, int]]
+
+
+def resume_result(result: Any) -> Resumption | None:
+    _raise_if_error(result)
+    if result is None:
+        return None
+    return Resumption(list(result[0]), [(int(s), int(d)) for s, d in result[1]])
 
 
 def fork_result(result: Any) -> bool:

@@ -4,7 +4,7 @@
     hello         worker (step socket) -> scheduler             WorkerAnnouncement
     heartbeat     worker -> scheduler and block manager         WorkerAnnouncement
     register      worker -> block manager                       WorkerAnnouncement
-    registered    block manager -> worker                       pool_id, instance
+    registered    block manager -> worker                       pool_id, instance, continued
     reset         scheduler -> worker                           generation
     dump_stacks   scheduler -> worker (heartbeat socket)        step_age_s (a suspected hang: log every stack)
     renew_owner   scheduler -> block manager                    owner
@@ -68,6 +68,11 @@ class WorkerAnnouncement:
     # Counts the step socket's TCP connections (Hello only): a new number means the scheduler's
     # route moved to a new connection, and what it sent on the old one may never have arrived.
     connection: int = 0
+    # A pool in a shared-memory segment that outlives the process: the segment's epoch ("" for a
+    # private pool, which dies with the worker), and whether the block manager kept this pool's
+    # tables when this process registered it (a restart that found the segment intact).
+    pool_epoch: str = ""
+    pool_continued: bool = False
 
     @property
     def pool_id(self) -> str:
@@ -84,6 +89,8 @@ class WorkerAnnouncement:
             "model": self.model,
             "runtime": dict(self.runtime),
             "connection": self.connection,
+            "pool_epoch": self.pool_epoch,
+            "pool_continued": self.pool_continued,
         }
 
     @classmethod
@@ -101,6 +108,8 @@ class WorkerAnnouncement:
             _field(body, "model", str, of),
             _str_map(body, "runtime", of),
             _count(body, "connection", of, least=0) if "connection" in body else 0,
+            _field(body, "pool_epoch", str, of) if "pool_epoch" in body else "",
+            _field(body, "pool_continued", bool, of) if "pool_continued" in body else False,
         )
 
 
@@ -129,13 +138,19 @@ class Registered:
 
     pool_id: str
     instance: str  # the block manager's; new on every start
+    # The registration found this pool (same epoch, same size) and kept its tables and prefix cache.
+    continued: bool = False
 
     def to_wire(self) -> dict[str, Any]:
-        return {"pool_id": self.pool_id, "instance": self.instance}
+        return {"pool_id": self.pool_id, "instance": self.instance, "continued": self.continued}
 
     @classmethod
     def from_wire(cls, body: dict[str, Any]) -> Registered:
-        return cls(_field(body, "pool_id", str, cls.TYPE), _field(body, "instance", str, cls.TYPE))
+        return cls(
+            _field(body, "pool_id", str, cls.TYPE),
+            _field(body, "instance", str, cls.TYPE),
+            _field(body, "continued", bool, cls.TYPE) if "continued" in body else False,
+        )
 
 
 @dataclass(slots=True)

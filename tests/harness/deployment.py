@@ -42,6 +42,9 @@ def deployment_config(model: Path | str, **overrides: Any) -> ServeConfig:
         "num_blocks": 256,
         "num_threads": 1,
         "log_format": "json",
+        # No warm standby worker by default: it doubles each deployment's start-up work, and the
+        # tests that need one (fast restarts) ask for it.
+        "standby_workers": 0,
     }
     fields.update(overrides)
     return ServeConfig(**fields)
@@ -53,15 +56,18 @@ def start(
     log_dir: Path,
     policy: Any = None,
     failpoints: dict[str, str] | None = None,
+    rearm_failpoints: bool = True,
     **overrides: Any,
 ) -> Supervisor:
-    """`failpoints`: child name -> spec (shared/failpoints.py), armed in that child only."""
+    """`failpoints`: child name -> spec (shared/failpoints.py), armed in that child only (and in its
+    restarts unless `rearm_failpoints` is false)."""
     sup = Supervisor(
         deployment_config(model, **overrides),
         workers=workers,
         log_dir=log_dir,
         policy=policy,
         failpoints=failpoints,
+        rearm_failpoints=rearm_failpoints,
     )
     sup.start()
     try:

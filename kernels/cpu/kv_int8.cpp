@@ -1,0 +1,325 @@
+// int8 KV: the K/V write that quantizes, and paged attention that reads int8 K/V in place.
+//
+// Cache layout (kernels/kv_int8.py): per layer K and V, int8 [num_blocks, block_size, kv_heads, D + 4]:
+// each (slot, head) row is its D values as int8, then its scale as a float32 in the last 4 bytes.
+// value = int8 * scale, scale = max|x| / 127 of that row, the int8 rounded to nearest (ties to even,
+// as torch.round). A row is written once, with its token, and never again: no rescaling of rows
+// already committed (a worker killed mid-write leaves only uncommitted rows half-written, see
+// docs/kv-persistence.md), and a new token's range never clips an older one's.
+//
+// Attention is dequantized in registers: each K row is widened to float32 once per item and dotted
+// with every query row that reads it, its scale applied to the dot product; each V row is widened
+// once and added to every row's accumulator with the weight times its scale. Scores in float32,
+// softmax and sums in float32, whatever the query dtype (float32 or bfloat16).
+//
+// One work item per (request, tile of up to 16 queries), every KV head: a token's rows for all
+// heads are one contiguous run of memory, read in order (the float fast path's reason, see
+// paged_attention.cpp). Three passes per item: all scores, each row's softmax, the values.
+// Written as plain loops (omp simd) that g++ vectorizes for each build: avx512 (16 lanes), avx2
+// (8), portable. Built per ISA path like the other kernels (kernels/cpu/build.py).
+#include <ATen/Parallel.h>
+#include <omp.h>
+#include "library.h"
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kQueryTile = 16;
+constexpr int64_t kScaleBytes = 4;
+
+inline float widen(float x) { return x; }
+inline float widen(c10::BFloat16 x) {
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+inline void narrow(float* p, float x) { *p = x; }
+inline void narrow(c10::BFloat16* p, float x) { *p = c10::BFloat16(x); }
+
+inline float row_scale(const int8_t* row, int64_t D) {
+  float s;
+  std::memcpy(&s, row + D, sizeof(s));
+  return s;
+}
+
+// exp(x) for x <= 0: 2^round(t) * 2^f, degree-7 polynomial (the same as paged_attention.cpp's).
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float t = x * 1.4426950408889634f;
+  const float r = (t + 12582912.0f) - 12582912.0f;
+  const float f = t - r;
+  float p = 1.5252733804e-5f;
+  p = p * f + 1.5403530393e-4f;
+  p = p * f + 1.3333558146e-3f;
+  p = p * f + 9.6181291076e-3f;
+  p = p * f + 5.5504108665e-2f;
+  p = p * f + 2.4022650696e-1f;
+  p = p * f + 6.9314718056e-1f;
+  p = p * f + 1.0f;
+  const int32_t e = static_cast<int32_t>(r) + 127;
+  const uint32_t bits = static_cast<uint32_t>(e) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// ---- the write
+
+template <typename T>
+void quantize_row(const T* src, int8_t* dst, int64_t D, float* widened) {
+  float amax = 0.0f;
+#pragma omp simd reduction(max : amax)
+  for (int64_t d = 0; d < D; ++d) {
+    widened[d] = widen(src[d]);
+    amax = std::max(amax, std::fabs(widened[d]));
+  }
+  // In double, rounded once to float: the same bytes as the torch quantizer (kernels/kv_int8.py).
+  const float scale = static_cast<float>(static_cast<double>(amax) / 127.0);
+  const float inv = amax > 0.0f ? static_cast<float>(127.0 / static_cast<double>(amax)) : 0.0f;
+#pragma omp simd
+  for (int64_t d = 0; d < D; ++d) {
+    // |x * inv| <= 127 up to rounding: the clamp only catches that last ulp.
+    const float q = std::nearbyint(widened[d] * inv);
+    dst[d] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, q)));
+  }
+  std::memcpy(dst + D, &scale, sizeof(scale));
+}
+
+template <typename T>
+void write_rows(const at::Tensor& x, at::Tensor& cache, const int64_t* slots) {
+  const int64_t tokens = x.size(0), heads = x.size(1), D = x.size(2);
+  const int64_t row_bytes = D + kScaleBytes;
+  const T* src = x.data_ptr<T>();
+  const int64_t token_stride = x.stride(0);
+  int8_t* dst = cache.data_ptr<int8_t>();
+  at::parallel_for(0, tokens, 128, [&](int64_t begin, int64_t end) {
+    std::vector<float> widened(static_cast<size_t>(D));
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        quantize_row(src + t * token_stride + h * D, dst + (slots[t] * heads + h) * row_bytes, D, widened.data());
+      }
+    }
+  });
+}
+
+void write_kv_int8(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache, at::Tensor& v_cache,
+                   const at::Tensor& slot_mapping) {
+  TORCH_CHECK(key.dim() == 3 && value.sizes() == key.sizes() && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
+              "write_kv_int8: key/value [T, kv, D], caches [N, block, kv, D + 4]");
+  TORCH_CHECK(k_cache.scalar_type() == at::kChar && v_cache.scalar_type() == at::kChar, "write_kv_int8: int8 caches");
+  TORCH_CHECK(key.size(1) == k_cache.size(2) && key.size(2) + kScaleBytes == k_cache.size(3),
+              "write_kv_int8: caches must be [N, block, kv, head_dim + 4]");
+  TORCH_CHECK(key.scalar_type() == value.scalar_type() &&
+                  (key.scalar_type() == at::kFloat || key.scalar_type() == at::kBFloat16),
+              "write_kv_int8: key and value float32 or bfloat16");
+  TORCH_CHECK(key.stride(2) == 1 && key.stride(1) == key.size(2) && value.stride(2) == 1 &&
+                  value.stride(1) == value.size(2),
+              "write_kv_int8: each token's heads must be contiguous in key and value");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "write_kv_int8: caches must be contiguous");
+  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == key.size(0) &&
+                  slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(),
+              "write_kv_int8: slot_mapping must be int64 [T]");
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < key.size(0); ++t) {
+    TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "write_kv_int8: token ", t, " has slot ", slots[t],
+                ", outside the cache's ", num_slots);
+  }
+  if (key.scalar_type() == at::kFloat) {
+    write_rows<float>(key, k_cache, slots);
+    write_rows<float>(value, v_cache, slots);
+  } else {
+    write_rows<c10::BFloat16>(key, k_cache, slots);
+    write_rows<c10::BFloat16>(value, v_cache, slots);
+  }
+}
+
+// ---- attention
+
+struct Item {
+  int64_t request;
+  int64_t first_query;  // index into the packed query
+  int64_t num_queries;
+  int64_t first_pos;  // context position of the first query
+  int64_t cost;
+};
+
+template <typename T>
+void attend_item(const Item& item, const T* query, int64_t q_stride, const int8_t* k_cache, const int8_t* v_cache,
+                 const int32_t* table, T* out, int64_t num_heads, int64_t num_kv_heads, int64_t D,
+                 int64_t block_size, float scale, std::vector<float>& scratch) {
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t nq = item.num_queries;
+  const int64_t rows = nq * num_heads;  // row r: query r / num_heads, head r % num_heads
+  const int64_t context = item.first_pos + nq;
+  const int64_t row_bytes = D + kScaleBytes;
+  const int64_t token_bytes = num_kv_heads * row_bytes;
+  scratch.resize(static_cast<size_t>(rows * (2 * D + context + 1) + D));
+  float* q = scratch.data();             // [rows, D] pre-scaled
+  float* acc = q + rows * D;             // [rows, D]
+  float* w = acc + rows * D;             // [rows, context]: scores, then weights
+  float* sums = w + rows * context;      // [rows]
+  float* x = sums + rows;                // [D]: one widened K or V row
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* src = query + (item.first_query + r / num_heads) * q_stride + (r % num_heads) * D;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) q[r * D + d] = widen(src[d]) * scale;
+  }
+  std::fill(acc, acc + rows * D, 0.0f);
+  auto token_row = [&](const int8_t* cache, int64_t pos) {
+    return cache + (static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size) * token_bytes;
+  };
+  // Scores: each K row widened once, dotted with the rows of its query heads that may see it.
+  for (int64_t t = 0; t < context; ++t) {
+    const int8_t* tok = token_row(k_cache, t);
+    for (int64_t h = 0; h < num_kv_heads; ++h) {
+      const int8_t* k8 = tok + h * row_bytes;
+      const float s = row_scale(k8, D);
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) x[d] = static_cast<float>(k8[d]);
+      for (int64_t i = std::max<int64_t>(0, t - item.first_pos); i < nq; ++i) {  // causal: query i sees t
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t r = i * num_heads + h * group + g;
+          const float* qr = q + r * D;
+          float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t d = 0; d < D; ++d) dot += qr[d] * x[d];
+          w[r * context + t] = dot * s;
+        }
+      }
+    }
+  }
+  // Softmax per row over the positions it sees; the rest get weight 0.
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t valid = item.first_pos + r / num_heads + 1;
+    float* wr = w + r * context;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < valid; ++t) m = std::max(m, wr[t]);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < valid; ++t) {
+      const float p = exp_nonpositive(wr[t] - m);
+      wr[t] = p;
+      sum += p;
+    }
+    for (int64_t t = valid; t < context; ++t) wr[t] = 0.0f;
+    sums[r] = sum;
+  }
+  // Values: each V row widened once, added to every row that weighs it (weight times its scale).
+  for (int64_t t = 0; t < context; ++t) {
+    const int8_t* tok = token_row(v_cache, t);
+    for (int64_t h = 0; h < num_kv_heads; ++h) {
+      const int8_t* v8 = tok + h * row_bytes;
+      const float s = row_scale(v8, D);
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) x[d] = static_cast<float>(v8[d]);
+      for (int64_t i = std::max<int64_t>(0, t - item.first_pos); i < nq; ++i) {
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t r = i * num_heads + h * group + g;
+          const float p = w[r * context + t] * s;
+          float* ar = acc + r * D;
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) ar[d] += p * x[d];
+        }
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    T* dst = out + ((item.first_query + r / num_heads) * num_heads + r % num_heads) * D;
+    const float inv = 1.0f / sums[r];
+    for (int64_t d = 0; d < D; ++d) narrow(dst + d, acc[r * D + d] * inv);
+  }
+}
+
+template <typename T>
+void run_items(const std::vector<Item>& items, const std::vector<int64_t>& order, int threads, const at::Tensor& query,
+               const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables, double scale,
+               at::Tensor& out) {
+  const T* q = query.data_ptr<T>();
+  const int8_t* kc = k_cache.data_ptr<int8_t>();
+  const int8_t* vc = v_cache.data_ptr<int8_t>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  T* o = out.data_ptr<T>();
+  const int64_t width = block_tables.size(1), num_heads = query.size(1), D = query.size(2);
+  const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
+  const int64_t num_items = static_cast<int64_t>(items.size());
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> scratch;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t n = 0; n < num_items; ++n) {
+      const Item& it = items[order[n]];
+      attend_item<T>(it, q, query.stride(0), kc, vc, tables + it.request * width, o, num_heads, num_kv_heads, D,
+                     block_size, static_cast<float>(scale), scratch);
+    }
+  }
+}
+
+void paged_attention_int8(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                          const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& block_tables,
+                          double scale, at::Tensor& out) {
+  TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
+              "paged_attention_int8: query [T, H, D], caches [N, block, kv, D + 4]");
+  TORCH_CHECK(k_cache.scalar_type() == at::kChar && v_cache.scalar_type() == at::kChar,
+              "paged_attention_int8: int8 caches");
+  TORCH_CHECK(query.scalar_type() == at::kFloat || query.scalar_type() == at::kBFloat16,
+              "paged_attention_int8: query float32 or bfloat16");
+  TORCH_CHECK(out.scalar_type() == query.scalar_type() && out.is_contiguous() && out.sizes() == query.sizes(),
+              "paged_attention_int8: out like query, contiguous");
+  TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2), "paged_attention_int8: each token's query heads contiguous");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && block_tables.is_contiguous(),
+              "paged_attention_int8: contiguous caches and block_tables");
+  TORCH_CHECK(query_start_loc.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
+                  block_tables.scalar_type() == at::kInt,
+              "paged_attention_int8: query_start_loc, seq_lens and block_tables must be int32");
+  const int64_t num_heads = query.size(1), D = query.size(2);
+  const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == D + kScaleBytes && num_heads % num_kv_heads == 0,
+              "paged_attention_int8: caches must be [N, block, kv, head_dim + 4], heads a multiple of kv heads");
+  const int64_t batch = seq_lens.size(0);
+  const int32_t* starts = query_start_loc.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  std::vector<Item> items;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t q_len = starts[b + 1] - starts[b];
+    const int64_t first = lens[b] - q_len;
+    TORCH_CHECK(first >= 0, "request ", b, ": ", q_len, " queries exceed its context of ", lens[b]);
+    TORCH_CHECK((lens[b] + block_size - 1) / block_size <= block_tables.size(1), "request ", b,
+                ": its context needs more blocks than block_tables has columns");
+    for (int64_t i = 0; i < q_len; i += kQueryTile) {
+      const int64_t nq = std::min(kQueryTile, q_len - i);
+      items.push_back({b, starts[b] + i, nq, first + i, nq * (first + i + nq)});
+    }
+  }
+  std::vector<int64_t> order(items.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return items[a].cost > items[b].cost; });
+  const int threads = std::max(1, std::min<int>(at::get_num_threads(), static_cast<int>(items.size())));
+  if (query.scalar_type() == at::kFloat) {
+    run_items<float>(items, order, threads, query, k_cache, v_cache, block_tables, scale, out);
+  } else {
+    run_items<c10::BFloat16>(items, order, threads, query, k_cache, v_cache, block_tables, scale, out);
+  }
+}
+
+}  // namespace
+
+PAGEDSERVE_TORCH_LIBRARY(m) {
+  m.def("write_kv_int8(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
+  m.def(
+      "paged_attention_int8(Tensor query, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, "
+      "Tensor seq_lens, Tensor block_tables, float scale, Tensor(a!) out) -> ()");
+}
+
+PAGEDSERVE_TORCH_LIBRARY_IMPL(CPU, m) {
+  m.impl("write_kv_int8", &write_kv_int8);
+  m.impl("paged_attention_int8", &paged_attention_int8);
+}

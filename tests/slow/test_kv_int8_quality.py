@@ -1,0 +1,18 @@
+"""int8 KV on the bundled SmolLM2 keeps the written accuracy policy against float32 KV (docs/kv-int8.md).
+
+A smaller run than the microbench's (ops/microbench/kv_int8_quality.py): 8 prompts, 32 teacher-forced
+positions each, 96 free-running greedy tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pagedserve.ops.microbench.kv_int8_quality import evaluate, policy_check
+
+pytestmark = pytest.mark.slow
+
+
+def test_int8_kv_is_within_the_accuracy_policy_on_the_bundled_model():
+    result = evaluate("smollm2-135m", num_prompts=8, forced_tokens=32, greedy_tokens=96)
+    assert result["bytes_per_token"] == {"float32": 46080, "int8": 12240}
+    assert policy_check(result) == [], result
