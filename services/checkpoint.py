@@ -197,6 +197,7 @@ def _read_gguf(path: Path) -> Checkpoint:
         architecture=architecture(hf),
         vocab_size=int(hf["vocab_size"]),
         max_model_len=context_length(hf),
+        rope_switch_at=rope_switch_at(hf),
         eos_token_ids=tuple(token_ids(hf.get("eos_token_id"))),
         tokenizer_path=model.path if "tokenizer.ggml.model" in model.metadata else None,
         gguf_files=model.files,

@@ -15,6 +15,7 @@ so that the sentencepiece package need not be installed.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,14 +30,18 @@ def find_converter(venv: Path) -> Path | None:
 def convert(converter: Path, folder: Path, outfile: Path, outtype: str = "f32") -> Path:
     """Run llama.cpp's converter on `folder` -> `outfile` (outtype: f32, f16, bf16 or q8_0)."""
     argv = [sys.executable, __file__, str(converter), str(folder), str(outfile), outtype]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    # The converter imports its own tree's modules: that tree goes on the subprocess's path.
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(converter), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"llama.cpp's converter failed on {folder}:\n{done.stderr[-4000:]}")
     return outfile
 
 
 def _main(converter: str, folder: str, outfile: str, outtype: str) -> None:
-    sys.path.insert(0, converter)
     sys.argv = ["convert_hf_to_gguf.py", folder, "--outfile", outfile, "--outtype", outtype]
     import convert_hf_to_gguf  # noqa: PLC0415 (only in the subprocess, from the peer's tree)
     from conversion.base import TextModel  # noqa: PLC0415
