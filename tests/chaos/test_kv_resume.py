@@ -147,11 +147,14 @@ def test_the_block_manager_killed_while_the_segment_lives_then_a_worker_kill_sti
                 hit["worker"] = sup.kill_worker(0)
 
         resumed_before = counter(sup, "pagedserve_requests_resumed")
+        # The first phase may recompute (on a loaded machine the block manager's loss can cost the
+        # worker its lease too); what this phase adds is what the claim is about.
+        recomputed_before = counter(sup, "pagedserve_prefill_recomputed_tokens")
         got = run_load(sup, SHORT, "after", kill_worker)
         assert "worker" in hit and got == expected["short"]
         # The new block manager registered the living segment's pool: the restart continues it.
         assert counter(sup, "pagedserve_requests_resumed") > resumed_before
-        assert counter(sup, "pagedserve_prefill_recomputed_tokens") == 0
+        assert counter(sup, "pagedserve_prefill_recomputed_tokens") == recomputed_before
         assert_whole(sup)
     finally:
         sup.stop()
