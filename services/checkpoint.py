@@ -20,7 +20,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 # where full causal attention and the window's are the same thing. In these architectures the
 # window applies only when the config also sets `use_sliding_window` (their configs carry a
 # `sliding_window` size either way); in the others (Mistral) a `sliding_window` size is the window.
-_WINDOW_NEEDS_FLAG = frozenset({"Qwen2ForCausalLM", "Qwen3ForCausalLM"})
+_WINDOW_NEEDS_FLAG = frozenset(
+    {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"}
+)
 _DEFAULT_POSITIONS = 2048  # a config without max_position_embeddings (transformers' Llama default)
 
 

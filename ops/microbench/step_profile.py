@@ -4,8 +4,9 @@
                                                                [--backend torch cpp] [--steps 12]
                                                                [--prepack on off] [--fused-ops on off]
                                                                [--quantization none gguf] [--no-breakdown]
+                                                               [--model FOLDER]
 
-A ModelRunner on the bundled SmolLM2-135M holds `--batch` requests whose contexts are spread like the
+A ModelRunner on the bundled SmolLM2-135M (or `--model`, e.g. ops/models/random_moe_gguf.py's) holds `--batch` requests whose contexts are spread like the
 bench workload's (16-256 prompt tokens plus what they generated), samples at temperature 0.6, and runs
 decode steps. Wall time per step is the median of un-profiled steps; the breakdown comes from one
 torch.profiler pass over a few more steps. Variants (dtype x backend x prepacked weights or not x
@@ -68,10 +69,11 @@ class Variant:
         prepack: bool = True,
         fused_ops: bool = True,
         quantization: str = "none",
+        model: str = "smollm2-135m",
     ) -> None:
         self.name = f"{dtype}/{backend}" + ("" if prepack else "/dense")
         self.name += "" if quantization == "none" else f"/{quantization}"
-        path = resolve_model("smollm2-135m")
+        path = resolve_model(model)
         rng = random.Random(seed)
         self.prompt_lens = [rng.randint(16, 256) for _ in range(batch)]
         budget = max(self.prompt_lens) + 512
@@ -185,12 +187,25 @@ def main() -> None:
     ap.add_argument("--no-breakdown", action="store_true", help="step times only, no profiled pass")
     ap.add_argument("--out", type=Path, default=None, help="write the step times and breakdowns as JSON")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument(
+        "--model", default="smollm2-135m", help="a checkpoint folder (default: the bundled model)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()
     print(f"load average at start: {load_start}")
     variants = [
-        Variant(d, b, args.batch, args.block_size, 0, prepack=p == "on", fused_ops=f == "on", quantization=q)
+        Variant(
+            d,
+            b,
+            args.batch,
+            args.block_size,
+            0,
+            prepack=p == "on",
+            fused_ops=f == "on",
+            quantization=q,
+            model=args.model,
+        )
         for d in args.dtype
         for b in args.backend
         for p in args.prepack
@@ -209,6 +224,7 @@ def main() -> None:
         )
     report: dict[str, Any] = {
         "batch": args.batch,
+        "model": args.model,
         "threads": args.threads,
         "steps": args.steps,
         "load_average_at_start": load_start,

@@ -6,6 +6,11 @@ names), and rewrites the folder's safetensors with the dequantized values of the
 `--quantization none` load of the folder is the dequantize-then-float32 reference of the GGUF load.
 Q8_0/Q4_0/Q4_1 are quantized by the gguf package; it has no Q4_K quantizer, so Q4_K's blocks are made
 here (per 32 weights a 6-bit scale and min of the super-block's fp16 d and dmin, 4-bit codes).
+
+Mixture-of-experts checkpoints are written as llama.cpp's converter writes them: each projection of a
+layer's experts stacked into one 3-D tensor (`blk.N.ffn_gate_exps`, [n_expert, rows, cols]), the
+router (`ffn_gate_inp`) and Qwen2-MoE's shared-expert gate (`ffn_gate_inp_shexp`, 1-D) kept float32,
+Mixtral under the "llama" architecture (q/k rows reordered like any Llama's).
 """
 
 from __future__ import annotations
@@ -26,12 +31,31 @@ _HF_TO_GGUF = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+    "block_sparse_moe.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+}
+# An expert's projection (Qwen/OLMoE names, then Mixtral's) -> the layer's stacked tensor.
+_EXPERT_PARTS = {
+    "gate_proj": "ffn_gate_exps",
+    "up_proj": "ffn_up_exps",
+    "down_proj": "ffn_down_exps",
+    "w1": "ffn_gate_exps",
+    "w3": "ffn_up_exps",
+    "w2": "ffn_down_exps",
 }
 _ARCH = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen2MoeForCausalLM": "qwen2moe",
+    "Qwen3MoeForCausalLM": "qwen3moe",
+    "MixtralForCausalLM": "llama",
+    "OlmoeForCausalLM": "olmoe",
 }
 
 
@@ -47,6 +71,15 @@ def gguf_name(hf: str) -> str | None:
         module = ".".join(parts[2:-1])
         if module in _HF_TO_GGUF:
             return f"blk.{parts[1]}.{_HF_TO_GGUF[module]}.{parts[-1]}"
+    return None
+
+
+def expert_name(hf: str) -> tuple[str, int] | None:
+    """`model.layers.3.mlp.experts.5.up_proj.weight` -> (`blk.3.ffn_up_exps.weight`, 5); None if not an
+    expert's tensor."""
+    parts = hf.removeprefix("model.").split(".")
+    if len(parts) == 7 and parts[0] == "layers" and parts[3] == "experts" and parts[5] in _EXPERT_PARTS:
+        return f"blk.{parts[1]}.{_EXPERT_PARTS[parts[5]]}.{parts[6]}", int(parts[4])
     return None
 
 
@@ -90,9 +123,12 @@ def quantize(dense: np.ndarray, type_name: str) -> tuple[np.ndarray, np.ndarray]
     return blocks, gguf.quants.dequantize(blocks, kind).astype(np.float32)
 
 
-def quantize_checkpoint(folder: Path, type_name: str, embedding_type: str | None = None) -> Path:
-    """Write folder/model.gguf with every linear in `type_name` (the embedding in `embedding_type`,
-    default the same); rewrite the safetensors with the dequantized values -> the GGUF's path."""
+def quantize_checkpoint(
+    folder: Path, type_name: str, embedding_type: str | None = None, expert_type: str | None = None
+) -> Path:
+    """Write folder/model.gguf with every linear in `type_name` (the embedding in `embedding_type`, a
+    MoE's experts in `expert_type`, e.g. F16; default the same); rewrite the safetensors with the
+    dequantized values -> the GGUF's path."""
     import json
 
     import gguf
@@ -109,17 +145,27 @@ def quantize_checkpoint(folder: Path, type_name: str, embedding_type: str | None
     writer = gguf.GGUFWriter(folder / "model.gguf", arch)
     writer.add_uint32(f"{arch}.attention.head_count", heads)
     writer.add_uint32(f"{arch}.attention.head_count_kv", kv_heads)
+    experts: dict[str, dict[int, np.ndarray]] = {}  # stacked tensor -> expert -> its blocks
     for file in files:
         tensors = load_file(file)
         rewritten = {}
         for name, tensor in tensors.items():
-            target = gguf_name(name)
             values = tensor.float().numpy()
+            stacked = expert_name(name)
+            if stacked is not None:
+                blocks, dequantized = quantize(values, expert_type or type_name)
+                rewritten[name] = torch.from_numpy(dequantized).to(tensor.dtype)
+                experts.setdefault(stacked[0], {})[stacked[1]] = blocks
+                continue
+            target = gguf_name(name)
             if target is None:
                 rewritten[name] = tensor
                 continue
             kind = embedding_type or type_name if name == "model.embed_tokens.weight" else type_name
-            if values.ndim == 2:
+            if ".ffn_gate_inp" in target:  # routers stay float32, as llama.cpp keeps them
+                rewritten[name] = tensor
+                writer.add_tensor(target, values.reshape(-1) if "_shexp" in target else values)
+            elif values.ndim == 2:
                 blocks, dequantized = quantize(values, kind)
                 rewritten[name] = torch.from_numpy(dequantized).to(tensor.dtype)
                 stored = blocks
@@ -130,6 +176,15 @@ def quantize_checkpoint(folder: Path, type_name: str, embedding_type: str | None
                 rewritten[name] = tensor
                 writer.add_tensor(target, values)
         save_file(rewritten, file, metadata={"format": "pt"})
+    for target, by_expert in sorted(experts.items()):
+        stacked_blocks = np.stack([by_expert[e] for e in range(len(by_expert))])
+        kind = gguf.GGMLQuantizationType[expert_type or type_name]
+        writer.add_tensor(
+            target, stacked_blocks, raw_dtype=None if stacked_blocks.dtype == np.float16 else kind
+        )
+    if experts:
+        writer.add_uint32(f"{arch}.expert_count", len(next(iter(experts.values()))))
+        writer.add_uint32(f"{arch}.expert_used_count", config["num_experts_per_tok"])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, LayerOps
 from torch import nn
 
-if TYPE_CHECKING:
-    from pagedserve.services.worker.models.registry import ModelConfig
-
 
 class GatedMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.ops: LayerOps = TORCH_LAYER_OPS  # the model sets its choice (use_fused_ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

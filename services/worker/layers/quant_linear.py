@@ -116,11 +116,12 @@ class QuantEmbedding(nn.Module):
 
 
 def weight_types(module: nn.Module) -> dict[tuple[str, str], int]:
-    """(source, type name) -> how many quantized linears/embeddings under `module` hold it (start log,
-    runtime): ("gguf", "Q4_1") for a GGUF's stored blocks, ("gptq", "Q4_1") for GPTQ repacked to Q4_1."""
+    """(source, type name) -> how many quantized linears/embeddings (and MoE expert sets, layers/moe.py)
+    under `module` hold it (start log, runtime): ("gguf", "Q4_1") for a GGUF's stored blocks, ("gptq",
+    "Q4_1") for GPTQ repacked to Q4_1."""
     counts: dict[tuple[str, str], int] = {}
     for m in module.modules():
-        if isinstance(m, (QuantLinear, QuantEmbedding)):
+        if isinstance(getattr(m, "weight_type", None), str) and isinstance(getattr(m, "source", None), str):
             key = (m.source, m.weight_type)
             counts[key] = counts.get(key, 0) + 1
     return counts
