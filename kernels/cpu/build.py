@@ -53,7 +53,7 @@ PAGED_ATTENTION = Extension("paged_attention", (HERE / "paged_attention.cpp",))
 # -ffp-contract=off: no fused multiply-adds, so each product and sum rounds where torch's ops round.
 LAYER_OPS = Extension("layer_ops", (HERE / "layer_ops.cpp",), ("-ffp-contract=off",))
 SAMPLING = Extension("sampling", (HERE / "sampling.cpp",))
-QUANT_LINEAR = Extension("quant_linear", (HERE / "quant_linear.cpp",))
+QUANT_LINEAR = Extension("quant_linear", (HERE / "quant_linear.cpp", HERE / "moe_experts.cpp"))
 EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING, QUANT_LINEAR)
 
 _lock = threading.Lock()

@@ -15,8 +15,9 @@ quantized: Q8_0, Q4_0 and Q4_1 by the `gguf` package here; any llama.cpp file ty
 Q6_K...) by llama.cpp's own quantizer (`llama_model_quantize`, the C API of llama-quantize) run in
 the llama-cpp-python venv. The folder (default `$PAGEDSERVE_CACHE/random-moe-1b-<type>`) holds the
 GGUF, a config.json saying the same shapes, the bundled tokenizer files, and a `model.safetensors`
-with the float32 tensors (norms, routers) for a folder load: it serves the GGUF's quantized weights
-(`--quantization gguf` or `auto`), not a dense load.
+with the float32 tensors (norms, routers, and the dequantized values of any tensor of a type our kernel
+does not run) for a folder load: it serves the GGUF's quantized weights (`--quantization gguf` or
+`auto`), not a dense load.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Shape:
     context: int = 8192
     rope_theta: float = 1_000_000.0
     rms_eps: float = 1e-6
+    std: float = 0.02  # of the weights' normal draws (larger: more peaked next-token distributions)
 
 
 def config_json(shape: Shape, vocab: int, bos: int, eos: int) -> dict:
@@ -84,7 +86,7 @@ def tensors(shape: Shape, vocab: int, seed: int):
     rng = np.random.default_rng(seed)
 
     def normal(*dims: int) -> np.ndarray:
-        return (rng.standard_normal(dims, dtype=np.float32) * 0.02).astype(np.float32)
+        return (rng.standard_normal(dims, dtype=np.float32) * shape.std).astype(np.float32)
 
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     yield "token_embd.weight", normal(vocab, shape.hidden)
@@ -159,6 +161,35 @@ def write_gguf(path: Path, shape: Shape, tokenizer_source: Path, type_name: str,
     return dense
 
 
+# Tensors our loader fuses into one projection: one of a type the kernel lacks leaves all of them dense.
+FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate_exps", "ffn_up_exps"))
+
+
+def kernel_less_tensors(path: Path) -> dict[str, np.ndarray]:
+    """The quantized tensors our loader keeps dense (a type the kernel does not run, such as Q6_K in a
+    Q4_K_M file until it does, or a fused projection's part beside such a tensor), dequantized to
+    float32 by Hugging Face name: a folder load takes them from the safetensors."""
+    import gguf
+    from pagedserve.services.worker.layers.quant_linear import KERNEL_TYPES
+    from pagedserve.services.worker.weights.gguf_weights import hf_name
+
+    floats = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors if t.tensor_type not in floats}
+    dense = {name for name, t in tensors.items() if t.tensor_type.name not in KERNEL_TYPES}
+    for name in list(dense):
+        block, _, rest = name.rpartition(".")[0].rpartition(".")
+        for group in FUSED:
+            if rest in group:
+                dense.update(
+                    f"{block}.{part}.weight" for part in group if f"{block}.{part}.weight" in tensors
+                )
+    out = {}
+    for name in sorted(dense):
+        values = gguf.quants.dequantize(tensors[name].data, tensors[name].tensor_type).astype(np.float32)
+        out[hf_name(name) or name] = values
+    return out
+
+
 LLAMACPP_QUANTIZE = """
 import sys, llama_cpp
 params = llama_cpp.llama_model_quantize_default_params()
@@ -196,6 +227,7 @@ def make_folder(type_name: str, out: Path, shape: Shape, llamacpp_venv: Path | N
                 python = llamacpp_venv / "bin" / "python"
                 command = [str(python), "-c", LLAMACPP_QUANTIZE, str(f16), str(gguf_file), type_name]
                 subprocess.run(command, check=True)
+            dense |= kernel_less_tensors(gguf_file)
         for name in TOKENIZER_FILES:
             if (bundled / name).is_file():
                 shutil.copy2(bundled / name, folder / name)

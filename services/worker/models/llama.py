@@ -175,6 +175,10 @@ class LlamaForCausalLM(nn.Module):
             return target, self._shard_rows(fused, shard)
         return name, None
 
+    def checkpoint_names_filled_by(self, hf_name: str) -> tuple[str, ...]:
+        """The names of checkpoint_names() a tensor of this name fills (more than itself: a MoE's)."""
+        return (hf_name,)
+
     def checkpoint_names(self) -> list[str]:
         """Every checkpoint tensor this model needs, by its Hugging Face name."""
         split = {v: k for k, v in self.fused_projections.items()}

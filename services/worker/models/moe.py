@@ -84,6 +84,14 @@ class MoeForCausalLM(LlamaForCausalLM):
                 names.append(name)
         return names
 
+    def checkpoint_names_filled_by(self, hf_name: str) -> tuple[str, ...]:
+        """A layer's whole 3-D expert tensor (`model.layers.N.mlp.experts.up_proj.weight`) fills every
+        expert's tensor of that projection."""
+        parts = hf_name.removeprefix("model.").split(".")
+        if len(parts) == 6 and parts[0] == "layers" and parts[3] == "experts" and parts[4] in _EXPERT_PARTS:
+            return tuple(self.expert_checkpoint_names(int(parts[1]), parts[4]))
+        return (hf_name,)
+
     def expert_checkpoint_names(self, layer: int, part: str) -> list[str]:
         """Every expert's checkpoint tensor of one projection (`gate_proj`, `up_proj`, `down_proj`) of
         layer `layer`, as this architecture spells them."""

@@ -152,7 +152,7 @@ def _fill_parameters(
                 f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, the model expects {tuple(dest.shape)}"
             )
         dest.copy_(tensor)  # converts to the model's dtype and device
-        seen.add(name)
+        seen.update(model.checkpoint_names_filled_by(name))
     if unexpected:
         raise ValueError(
             f"checkpoint in {folder} has {len(unexpected)} unexpected tensors: {some_names(unexpected)}"

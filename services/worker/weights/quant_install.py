@@ -8,14 +8,14 @@ checkpoint folder like any other weight. A tied LM head shares the embedding's b
 
 A mixture-of-experts layer's experts (one 3-D GGUF tensor per projection, every expert's rows one
 after the other) become QuantExpertLinears: gate and up of a type are interleaved per expert into one
-fused [num_experts * 2I] run of rows, down is kept as stored. The router stays dense (float32 in
-llama.cpp's files too): a rounding there changes which experts run, not just by how much.
+fused [num_experts * 2I] run of rows, down is kept as stored. The router stays dense (layers/moe.py's
+Router is no nn.Linear, so nothing here takes it).
 """
 
 from __future__ import annotations
 
 import torch
-from pagedserve.services.worker.layers.moe import Experts, QuantExpertLinear, SparseMoeBlock
+from pagedserve.services.worker.layers.moe import Experts, QuantExpertLinear
 from pagedserve.services.worker.layers.quant_linear import QuantEmbedding, QuantLinear, QuantTensor, quant_ops
 from torch import nn
 
@@ -35,8 +35,6 @@ def install_quantized(
         for child_name, child in list(module.named_children()):
             if not isinstance(child, nn.Linear) or (child.bias is not None and not keep_bias):
                 continue
-            if isinstance(module, SparseMoeBlock) and child is module.gate:
-                continue  # the router stays dense
             path = f"{module_name}.{child_name}" if module_name else child_name
             prefix = "" if path == "lm_head" else "model."
             if child_name in ("qkv_proj", "gate_up_proj"):
@@ -103,13 +101,15 @@ def _install_experts(
         fused = QuantTensor(gate.type_name, blocks, gate.in_features, gate.source)
         _check_shape(fused, experts.gate_up_proj, count, path + ".gate_up_proj")
         experts.gate_up_proj = QuantExpertLinear(fused, count, ops)
-        installed.update(model.expert_checkpoint_names(layer, "gate_proj"))
-        installed.update(model.expert_checkpoint_names(layer, "up_proj"))
+        for part in ("gate_proj", "up_proj"):  # per expert, and the whole layer's 3-D form
+            installed.update((*model.expert_checkpoint_names(layer, part), f"model.{path}.{part}.weight"))
     if isinstance(down, QuantTensor):
         owned = QuantTensor(down.type_name, down.blocks.clone(), down.in_features, down.source)
         _check_shape(owned, experts.down_proj, count, path + ".down_proj")
         experts.down_proj = QuantExpertLinear(owned, count, ops)
-        installed.update(model.expert_checkpoint_names(layer, "down_proj"))
+        installed.update(
+            (*model.expert_checkpoint_names(layer, "down_proj"), f"model.{path}.down_proj.weight")
+        )
     return installed
 
 

@@ -139,3 +139,30 @@ def test_bad_moe_configs_are_refused_by_field():
                 "head_dim": 8,
             }
         )
+
+
+def test_a_layers_experts_load_from_one_3d_tensor_per_projection(tiny_model, tmp_path):
+    """`mlp.experts.<proj>.weight` [experts, out, in] (the GGUF's stacked form, named as read from one)
+    fills every expert, as the per-expert tensors do."""
+    import shutil
+
+    from pagedserve.kernels.torch_backend import TorchAttentionBackend
+    from pagedserve.services.worker.weights.loader import load_model
+    from safetensors.torch import load_file, save_file
+
+    source = tiny_model("mixtral")
+    folder = tmp_path / "stacked"
+    shutil.copytree(source, folder)
+    tensors = load_file(folder / "model.safetensors")
+    stacked = {}
+    for layer in range(2):
+        for mixtral, ours in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+            names = [f"model.layers.{layer}.block_sparse_moe.experts.{e}.{mixtral}.weight" for e in range(5)]
+            stacked[f"model.layers.{layer}.mlp.experts.{ours}.weight"] = torch.stack(
+                [tensors.pop(n) for n in names]
+            )
+    save_file({**tensors, **stacked}, folder / "model.safetensors", metadata={"format": "pt"})
+    expected = load_model(source, TorchAttentionBackend()).model
+    got = load_model(folder, TorchAttentionBackend()).model
+    for (name, a), (_, b) in zip(expected.named_parameters(), got.named_parameters(), strict=True):
+        assert torch.equal(a, b), name

@@ -13,7 +13,7 @@ import torch
 from harness.gguf_models import quantize_checkpoint
 from harness.greedy_reference import random_prompts
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
-from pagedserve.services.worker.layers.moe import QuantExpertLinear, SparseMoeBlock
+from pagedserve.services.worker.layers.moe import QuantExpertLinear, Router, SparseMoeBlock
 from pagedserve.services.worker.layers.quant_linear import QuantLinear
 from pagedserve.services.worker.weights.loader import load_model
 
@@ -76,7 +76,7 @@ def test_experts_stay_packed_and_compute_what_the_dequantized_experts_do(tiny_mo
     assert isinstance(experts.down_proj, QuantExpertLinear)
     assert experts.gate_up_proj.blocks.shape[0] == 5 * 2 * 32  # 5 experts x (gate 32 + up 32) rows
     assert isinstance(block_q.shared_expert.gate_up_proj, QuantLinear)
-    assert type(block_q.gate) is torch.nn.Linear and block_q.gate.weight.dtype == torch.float32  # router
+    assert isinstance(block_q.gate, Router) and block_q.gate.weight.dtype == torch.float32  # dense
     x = torch.randn(9, 96)
     with torch.inference_mode():
         for expert in range(5):
