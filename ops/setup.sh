@@ -47,9 +47,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-# The C++ CPU kernels (paged attention + K/V write, the fused layer ops, the sampler), compiled once
-# now for the best ISA path this CPU runs (cached by source, flags, CPU and torch version) rather than
-# inside the first worker to start. An op that cannot build is named, with its reason and its log,
-# and its workers run the torch form of it.
-PYTHONPATH= .venv/bin/python -P -m pagedserve.kernels.cpu.dispatch \
+# The C++ CPU kernels (paged attention + K/V write, the fused layer ops, the sampler, the quantized
+# linears), compiled once now for every ISA path this CPU runs (cached by source, flags, CPU and torch
+# version): the best path for the workers, the others for the tests that check each path, rather than
+# inside the first worker or test to start. An op that cannot build is named, with its reason and its
+# log, and its workers run the torch form of it.
+PYTHONPATH= .venv/bin/python -P -m pagedserve.kernels.cpu.dispatch --all-paths \
   || echo "setup: the C++ kernels could not be tried; workers will run the torch ops" >&2

@@ -1,4 +1,4 @@
-"""The read-only ops HTTP endpoint each service runs in a side thread.
+"""The read-only ops HTTP endpoint each service runs in a side thread (Starlette on uvicorn).
 
 GET routes only read (handlers take the service's lock themselves); POST routes change state and
 require `Authorization: Bearer <admin_token>` — with no token configured they are refused outright.
@@ -8,22 +8,34 @@ a soak run watches for slow leaks.
 `view` routes (the live web view, ops/view/) take the query string and, when an admin token is
 configured, need it: as a bearer header, or once as `?token=` on the page, which trades it for an
 HttpOnly cookie, so that a browser can open the view and its polls carry the token.
+
+Handlers are plain functions returning `(status, content type, body)`: the services' cores know
+nothing of the web stack. Starlette runs them in its worker threads (a slow `/blocks` dump never
+blocks `/healthz`); uvicorn serves on a socket bound here, so a taken port fails at construction.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
-import gzip
 import hmac
 import json
 import os
+import socket
 import threading
 from collections.abc import Callable
 from http.cookies import SimpleCookie
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
 
 Handler = Callable[[], tuple[int, str, bytes]]
 QueryHandler = Callable[[dict[str, str]], tuple[int, str, bytes]]
@@ -63,6 +75,10 @@ def _token_cookie(token: str) -> str:
     return cookie[TOKEN_COOKIE].OutputString()
 
 
+def _refused(message: str, status: int) -> Response:
+    return JSONResponse({"error": message}, status)
+
+
 class OpsServer:
     def __init__(
         self,
@@ -73,84 +89,89 @@ class OpsServer:
         admin_token: str | None = None,
         view: dict[str, QueryHandler] | None = None,
     ) -> None:
-        routes_get, routes_post, token = {"/process": process_view, **get}, post or {}, admin_token
-        routes_view = view or {}
+        self._token = admin_token
+        routes = [
+            Route(path, self._plain(handler), methods=["GET"])
+            for path, handler in {"/process": process_view, **get}.items()
+        ]
+        routes += [
+            Route(path, self._admin(handler), methods=["POST"]) for path, handler in (post or {}).items()
+        ]
+        routes += [
+            Route(path, self._view(handler), methods=["GET"]) for path, handler in (view or {}).items()
+        ]
+        app = Starlette(
+            routes=routes,
+            middleware=[Middleware(GZipMiddleware, minimum_size=_GZIP_ABOVE, compresslevel=1)],
+            exception_handlers={404: self._not_found, 405: self._not_found},
+        )
+        self._socket = socket.create_server((host, port), reuse_port=False)
+        self.port = self._socket.getsockname()[1]
+        # access_log off: scrapes every few seconds would drown the structured log.
+        config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._serve, name="ops-http", daemon=True)
 
-        def token_ok(given: str) -> bool:
-            return token is not None and hmac.compare_digest(given.encode(), token.encode())
+    # ------------------------------------------------------------------ routes
 
-        class _Handler(BaseHTTPRequestHandler):
-            def _reply(
-                self, status: int, ctype: str, body: bytes, headers: dict[str, str] | None = None
-            ) -> None:
-                zipped = len(body) > _GZIP_ABOVE and "gzip" in self.headers.get("Accept-Encoding", "")
-                if zipped:
-                    body = gzip.compress(body, compresslevel=1)
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                if zipped:
-                    self.send_header("Content-Encoding", "gzip")
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(body)
+    def _token_ok(self, given: str) -> bool:
+        return self._token is not None and hmac.compare_digest(given.encode(), self._token.encode())
 
-            def _bearer(self) -> str:
-                return self.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    @staticmethod
+    def _bearer(request: Request) -> str:
+        return request.headers.get("authorization", "").removeprefix("Bearer ").strip()
 
-            def _view(self, route: QueryHandler, path: str, query: dict[str, str]) -> None:
-                if token is None:
-                    self._reply(*route(query))
-                    return
-                cookie = SimpleCookie(self.headers.get("Cookie", ""))
-                given = cookie[TOKEN_COOKIE].value if TOKEN_COOKIE in cookie else self._bearer()
-                if token_ok(given):
-                    self._reply(*route(query))
-                elif token_ok(query.get("token", "")):
+    @staticmethod
+    def _plain(handler: Handler) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            status, ctype, body = await run_in_threadpool(handler)
+            return Response(body, status, media_type=ctype)
+
+        return endpoint
+
+    def _admin(self, handler: Handler) -> Callable[[Request], Any]:
+        plain = self._plain(handler)
+
+        async def endpoint(request: Request) -> Response:
+            if not self._token_ok(self._bearer(request)):
+                return _refused("admin token required", 403)
+            return await plain(request)
+
+        return endpoint
+
+    def _view(self, handler: QueryHandler) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            query = dict(request.query_params)
+            if self._token is not None:
+                given = request.cookies.get(TOKEN_COOKIE) or self._bearer(request)
+                if not self._token_ok(given):
+                    if not self._token_ok(query.get("token", "")):
+                        return _refused("admin token required (?token= or Bearer)", 403)
                     # The token leaves the address bar (and the history) at once; the cookie holds it.
-                    self._reply(
-                        303,
-                        "text/plain",
-                        b"",
-                        {"Location": path, "Set-Cookie": _token_cookie(token)},
-                    )
-                else:
-                    self._reply(*json_response({"error": "admin token required (?token= or Bearer)"}, 403))
+                    redirect = RedirectResponse(request.url.path, status_code=303)
+                    redirect.headers.append("set-cookie", _token_cookie(self._token))
+                    return redirect
+            status, ctype, body = await run_in_threadpool(handler, query)
+            return Response(body, status, media_type=ctype)
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-                url = urlsplit(self.path)
-                if url.path in routes_view:
-                    self._view(routes_view[url.path], url.path, dict(parse_qsl(url.query)))
-                    return
-                route = routes_get.get(url.path)
-                if route is None:
-                    self._reply(*json_response({"error": f"no route {self.path}"}, 404))
-                    return
-                self._reply(*route())
+        return endpoint
 
-            def do_POST(self) -> None:  # noqa: N802
-                route = routes_post.get(self.path.split("?")[0])
-                if route is None:
-                    self._reply(*json_response({"error": f"no route {self.path}"}, 404))
-                    return
-                if not token_ok(self._bearer()):
-                    self._reply(*json_response({"error": "admin token required"}, 403))
-                    return
-                self._reply(*route())
+    @staticmethod
+    async def _not_found(request: Request, exc: Exception) -> Response:
+        return _refused(f"no route {request.url.path}", 404)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-                pass  # scrapes every few seconds would drown the structured log
+    # ------------------------------------------------------------------ life cycle
 
-        self.httpd = ThreadingHTTPServer((host, port), _Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="ops-http", daemon=True)
+    def _serve(self) -> None:
+        # A fresh event loop on this thread; uvicorn installs no signal handlers off the main thread.
+        asyncio.run(self._server.serve(sockets=[self._socket]))
 
     def start(self) -> OpsServer:
         self.thread.start()
         return self
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._server.should_exit = True
+        if self.thread.is_alive():
+            self.thread.join(timeout=5)
+        self._socket.close()

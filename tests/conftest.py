@@ -32,6 +32,10 @@ def _within(node: str, place: str) -> bool:
     return node == place or node.startswith((place + "/", place + "::", place + "["))
 
 
+# The quick loop (`pytest -m quick`): every test that carries none of these.
+NOT_QUICK = frozenset({"chaos", "slow", "integration", "ray", "packaging", "triton", "docker"})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         node = item.nodeid.removeprefix("tests/")
@@ -39,6 +43,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if _within(node, place):
                 for marker in markers:
                     item.add_marker(marker)
+        if not any(item.get_closest_marker(name) for name in NOT_QUICK):
+            item.add_marker("quick")
 
 
 @pytest.fixture(scope="module", params=ISAS)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
@@ -118,10 +117,8 @@ def test_async_close_ends_the_reader_and_fails_live_requests(server: ScriptedSch
         client = AsyncClient(server.endpoint, **FAST)
         task = asyncio.create_task(client.generate("hang"))
         await asyncio.sleep(0.1)
-        started = time.monotonic()
         await client.close()
-        assert time.monotonic() - started < FAST["timeout_s"] / 2  # failed by close, not by its timeout
-        with pytest.raises(RequestError, match="closed"):
+        with pytest.raises(RequestError, match="closed"):  # failed by close, not by its timeout
             await task
         assert client._reader is not None and client._reader.done()
         with pytest.raises(RequestError, match="closed"):

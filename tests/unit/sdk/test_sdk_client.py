@@ -114,12 +114,10 @@ def test_pings_flow_while_a_request_is_live_even_if_nobody_reads(
 def test_request_past_its_timeout_raises_timeout_and_aborts(
     server: ScriptedScheduler, client: Client
 ) -> None:
-    started = time.monotonic()
     with pytest.raises(RequestError) as info:
         client.generate("hang", timeout_s=0.2, request_id="slow")
     assert info.value.code == "timeout"
-    # Its own 0.2 s, not the client's default: a bound against that other behaviour, not a speed claim.
-    assert time.monotonic() - started < FAST["timeout_s"] / 2
+    assert "timeout_s=0.2" in str(info.value)  # its own timeout, not the client's default
     assert server.wait_for("abort")[0]["request_id"] == "slow"
 
 
@@ -151,12 +149,10 @@ def test_close_joins_the_io_thread_and_fails_live_requests(server: ScriptedSched
     waiter = threading.Thread(target=wait_forever)
     waiter.start()
     server.wait_for("submit")
-    started = time.monotonic()
     client.close()
-    waiter.join(timeout=2)
-    assert time.monotonic() - started < FAST["timeout_s"] / 2  # failed by close, not by its timeout
-    assert not client._thread.is_alive()
-    assert [e.code for e in errors] == ["closed"]
+    waiter.join(timeout=FAST["timeout_s"] * 4)
+    assert not waiter.is_alive() and not client._thread.is_alive()
+    assert [e.code for e in errors] == ["closed"]  # failed by close, not by its timeout ("timeout")
     with pytest.raises(RequestError, match="closed"):
         client.generate("too late")
 

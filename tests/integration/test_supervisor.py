@@ -155,9 +155,9 @@ def test_stop_wakes_a_stopped_child_so_it_shuts_down_cleanly(
     log = tmp_path / "worker-0.log"
     wait_for(lambda: log.exists() and "ready" in log.read_text())
     group.send_signal("worker-0", signal.SIGSTOP)
-    t0 = time.monotonic()
-    assert group.stop(grace_s=5.0) == {"worker-0": 3}  # its own handler ran: not SIGKILLed
-    assert time.monotonic() - t0 < 4.0
+    # Exit code 3 is its own SIGTERM handler; a child left stopped would be SIGKILLed (-9) at the end
+    # of the grace period instead.
+    assert group.stop(grace_s=5.0) == {"worker-0": 3}
 
 
 def test_a_stopped_child_dies_with_a_supervisor_that_is_killed(tmp_path: Path) -> None:
@@ -265,11 +265,11 @@ def test_wait_ready_fails_fast_when_a_core_service_is_down_for_good(tmp_path: Pa
         return [sys.executable, "-c", "raise SystemExit('port taken')"] if service == "scheduler" else SLEEPER
 
     supervisor = Supervisor(config, workers=1, launcher=launcher, restart_core=False, log_dir=tmp_path)
-    with supervisor:
-        started, timeout_s = time.monotonic(), 30.0
-        with pytest.raises(DeploymentFailed, match="scheduler.*scheduler.log"):
-            supervisor.wait_ready(timeout_s=timeout_s)
-        assert time.monotonic() - started < timeout_s / 3  # it saw the death, it did not wait it out
+    # It saw the death: DeploymentFailed names the dead service; waiting the timeout out would raise
+    # TimeoutError instead (after an hour: pytest's own timeout would end the test first).
+    dead = "scheduler exited and was not restarted.*scheduler.log"
+    with supervisor, pytest.raises(DeploymentFailed, match=dead):
+        supervisor.wait_ready(timeout_s=3600.0)
     assert "port taken" in (tmp_path / "scheduler.log").read_text()
 
 
