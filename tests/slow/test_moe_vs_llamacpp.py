@@ -5,11 +5,15 @@ and Q8_0 by the gguf package. The last position's logits of a fixed prompt set f
 its own venv (LLAMACPP_VENV, default .venv-llamacpp at the repo root) and from our worker with
 --quantization gguf.
 
-Policy, as tests/slow/test_quantized_vs_llamacpp.py's for the dense bundled model: llama.cpp quantizes
-activations to 8 bits, we do not by default, so the logits differ a little; top-1 agreement on at least
-7 of the 8 prompts and the mean KL(llama.cpp || ours) under 0.05 nats. A different routing of a token
-(a near tie of two experts' router scores) moves its logits more than the arithmetic does: the KL bound
-holds them to that being rare. Skips, saying so, where the venv is absent."""
+Policy, as tests/slow/test_quantized_vs_llamacpp.py's for the dense bundled model, in both activation
+modes: llama.cpp quantizes activations to 8 bits, we do not by default, so the logits differ a little;
+on 24 prompts, top-1 agreement on at least 21 and KL(llama.cpp || ours) of the next-token distributions
+under 0.05 nats on at least 21, and the median KL under 0.01. Where the dense model's bound is on the
+mean, here a few prompts may miss it: a token whose two best experts' router scores nearly tie can be
+routed differently by the two arithmetics, and that moves the prompt's logits as a whole. Seen on the
+Q4_0 file: one of the first 8 prompts at KL 0.87 (the others 0.001-0.002), where transformers over the
+GGUF's dequantized weights gives our logits exactly (KL 0.0000 on all 8) and llama.cpp's differ from
+both; with int8 activations a second prompt moved (0.12). Skips, saying so, where the venv is absent."""
 
 from __future__ import annotations
 
@@ -27,11 +31,31 @@ from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.services.worker.weights.gguf_weights import gguf_source
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import Execute, NewRequest, WorkerSampling
-from test_quantized_vs_llamacpp import LLAMACPP_LOGITS, PROMPTS
+from test_quantized_vs_llamacpp import LLAMACPP_LOGITS
+from test_quantized_vs_llamacpp import PROMPTS as DENSE_PROMPTS
 
 pytestmark = pytest.mark.slow
 
 GREEDY = WorkerSampling.of(SamplingParams(temperature=0.0), None)
+PROMPTS = [
+    *DENSE_PROMPTS,
+    "The sun rises in the",
+    "import numpy as np\n",
+    "My favourite book is",
+    "Photosynthesis converts",
+    "The recipe calls for two cups of",
+    "In 1969, the first",
+    "SELECT name FROM users WHERE",
+    "The quick brown fox",
+    "A haiku about winter:",
+    "The French word for cheese is",
+    "Dear hiring manager,",
+    "The derivative of x squared is",
+    "She opened the door and saw",
+    "Rust's borrow checker",
+    "The population of Tokyo is about",
+    "Q: What is 7 times 8? A:",
+]
 SHAPE = Shape(
     hidden=256, layers=4, heads=4, kv_heads=2, head_dim=64, experts=8, top_k=2, expert_size=256, std=0.1
 )
@@ -55,8 +79,10 @@ def moe_and_logits(request, tmp_path_factory) -> tuple[Path, list[list[int]], to
     return folder, prompts, torch.tensor(json.loads(result.read_text()), dtype=torch.float64)
 
 
-def test_moe_logits_agree_with_llamacpp_on_the_same_gguf(moe_and_logits) -> None:
+@pytest.mark.parametrize("activations", ["float32", "int8"])
+def test_moe_logits_agree_with_llamacpp_on_the_same_gguf(moe_and_logits, activations, monkeypatch) -> None:
     folder, prompts, theirs = moe_and_logits
+    monkeypatch.setenv("PAGEDSERVE_QUANT_ACTIVATIONS", activations)  # read as the linears are built
     runner = ModelRunner(folder, quantization="gguf", block_size=16, num_blocks=64)
     assert runner.runtime["weights"].startswith("gguf Q"), runner.runtime
     new, first_block = [], 0
@@ -72,5 +98,6 @@ def test_moe_logits_agree_with_llamacpp_on_the_same_gguf(moe_and_logits) -> None
     )
     kl = kl.sum(-1)
     assert theirs.std(-1).min().item() > 0.5, "llama.cpp's logits are flat: the model says nothing to compare"
-    assert top1 >= 7, f"top-1 agreed on {top1}/8 prompts"
-    assert math.isfinite(kl.mean().item()) and kl.mean().item() < 0.05, kl.tolist()
+    assert top1 >= 21, f"top-1 agreed on {top1}/{len(prompts)} prompts"
+    assert all(math.isfinite(v) for v in kl.tolist()), kl.tolist()
+    assert (kl < 0.05).sum().item() >= 21 and kl.median().item() < 0.01, kl.tolist()
