@@ -46,9 +46,16 @@ CATEGORIES = {
     "pagedserve_ops::rms_norm": "norms, adds, SiLU (C++ fused)",
     "pagedserve_ops::fused_add_rms_norm": "norms, adds, SiLU (C++ fused)",
     "pagedserve_ops::silu_and_mul": "norms, adds, SiLU (C++ fused)",
+    # A MoE layer's routing after its router linear (softmax, top-k, the renormalisation).
+    "aten::softmax": "MoE routing (softmax, top-k)",
+    "aten::topk": "MoE routing (softmax, top-k)",
 }
 # Ops whose namespace carries the ISA path (pagedserve_quant_linear_avx2::...): matched by their name.
-SUFFIXES = {"::quant_linear": "linears (incl. LM head)", "::quant_rows": "embedding rows (quantized)"}
+SUFFIXES = {
+    "::quant_linear": "linears (incl. LM head)",
+    "::quant_rows": "embedding rows (quantized)",
+    "::moe_experts": "MoE experts (C++, incl. their linears)",
+}
 LABELS = ("sample", "pack_batch")
 
 
@@ -148,23 +155,35 @@ def breakdown(variant: Variant, steps: int) -> dict[str, float]:
         runner_module.pack_batch = pack
     totals: dict[str, float] = {}
     top_level = 0.0
-    for event in prof.key_averages():
-        name = event.key
+    events = prof.events()
+    # The stepping thread's events only: ops a C++ op runs on its parallel region's other threads
+    # (moe_experts' quant_linear calls) are inside that op's time already.
+    main = next((e.thread for e in events if e.name == "sample"), None)
+    for event in events:
+        if main is not None and event.thread != main:
+            continue
         ms = event.cpu_time_total / 1e3 / steps
-        if (kind := category(name)) is not None:
-            totals[kind] = totals.get(kind, 0.0) + ms
-        elif name in LABELS:
-            totals[name] = ms
-    # Ops that are nobody's child: their sum against the wall is the time spent in Python between them.
-    for event in prof.events():
-        if event.cpu_parent is None:
-            top_level += event.cpu_time_total / 1e3 / steps
+        if event.cpu_parent is None:  # nobody's child: against the wall, the Python between ops
+            top_level += ms
+        kind = category(event.name) or (event.name if event.name in LABELS else None)
+        if kind is None or _inside_counted(event):
+            continue  # counted once, as its outermost categorized op (moe_experts, not its linears)
+        totals[kind] = totals.get(kind, 0.0) + ms
     totals["step wall"] = wall * 1e3 / steps
     totals["python between ops"] = max(0.0, totals["step wall"] - top_level)
     kinds = {*CATEGORIES.values(), *SUFFIXES.values()}
     accounted = sum(v for k, v in totals.items() if k in kinds or k == "sample")
     totals["other ops"] = max(0.0, top_level - accounted - totals.get("pack_batch", 0.0))
     return totals
+
+
+def _inside_counted(event: Any) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if category(parent.name) is not None or parent.name in LABELS:
+            return True
+        parent = parent.cpu_parent
+    return False
 
 
 def _timed_pack(pack: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
