@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Literal
 
+from pagedserve.shared.speculative_config import SpeculativeConfig, parse_speculative_config
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -86,6 +87,11 @@ class ServeConfig(BaseSettings):
         ge=0,
         le=1 << 22,
         description="results of finished requests kept, newest first, so a retry by request id is a lookup",
+    )
+
+    # --- speculative decoding (docs/speculative-decoding.md)
+    speculative_config: SpeculativeConfig | None = Field(
+        None, description='JSON in vLLM\'s shape, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\''
     )
 
     # --- leases and liveness
@@ -177,6 +183,11 @@ class ServeConfig(BaseSettings):
         if not (8 <= v <= 128 and _power_of_two(v)):
             raise ValueError(f"block_size must be a power of two from 8 to 128, got {v}")
         return v
+
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _speculative_config_from_json(cls, v: Any) -> Any:
+        return parse_speculative_config(v)
 
     @model_validator(mode="after")
     def _intervals_fit(self) -> ServeConfig:

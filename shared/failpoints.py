@@ -40,6 +40,7 @@ POINTS = {
     "worker.drop_execute": "the worker reads an Execute and drops it: no step, no reply",
     "worker.delay_reply": "the worker has a step result and waits before sending it",
     "worker.stop_before_result": "the worker has a step result with tokens and SIGSTOPs itself before sending it",
+    "worker.mid_verification": "the worker has scored proposed tokens (speculative decoding) and not yet sampled them",
 }
 
 _TERM = re.compile(

@@ -23,6 +23,8 @@ MARKERS_BY_PLACE: dict[str, tuple[str, ...]] = {
     # Every C++ kernel compiled for every ISA path, and a build killed mid-compile: a minute or more.
     "unit/kernels/test_kernel_build.py::test_every_path_compiles_": ("slow",),
     "unit/kernels/test_kernel_build.py::test_a_build_killed_midway_": ("slow",),
+    # The portable path cross-compiled for ARM64 (a compile check, never cached): ~1 min on 2 cores.
+    "unit/kernels/test_kernel_build.py::test_the_portable_path_compiles_for_arm64": ("slow",),
 }
 
 

@@ -6,6 +6,7 @@
     pagedserve bench --services --depths 1,2,3   # also through the real processes
     pagedserve bench serve --request-rate 1,4,inf   # online over HTTP, any OpenAI-compatible server
     pagedserve bench fleet              # one scheduler driving 1..32 simulated workers (ops/bench/fleet.py)
+    pagedserve bench speculative        # speculative decoding on four workloads at 1, 4, 16 concurrent
 
 The workload (nano-vllm's bench.py, scaled down): seed 0, prompts of random token ids, prompt and
 output lengths uniform in [--min-len, --max-len], EOS ignored, temperature 0.6. The same requests
@@ -135,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         from pagedserve.ops.bench.front_door import main as front_door_main
 
         return front_door_main(argv[1:])
+    if argv and argv[0] == "speculative":  # speculative decoding against none (ops/bench/speculative.py)
+        from pagedserve.ops.bench.speculative import main as speculative_main
+
+        return speculative_main(argv[1:])
     if argv and argv[0] == "fleet":  # `pagedserve bench fleet`: simulated workers, its own flags
         from pagedserve.ops.bench.fleet import main as fleet_main
 

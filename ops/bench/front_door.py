@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 from pagedserve.kernels.cpu.isa import cpu_model
 
 OPS_LIMIT_S = 1.0
@@ -171,8 +172,7 @@ def sample(
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)
+    return round(float(np.percentile(values, q * 100)), 4)
 
 
 def summarize(

@@ -89,6 +89,11 @@ def _header(pool: Any, sched: Any) -> Text:
             f"  running {sched['running']}  waiting {sched['waiting']}/{sched['max_waiting_requests']}"
         )
         text.append(f"  {sched['tokens_per_s']:.1f} tok/s  ")
+        spec = sched.get("speculation")
+        if spec and spec["enabled"]:
+            text.append(
+                f"spec accepted {spec['accepted']}/{spec['proposed']} ({100 * spec['acceptance']:.0f}%)  "
+            )
         noticed = f["workers_lost"] + f["step_timeouts"] + f["stale_results"] + f["block_manager_outages"]
         text.append(
             f"faults {noticed:g} (lost {f['workers_lost']:g}, timeouts {f['step_timeouts']:g}, stale "

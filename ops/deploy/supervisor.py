@@ -11,6 +11,7 @@ variables, so a child reads exactly the config the supervisor was given. Workers
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -46,7 +47,9 @@ def config_env(config: ServeConfig, base: Mapping[str, str] | None = None) -> di
     env = {k: v for k, v in (os.environ if base is None else base).items() if k not in fields}
     for name, value in config.model_dump(exclude={"worker_id"}).items():
         if value is not None:
-            env[f"PAGEDSERVE_{name.upper()}"] = str(value)
+            # A section (speculative_config) travels as the JSON its flag takes.
+            text = json.dumps(value) if isinstance(value, dict) else str(value)
+            env[f"PAGEDSERVE_{name.upper()}"] = text
     # Children log to files or our terminal; Python must not buffer a crash's last lines.
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env

@@ -65,6 +65,7 @@ class LLM:
         attention_backend: str = config_default("attention_backend"),
         enable_prefix_caching: bool = config_default("enable_prefix_caching"),
         quantization: str = config_default("quantization"),
+        speculative_config: dict | str | None = None,
     ) -> None:
         from pagedserve.services.worker.runner import ModelRunner
 
@@ -84,6 +85,7 @@ class LLM:
             attention_backend=attention_backend,
             enable_prefix_caching=enable_prefix_caching,
             quantization=quantization,
+            speculative_config=speculative_config,
         )
         checkpoint = load_checkpoint(model)
         self.tokenizer = load_tokenizer(checkpoint.tokenizer_path)
@@ -96,6 +98,7 @@ class LLM:
             kv_cache_memory=kv_cache_memory,
             attention_backend=attention_backend,
             quantization=config.quantization,
+            speculative_config=config.speculative_config,
         )
         self.max_model_len = checkpoint.served_len(max_model_len)
         limits = SchedulerLimits.from_config(config, self.max_model_len)

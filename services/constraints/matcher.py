@@ -45,6 +45,35 @@ class SequenceMatcher:
             )
         self.num_accepted += 1
 
+    def allowed_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading `tokens` the grammar accepts, up to its end; the matcher is left as it was."""
+        taken = 0
+        for token in tokens:
+            if self.finished or not self._matcher.accept_token(token):
+                break
+            taken += 1
+        if taken:
+            self._matcher.rollback(taken)
+        return taken
+
+    def fill_along(self, bitmask: torch.Tensor, first_row: int, tokens: Sequence[int]) -> None:
+        """Rows first_row .. first_row + len(tokens): the masks after 0, 1, ... of `tokens` (which the
+        grammar accepts: `allowed_prefix`); a row past the grammar's end allows every token."""
+        taken = 0
+        for j in range(len(tokens) + 1):
+            if self.finished:
+                bitmask[first_row + j].fill_(-1)  # every bit set: unconstrained, like a finished row
+            else:
+                self._matcher.fill_next_token_bitmask(bitmask, first_row + j)
+            if j < len(tokens) and not self.finished:
+                if not self._matcher.accept_token(tokens[j]):
+                    raise ConstraintViolation(
+                        f"proposed token {tokens[j]} is not allowed: check allowed_prefix"
+                    )
+                taken += 1
+        if taken:
+            self._matcher.rollback(taken)
+
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         self._matcher.fill_next_token_bitmask(bitmask, row)
 
@@ -72,6 +101,27 @@ def build_mask(matchers: Sequence[SequenceMatcher | None], vocab_size: int) -> T
     for j, row in enumerate(rows):
         matchers[row].fill(bitmask, j)  # type: ignore[union-attr]
     return TokenMask(rows, bitmask)
+
+
+def build_mask_along(
+    rows: Sequence[tuple[SequenceMatcher | None, list[int]]], vocab_size: int
+) -> TokenMask | None:
+    """The mask of logits rows laid out request by request, 1 + len(proposed) rows each: row j of a
+    constrained request is its grammar's state after its first j proposed tokens."""
+    constrained: list[int] = []
+    starts: list[tuple[SequenceMatcher, int, list[int]]] = []
+    at = 0
+    for matcher, proposed in rows:
+        if matcher is not None and not matcher.finished:
+            starts.append((matcher, len(constrained), proposed))
+            constrained.extend(range(at, at + 1 + len(proposed)))
+        at += 1 + len(proposed)
+    if not constrained:
+        return None
+    bitmask = xgr.allocate_token_bitmask(len(constrained), vocab_size)
+    for matcher, first, proposed in starts:
+        matcher.fill_along(bitmask, first, proposed)
+    return TokenMask(constrained, bitmask)
 
 
 def apply_mask(logits: torch.Tensor, mask: TokenMask) -> None:

@@ -55,6 +55,7 @@ def adopt_child(parent: Request, child: Request) -> None:
     child.status = Status.RUNNING
     child.on_worker = True
     child.num_slots_used = parent.num_slots_used
+    child.num_slots_given = parent.num_slots_given
     child.num_known_sent = parent.num_known_sent
     child.pending = 1
     child.in_flight = 1

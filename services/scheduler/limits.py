@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from pagedserve.shared.config import ServeConfig, config_default
 from pagedserve.shared.paging import blocks_for
+from pagedserve.shared.speculative_config import SpeculativeConfig
 
 
 @dataclass(slots=True)
@@ -18,6 +19,7 @@ class SchedulerLimits:
     max_model_len: int = 2048
     # Blocks kept free when admitting, so running decodes can grow without preempting at once.
     watermark_blocks: int = 1
+    speculative: SpeculativeConfig | None = None  # speculative decoding: off when None
 
     @classmethod
     def from_config(cls, config: ServeConfig, max_model_len: int) -> SchedulerLimits:
@@ -27,6 +29,7 @@ class SchedulerLimits:
             aging_s=config.aging_s,
             pipeline_depth=config.pipeline_depth,
             max_model_len=max_model_len,
+            speculative=config.speculative_config,
         )
 
 
@@ -39,6 +42,14 @@ class SchedulerStats:
     generated_tokens: int = 0
     kv_slots_used: int = 0  # summed over steps: token slots holding KV
     kv_slots_held: int = 0  # summed over steps: slots of the blocks those requests hold
+    # Speculative decoding: tokens proposed and accepted, and decodes that were granted lookahead.
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    spec_decodes: int = 0
+
+    @property
+    def spec_acceptance(self) -> float:
+        return self.spec_accepted / self.spec_proposed if self.spec_proposed else 0.0
 
     def account_kv(self, num_slots_used: list[int], block_size: int) -> None:
         """One step's KV use: slots holding tokens against the slots of the blocks they occupy."""

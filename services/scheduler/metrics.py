@@ -48,4 +48,13 @@ class SchedulerMetrics:
         self.max_waiting = Gauge(
             "pagedserve_max_waiting_requests", "admission bound: past it requests get 429", registry=r
         )
+        self.spec_proposed = Counter(
+            "pagedserve_spec_proposed_tokens", "tokens proposed by speculative decoding", registry=r
+        )
+        self.spec_accepted = Counter(
+            "pagedserve_spec_accepted_tokens", "proposed tokens the target accepted", registry=r
+        )
+        self.spec_decodes = Counter(
+            "pagedserve_spec_decodes", "decodes granted lookahead for proposed tokens", registry=r
+        )
         self.bm_outages = Counter("pagedserve_block_manager_outages", "block manager unreachable", registry=r)

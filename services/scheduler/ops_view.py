@@ -130,13 +130,16 @@ class SchedulerWatch:
                     "prompt_tokens": len(r.prompt_token_ids),
                     "output_tokens": len(r.output_token_ids),
                     "max_tokens": r.sampling.max_tokens,
-                    "blocks": -(-r.num_slots_used // bs) if bs and r.status is Status.RUNNING else 0,
+                    "blocks": -(-r.num_slots_given // bs) if bs and r.status is Status.RUNNING else 0,
                     "cached_tokens": r.num_cached_tokens,
+                    "spec_proposed": r.num_proposed,
+                    "spec_accepted": r.num_accepted,
                     "age_s": round(now - r.arrival, 2),
                 }
             )
         history = self.history.view(now)
         rates = history["tokens_per_s"]
+        stats = core.stats
         return {
             "waiting": core.num_waiting,
             "running": core.num_running,
@@ -145,5 +148,11 @@ class SchedulerWatch:
             "workers": workers,
             "tokens_per_s": rates[-1] if rates else 0.0,
             "faults": faults | {"step_timeouts": self.step_timeouts},
+            "speculation": {
+                "enabled": core.speculation.enabled,
+                "proposed": stats.spec_proposed,
+                "accepted": stats.spec_accepted,
+                "acceptance": round(stats.spec_acceptance, 4),
+            },
             "history": history,
         }

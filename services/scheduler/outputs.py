@@ -106,18 +106,18 @@ class Outputs:
             reason = "stop"
         return reason
 
-    def delta(self, req: Request, token: int, logprob: Any) -> OutputEvent:
+    def delta(self, req: Request, tokens: list[int], logprobs: list[Any]) -> OutputEvent:
+        """The tokens one step added (several when proposals were accepted) and their text."""
         text = self.texts[req.request_id].take_delta(False, req.output_token_ids)
-        return OutputEvent(
-            req.parent_id or req.request_id, req.index, [token], text, None if logprob is None else [logprob]
-        )
+        lps = None if all(lp is None for lp in logprobs) else logprobs
+        return OutputEvent(req.parent_id or req.request_id, req.index, tokens, text, lps)
 
     def final(
         self, req: Request, reason: str, new_tokens: list[int] | None, new_logprobs: list[Any] | None
     ) -> OutputEvent:
         """The completion's last event: whatever text is kept and not yet sent, and why it ended."""
         text = self.texts[req.request_id].take_delta(True, req.output_token_ids)
-        lps = None if new_logprobs is None or new_logprobs == [None] else new_logprobs
+        lps = None if new_logprobs is None or all(lp is None for lp in new_logprobs) else new_logprobs
         return OutputEvent(req.parent_id or req.request_id, req.index, new_tokens or [], text, lps, reason)
 
     def emitted_text(self, request_id: str) -> str:

@@ -11,6 +11,7 @@ class InFlightStep:
     step: int
     request_ids: list[str]
     sent_at: float
+    lookahead: dict[str, int] = field(default_factory=dict)  # proposal slots granted, by request
 
 
 @dataclass(slots=True)
@@ -28,10 +29,10 @@ class PipelineWindow:
     def __len__(self) -> int:
         return len(self.steps)
 
-    def open(self, request_ids: list[str], now: float) -> int:
+    def open(self, request_ids: list[str], now: float, lookahead: dict[str, int] | None = None) -> int:
         step = self.next_step
         self.next_step += 1
-        self.steps.append(InFlightStep(step, request_ids, now))
+        self.steps.append(InFlightStep(step, request_ids, now, lookahead or {}))
         return step
 
     def close(self, step: int) -> InFlightStep:

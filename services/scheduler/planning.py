@@ -17,6 +17,7 @@ from pagedserve.services.scheduler.forks import plan_forks
 from pagedserve.services.scheduler.limits import SchedulerLimits, SchedulerStats
 from pagedserve.services.scheduler.placement import WorkerState
 from pagedserve.services.scheduler.request import Request, Status
+from pagedserve.services.scheduler.speculation import SpeculationPolicy
 from pagedserve.shared.paging import blocks_for
 from pagedserve.shared.protocol.blocks import OP_FREE, alloc_op, free_op, grow_op
 
@@ -27,6 +28,7 @@ class PlanEntry:
     op_index: int
     num_tokens: int  # new: max new tokens asked for; cached: tokens scheduled
     new: bool
+    lookahead: int = 0  # a decode's slots for proposed tokens (speculation.py)
     forks: list[tuple[int, Request]] = field(default_factory=list)  # (op index, child)
 
 
@@ -55,13 +57,35 @@ def schedulable(req: Request) -> bool:
     known = len(req.prompt_token_ids) + num_output
     if req.num_slots_used < known:
         return True  # prefilling
-    return num_output + req.pending < req.sampling.max_tokens and req.num_slots_used < known + req.pending
+    # Tokens known once the steps in flight answer: at least one each, at most one more per proposal
+    # slot. num_slots_used counts every proposal slot as if accepted, so both sides are upper bounds.
+    return (
+        num_output + req.pending < req.sampling.max_tokens
+        and req.num_slots_used < known + req.pending + req.lookahead_in_flight
+    )
+
+
+def free_ops(req: Request) -> list[list[Any]]:
+    """Free a table whose slots are all computed (no step in flight names it). Tokens it computed that
+    the block manager was never told (accepted proposals of its last step) go first, so the blocks they
+    fill are cached like any other; the free then confirms exactly the computed slots."""
+    ops = []
+    if req.num_known_sent < min(req.num_slots_used, req.num_known):
+        ops.append(grow_op(req.request_id, 0, req.known_since(req.num_known_sent)))
+    ops.append(free_op(req.request_id, req.num_slots_used))
+    return ops
+
+
+def decoding(req: Request) -> bool:
+    """Its prompt is scheduled and at most one known token is not: the next step computes that token
+    (or, pipelined, the token the step in flight samples) and samples after it."""
+    return req.num_slots_used + 1 >= req.num_known and req.num_slots_used >= len(req.prompt_token_ids)
 
 
 def blocks_to_grow(req: Request, num_tokens: int, block_size: int) -> int:
-    need = blocks_for(req.num_slots_used + num_tokens, block_size) - blocks_for(
-        req.num_slots_used, block_size
-    )
+    # Slots given before to proposals that were rejected are written again first: no block for them.
+    given = req.num_slots_given
+    need = blocks_for(max(given, req.num_slots_used + num_tokens), block_size) - blocks_for(given, block_size)
     # A forked request's partly filled last block is shared: its first write copies it.
     return need + (1 if req.shares_last_block and req.num_slots_used % block_size else 0)
 
@@ -85,9 +109,11 @@ class Planner:
         stats: SchedulerStats,
         release: Callable[[Request], None],
         reject: Callable[[Request], None],
+        speculation: SpeculationPolicy,
     ) -> None:
         self.limits = limits
         self.stats = stats
+        self.speculation = speculation
         self._release = release  # a finished request's free op is out: the core forgets it
         self._reject = reject  # a request that can never fit its worker's pool
 
@@ -95,7 +121,7 @@ class Planner:
         draft = _Draft(state, owner, self.limits.max_num_batched_tokens, state.free_blocks)
         for req in state.to_free:
             # No step names it any more: its scheduled slots are exactly the computed ones.
-            draft.ops.append(free_op(req.request_id, req.num_slots_used))
+            draft.ops.extend(free_ops(req))
             self._after_free(req, state)
         state.to_free.clear()
         # Forked for a step that never ran: none of it is known to be written.
@@ -113,7 +139,8 @@ class Planner:
         prefills: list[Request] = []
         for req in state.running:
             if schedulable(req):
-                (prefills if req.prefilling else decodes).append(req)
+                (decodes if decoding(req) else prefills).append(req)
+        lookahead = self.speculation.grant(decodes) if self.speculation.enabled else {}
         for want_prefill, queue in ((False, decodes), (True, prefills)):
             for req in queue:
                 if draft.tokens <= 0:
@@ -121,7 +148,12 @@ class Planner:
                 if req.status is not Status.RUNNING:
                     continue  # preempted a moment ago, for someone earlier in this loop
                 n = min(draft.tokens, req.num_known - req.num_slots_used) if want_prefill else 1
-                need = blocks_to_grow(req, n, bs)
+                ahead = min(lookahead.get(id(req), 0), draft.tokens - n)  # proposals count as tokens
+                need = blocks_to_grow(req, n + ahead, bs)
+                if ahead and need > draft.blocks - self.limits.watermark_blocks - len(decodes):
+                    # Lookahead takes no block a decode of this step, or the watermark, may need.
+                    ahead = 0
+                    need = blocks_to_grow(req, n, bs)
                 if need > draft.blocks and want_prefill:
                     # A prompt chunk shrinks to the memory there is before anyone is preempted.
                     n = min(n, draft.blocks * bs + (-req.num_slots_used) % bs)
@@ -131,13 +163,15 @@ class Planner:
                     self._preempt_for(draft)
                     continue
                 new_known = req.known_since(req.num_known_sent) if req.num_known_sent < req.num_known else []
-                entry = PlanEntry(req, len(draft.ops), n, new=False)
-                draft.ops.append(grow_op(req.request_id, n, new_known))
+                entry = PlanEntry(req, len(draft.ops), n, new=False, lookahead=ahead)
+                # The table grows only past the slots it was given (rejected proposals' slots are reused).
+                grow = max(0, req.num_slots_used + n + ahead - req.num_slots_given)
+                draft.ops.append(grow_op(req.request_id, grow, new_known))
                 if want_prefill and req.num_slots_used + n == req.num_known:
                     entry.forks = plan_forks(req, draft.owner, draft.ops)
                 draft.entries.append(entry)
                 draft.blocks -= need
-                draft.tokens -= n
+                draft.tokens -= n + ahead
 
     def _plan_admission(self, draft: _Draft, now: float) -> None:
         """Policy order, head-of-line: a big request is not overtaken forever by small ones."""
@@ -197,7 +231,7 @@ class Planner:
         self.stats.preemptions += 1
         if victim.in_flight == 0:
             state.running.remove(victim)
-            draft.ops.append(free_op(victim.request_id, victim.num_slots_used))
+            draft.ops.extend(free_ops(victim))
             self._after_free(victim, state)
 
     def _after_free(self, req: Request, state: WorkerState) -> None:

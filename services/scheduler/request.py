@@ -32,7 +32,14 @@ class Request:
     finish_reason: str | None = None
     # --- KV bookkeeping (mirrors the worker's state one pipeline window ahead)
     on_worker: bool = False  # the worker holds its state (sent as NewRequest, not yet told to forget)
-    num_slots_used: int = 0  # tokens whose KV is computed or being computed, over all steps so far
+    # Tokens whose KV is computed or being computed, over all steps so far; while speculating steps are
+    # in flight, as if every proposal they may bring were accepted (an upper bound), corrected by
+    # their results (speculation.py). With nothing in flight it is exact.
+    num_slots_used: int = 0
+    # Slots the block manager's table holds: the most num_slots_used has been. Slots of rejected
+    # proposals stay given and are written again by the next tokens.
+    num_slots_given: int = 0
+    lookahead_in_flight: int = 0  # proposal slots of the steps in flight, not yet resolved
     num_known_sent: int = 0  # known tokens already told to the block manager (for prefix hashing)
     pending: int = 0  # tokens sampled by steps in flight, not yet seen
     in_flight: int = 0  # steps in flight that name this request
@@ -40,6 +47,10 @@ class Request:
     shares_last_block: bool = False  # forked: the next write may copy-on-write
     fork_children: int = 0  # n - 1 children still to fork when the prompt completes
     prompt_logprobs: PromptLogprobs | None = None  # received (sampling.prompt_logprobs; the parent's)
+    # --- speculation (speculation.py): this completion's proposals so far, and its acceptance average
+    num_proposed: int = 0
+    num_accepted: int = 0
+    spec_acceptance: float = 0.6
     # --- timing (for metrics)
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -86,4 +97,5 @@ class Request:
         self.status = Status.WAITING
         self.on_worker = False
         self.num_slots_used = self.num_known_sent = self.pending = self.in_flight = 0
+        self.num_slots_given = self.lookahead_in_flight = 0
         self.shares_last_block = False

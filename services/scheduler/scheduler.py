@@ -30,6 +30,7 @@ from pagedserve.services.scheduler.outputs import OutputEvent, Outputs, RequestD
 from pagedserve.services.scheduler.placement import Placement
 from pagedserve.services.scheduler.planning import Planner, StepPlan, schedulable
 from pagedserve.services.scheduler.request import Request, Status
+from pagedserve.services.scheduler.speculation import SpeculationPolicy
 from pagedserve.services.scheduler.stopping import Tokenizer
 from pagedserve.shared.protocol.blocks import BlockAnswers, BlockOpError, alloc_result, grow_result
 from pagedserve.shared.protocol.frontend import SamplingParams
@@ -71,7 +72,8 @@ class Scheduler:
         self.stats = SchedulerStats()
         self.placement = Placement(limits.pipeline_depth, limits.aging_s)
         self.outputs = Outputs(tokenizer, eos_token_ids, limits.max_model_len, self.stats)
-        self.planner = Planner(limits, self.stats, self._release, self._reject)
+        self.speculation = SpeculationPolicy(limits.speculative, limits.max_model_len)
+        self.planner = Planner(limits, self.stats, self._release, self._reject, self.speculation)
         self.requests: dict[str, Request] = {}  # every completion that is not yet fully released
         self.groups: dict[str, list[Request]] = {}  # client request id -> its completions
         self.rejected: list[Request] = []  # ended at admission (too big for the pool); see take_rejected
@@ -242,6 +244,9 @@ class Scheduler:
         plan = self.schedule(worker_id, now)
         outcome = StepOutcome(None, self.take_rejected())
         if not plan.block_ops:
+            # Nothing to run or free: the worker hears of the requests to forget with the next step
+            # (dropping them here left their state on the worker for good).
+            self.placement.workers[worker_id].forget[:0] = plan.forget
             return outcome
         reply = apply(plan.block_ops)
         if reply is None:
@@ -262,6 +267,7 @@ class Scheduler:
         state.free_blocks = reply.free_blocks.get(plan.worker_id, state.free_blocks)
         execute = Execute(step=-1, finished_ids=plan.forget)
         sampled_ids: list[str] = []
+        lookahead: dict[str, int] = {}
         for entry in plan.entries:
             req = entry.request
             try:
@@ -281,7 +287,7 @@ class Scheduler:
             if entry.new:
                 req.status = Status.RUNNING
                 req.on_worker = True
-                req.num_slots_used = res.num_cached_tokens + res.num_new_tokens
+                req.num_slots_used = req.num_slots_given = res.num_cached_tokens + res.num_new_tokens
                 req.num_known_sent = req.num_known
                 req.num_cached_tokens = res.num_cached_tokens
                 self.stats.cached_tokens += res.num_cached_tokens
@@ -298,15 +304,23 @@ class Scheduler:
                     )
                 )
             else:
-                req.num_slots_used += entry.num_tokens
+                req.num_slots_used += entry.num_tokens + entry.lookahead
+                req.num_slots_given = max(req.num_slots_given, req.num_slots_used)
                 req.num_known_sent = req.num_known
                 req.shares_last_block = False
                 execute.copies.extend(res.copies)
                 execute.cached_requests.append(
                     CachedRequest(
-                        req.request_id, entry.num_tokens, list(res.new_block_ids), list(res.replaced)
+                        req.request_id,
+                        entry.num_tokens,
+                        list(res.new_block_ids),
+                        list(res.replaced),
+                        entry.lookahead,
                     )
                 )
+                if entry.lookahead:
+                    req.lookahead_in_flight += entry.lookahead
+                    lookahead[req.request_id] = entry.lookahead
             req.in_flight += 1
             if req.num_slots_used >= req.num_known:
                 req.pending += 1
@@ -327,7 +341,7 @@ class Scheduler:
             state.forget = plan.forget + state.forget
             return None
         step_ids = execute.request_ids() + [f.child_id for f in execute.forks]
-        execute.step = state.window.open(step_ids, now)
+        execute.step = state.window.open(step_ids, now, lookahead)
         self.stats.account_kv([r.num_slots_used for r in state.running], state.block_size)
         self.stats.steps += 1
         return execute
@@ -343,7 +357,10 @@ class Scheduler:
         done_groups: set[str] = set()
         logprobs = result.logprobs or [None] * len(result.request_ids)
         prompt = {p.request_id: p for p in result.prompt_logprobs}
-        for rid, token, lp in zip(result.request_ids, result.token_ids, logprobs, strict=True):
+        more = {s.row: s for s in result.speculation}
+        for row, (rid, token, lp) in enumerate(
+            zip(result.request_ids, result.token_ids, logprobs, strict=True)
+        ):
             req = self.requests.get(rid)
             if req is None or req.status is Status.FINISHED or req.status is Status.WAITING:
                 continue  # pipelined tokens past a stop are dropped
@@ -351,18 +368,39 @@ class Scheduler:
             if prompt and rid in prompt and req.wants_prompt_logprobs:
                 # With its first token, in the same result: a request has both or neither.
                 req.prompt_logprobs = PromptLogprobs.of(req.prompt_token_ids, prompt[rid])
-            reason = self.outputs.accept(req, token, lp, now)
+            tokens, lps = [token], [lp]
+            if row in more:
+                tokens += more[row].more_token_ids
+                lps += more[row].more_logprobs or [None] * len(more[row].more_token_ids)
+            # Token by token, as if each came from its own step: a stop ends the completion there,
+            # and the tokens after it (accepted proposals past a stop) are dropped.
+            reason, taken = None, 0
+            while reason is None and taken < len(tokens):
+                reason = self.outputs.accept(req, tokens[taken], lps[taken], now)
+                taken += 1
+            tokens, lps = tokens[:taken], lps[:taken]
             if reason is None:
-                events.append(self.outputs.delta(req, token, lp))
+                events.append(self.outputs.delta(req, tokens, lps))
             else:
-                events.extend(self._finish(req, reason, new_tokens=[token], new_logprobs=[lp]))
+                events.extend(self._finish(req, reason, new_tokens=tokens, new_logprobs=lps))
                 done_groups.add(req.parent_id or req.request_id)
             if prompt and rid in prompt and req.prompt_logprobs is not None:
                 events[-1].prompt_logprobs = req.prompt_logprobs
+        outcomes = {result.request_ids[s.row]: s for s in result.speculation} if step.lookahead else {}
         for rid in step.request_ids:
             req = self.requests.get(rid)
             if req is None:
                 continue
+            if rid in step.lookahead:
+                # Whatever became of the request, its slots follow the worker's acceptance: a free
+                # must name only slots whose KV the worker kept.
+                outcome = outcomes.get(rid)
+                proposed = outcome.num_proposed if outcome else 0
+                accepted = len(outcome.more_token_ids) if outcome else 0
+                self.speculation.on_outcome(req, step.lookahead[rid], proposed, accepted)
+                self.stats.spec_decodes += 1
+                self.stats.spec_proposed += proposed
+                self.stats.spec_accepted += accepted
             req.in_flight -= 1
             if req.freeable:
                 if req in state.running:

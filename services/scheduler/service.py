@@ -355,10 +355,19 @@ class SchedulerService:
         self.metrics.step_time.observe(result.timings.get("step_s", result.timings.get("forward_s", 0.0)))
         self.metrics.worker_idle.labels(wid).inc(result.timings.get("idle_s", 0.0))
         self.metrics.worker_busy.labels(wid).inc(result.timings.get("step_s", 0.0))
-        self.watch.step(wid, result.timings.get("step_s", 0.0), len(result.token_ids))
-        before = self.core.stats.preemptions
+        self.watch.step(
+            wid,
+            result.timings.get("step_s", 0.0),
+            len(result.token_ids) + sum(len(s.more_token_ids) for s in result.speculation),
+        )
+        stats = self.core.stats
+        before = (stats.preemptions, stats.spec_proposed, stats.spec_accepted, stats.spec_decodes)
         self.front.dispatch(self.core.on_step_result(wid, result, now), now)
-        self.metrics.preemptions.inc(self.core.stats.preemptions - before)
+        self.metrics.preemptions.inc(stats.preemptions - before[0])
+        if stats.spec_decodes != before[3]:
+            self.metrics.spec_proposed.inc(stats.spec_proposed - before[1])
+            self.metrics.spec_accepted.inc(stats.spec_accepted - before[2])
+            self.metrics.spec_decodes.inc(stats.spec_decodes - before[3])
 
     # ------------------------------------------------------------------ block manager
 

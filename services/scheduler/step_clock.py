@@ -10,6 +10,7 @@ while the worker is still stuck and before the timeout moves its requests.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -46,8 +47,7 @@ class StepClock:
         if samples is None or len(samples.times) < self.min_samples:
             return None
         if samples.p99 is None:
-            ordered = sorted(samples.times)
-            samples.p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+            samples.p99 = statistics.quantiles(samples.times, n=100, method="inclusive")[98]
         return samples.p99
 
     def describe(self, worker_id: str) -> dict[str, float | None]:

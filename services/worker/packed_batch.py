@@ -27,6 +27,8 @@ class RequestState:
     # The grammar matcher of a constrained request (services/constraints), built at its first sampled
     # token by replaying output_token_ids; None for an unconstrained one (or before that token).
     matcher: Any = None
+    # The proposer's index over this request's tokens (proposers/ngram.py), built at its first proposal.
+    proposal_index: Any = None
 
     @property
     def num_tokens(self) -> int:
@@ -49,16 +51,22 @@ class PackedBatch:
     positions: torch.Tensor  # [T] int64
     meta: AttentionMetadata
     sample_rows: list[int]  # indices into the scheduled list of the requests that sample this step
-    logits_indices: torch.Tensor  # [len(sample_rows)] int64: their last token in the packed batch
+    # Their rows in the packed batch whose logits are read: the last token of each, or for a decode
+    # with proposed tokens its input and each proposal (1 + p rows, in order).
+    logits_indices: torch.Tensor
 
 
 def pack_batch(
-    scheduled: list[tuple[RequestState, int]], block_size: int, device: torch.device
+    scheduled: list[tuple[RequestState, int]],
+    block_size: int,
+    device: torch.device,
+    proposed: dict[int, list[int]] | None = None,
 ) -> PackedBatch:
     """One flat batch from (request, tokens to compute now) pairs, in the given order.
 
     Request r's inputs are token_ids[num_computed : num_computed + n]: for a decode that is the
-    token the worker itself sampled last step, which the scheduler never had to send.
+    token the worker itself sampled last step, which the scheduler never had to send. `proposed`
+    (scheduled index -> tokens): a decode extended by proposed tokens, scored at the next positions.
     """
     input_ids: list[int] = []
     positions: list[int] = []
@@ -73,6 +81,7 @@ def pack_batch(
         start = state.num_computed_tokens
         end = start + n
         known = state.num_tokens
+        extra = proposed.get(row) if proposed else None
         if end > known:
             raise ValueError(
                 f"request {state.request_id!r}: {n} tokens scheduled from {start}, but the worker knows "
@@ -86,6 +95,20 @@ def pack_batch(
                 f"its block table has {len(blocks)}"
             )
         input_ids += state.tokens(start, end)
+        if extra:
+            if end != known:
+                raise ValueError(
+                    f"request {state.request_id!r}: tokens proposed for a step that samples none"
+                )
+            input_ids += extra
+            end += len(extra)
+            n += len(extra)
+            num_blocks = blocks_for(end, block_size)
+            if num_blocks > len(blocks):
+                raise ValueError(
+                    f"request {state.request_id!r}: {len(extra)} proposed tokens reach position {end}, "
+                    f"past its block table of {len(blocks)} blocks of {block_size}"
+                )
         positions += range(start, end)
         if n == 1:
             slots.append(blocks[start // block_size] * block_size + start % block_size)
@@ -95,9 +118,12 @@ def pack_batch(
         query_lens.append(n)
         seq_lens.append(end)
         tables.append(blocks[:num_blocks])
-        if end == known:
+        if end == known + (len(extra) if extra else 0):
             sample_rows.append(row)
-            logits_indices.append(query_start_loc[-1] - 1)
+            if extra:
+                logits_indices += range(query_start_loc[-1] - 1 - len(extra), query_start_loc[-1])
+            else:
+                logits_indices.append(query_start_loc[-1] - 1)
 
     width = max(len(t) for t in tables)
     padded = [t + [0] * (width - len(t)) if len(t) < width else t for t in tables]

@@ -48,12 +48,26 @@ class RequestConstraints:
         return state.matcher
 
     def mask(self, states: Sequence[RequestState]) -> TokenMask | None:
-        matchers: list[Any] = [self.matcher_of(s) for s in states]
+        return self.mask_rows([(s, []) for s in states])
+
+    def mask_rows(self, rows: Sequence[tuple[RequestState, Sequence[int]]]) -> TokenMask | None:
+        """The mask of one step's logits rows: per request one row, and one more per proposed token
+        (row j: the grammar's state after the first j proposals, which `allowed_prefix` checked)."""
+        matchers: list[Any] = [self.matcher_of(s) for s, _ in rows]
         if all(m is None for m in matchers):
             return None  # the unconstrained step: nothing built, nothing applied
-        from pagedserve.services.constraints.matcher import build_mask
+        from pagedserve.services.constraints.matcher import build_mask, build_mask_along
 
-        return build_mask(matchers, self._vocab_size)
+        if not any(proposed for _, proposed in rows):
+            return build_mask(matchers, self._vocab_size)
+        return build_mask_along(
+            [(m, list(proposed)) for m, (_, proposed) in zip(matchers, rows, strict=True)], self._vocab_size
+        )
+
+    def allowed_prefix(self, state: RequestState, proposed: Sequence[int]) -> int:
+        """How many leading proposed tokens the request's grammar accepts (checked, then rolled back)."""
+        matcher = self.matcher_of(state)
+        return len(proposed) if matcher is None else matcher.allowed_prefix(proposed)
 
     def fork(self, parent: RequestState) -> SequenceMatcher | None:
         matcher = self.matcher_of(parent)

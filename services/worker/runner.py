@@ -18,11 +18,15 @@ from pagedserve.services.worker.layers.packed_linear import linears_kind
 from pagedserve.services.worker.layers.quant_linear import weight_types
 from pagedserve.services.worker.models.registry import ModelConfig
 from pagedserve.services.worker.packed_batch import PackedBatch, RequestState, pack_batch
+from pagedserve.services.worker.proposers import Proposer, make_proposer
 from pagedserve.services.worker.request_constraints import RequestConstraints
 from pagedserve.services.worker.sampler import Sampler, SamplingRequest
+from pagedserve.services.worker.verification import ScoredRequest, accepted_run, sampling_rows
 from pagedserve.services.worker.weights.loader import load_model, resolve_dtype, torch_dtype
+from pagedserve.shared import failpoints
 from pagedserve.shared.config import config_default
-from pagedserve.shared.protocol.step import Execute, Fork, StepResult
+from pagedserve.shared.protocol.step import Execute, Fork, Speculated, StepResult
+from pagedserve.shared.speculative_config import SpeculativeConfig
 
 
 class ModelRunner:
@@ -40,6 +44,7 @@ class ModelRunner:
         num_threads: int | None = None,
         prepack_weights: bool = config_default("prepack_weights"),
         quantization: str = config_default("quantization"),
+        speculative_config: SpeculativeConfig | None = None,
         allow_slow_dtype: bool = False,
     ) -> None:
         """allow_slow_dtype: load bfloat16/float16 even on a CPU without native support for it (tests of
@@ -74,6 +79,8 @@ class ModelRunner:
         self.requests: dict[str, RequestState] = {}
         # Requests computing their prompt's logprobs (sampling.prompt_logprobs); empty: no cost.
         self.prompt_tallies: dict[str, prompt_logprobs.PromptTally] = {}
+        # Speculative decoding: who proposes the tokens a decode's lookahead is filled with.
+        self.proposer: Proposer | None = make_proposer(speculative_config) if speculative_config else None
 
     # ------------------------------------------------------------------ what the worker reports
 
@@ -133,7 +140,7 @@ class ModelRunner:
     @torch.inference_mode()
     def _execute(self, step: Execute, keep_logits: bool) -> tuple[StepResult, torch.Tensor | None]:
         t_start = time.perf_counter()
-        scheduled = self._update_states(step)
+        scheduled, lookahead = self._update_states(step)
         if step.copies:
             self._check_blocks("copy-on-write", [b for pair in step.copies for b in pair])
             self.kv_cache.copy_blocks(step.copies)
@@ -141,16 +148,20 @@ class ModelRunner:
             if step.forks:
                 raise ValueError(f"step {step.step} forks requests but computes no tokens")
             return StepResult(step.step, timings={"step_s": time.perf_counter() - t_start}), None
-        batch = pack_batch(scheduled, self.block_size, self.device)
+        proposed = self._propose(scheduled, lookahead) if lookahead else {}
+        batch = pack_batch(scheduled, self.block_size, self.device, proposed)
         t_forward = time.perf_counter()
         hidden = self.model(batch.input_ids, batch.positions, self.kv_cache.layers(), batch.meta)
         if self.prompt_tallies:
-            prompt_logprobs.collect(self.prompt_tallies, scheduled, hidden, self.model.compute_logits)
+            scored = [(s, n + len(proposed.get(i, ()))) for i, (s, n) in enumerate(scheduled)]
+            prompt_logprobs.collect(self.prompt_tallies, scored, hidden, self.model.compute_logits)
         for state, n in scheduled:
-            state.num_computed_tokens += n
+            state.num_computed_tokens += n  # a speculating decode adds its accepted proposals later
         logits = self.model.compute_logits(hidden[batch.logits_indices]) if batch.sample_rows else None
+        if proposed:
+            failpoints.fire("worker.mid_verification")  # the KV of proposals is written, none judged yet
         t_sample = time.perf_counter()
-        result = self._sample(step, scheduled, batch, logits)
+        result = self._sample(step, scheduled, batch, logits, proposed)
         t_end = time.perf_counter()
         result.timings = {
             "prepare_s": t_forward - t_start,
@@ -160,12 +171,16 @@ class ModelRunner:
         }
         return result, logits if keep_logits else None
 
-    def _update_states(self, step: Execute) -> list[tuple[RequestState, int]]:
-        """Steps 1-2: forget finished requests, add new ones, extend running ones."""
+    def _update_states(self, step: Execute) -> tuple[list[tuple[RequestState, int]], dict[int, int]]:
+        """Steps 1-2: forget finished requests, add new ones, extend running ones. Also the lookahead
+        granted to decodes (index into the scheduled list -> most proposals)."""
         for request_id in step.finished_ids:
-            self.requests.pop(request_id, None)
+            state = self.requests.pop(request_id, None)
             self.prompt_tallies.pop(request_id, None)
+            if state is not None and self.proposer is not None:
+                self.proposer.finished(state)
         scheduled: list[tuple[RequestState, int]] = []
+        lookahead: dict[int, int] = {}
         for new in step.new_requests:
             self._check_blocks(new.request_id, new.block_ids)
             state = RequestState(
@@ -194,8 +209,30 @@ class ModelRunner:
                 self._check_blocks(cached.request_id, [block_id])
                 state.block_ids[index] = block_id
             if cached.num_scheduled_tokens:
+                if cached.num_lookahead:
+                    lookahead[len(scheduled)] = cached.num_lookahead
                 scheduled.append((state, cached.num_scheduled_tokens))
-        return scheduled
+        return scheduled, lookahead
+
+    def _propose(
+        self, scheduled: list[tuple[RequestState, int]], lookahead: dict[int, int]
+    ) -> dict[int, list[int]]:
+        """Proposed tokens of the decodes granted lookahead (none without a proposer)."""
+        proposer = self.proposer
+        if proposer is None:
+            return {}
+        proposed: dict[int, list[int]] = {}
+        for row, k in lookahead.items():
+            state, n = scheduled[row]
+            # Only a decode of the last known token: its inputs end where the proposals begin.
+            if n != 1 or state.num_computed_tokens + 1 != state.num_tokens:
+                continue
+            tokens = proposer.propose(state, k)[:k]
+            if tokens and state.sampling.structured_outputs is not None:
+                tokens = tokens[: self.constraints.allowed_prefix(state, tokens)]
+            if tokens:
+                proposed[row] = tokens
+        return proposed
 
     def _sample(
         self,
@@ -203,11 +240,18 @@ class ModelRunner:
         scheduled: list[tuple[RequestState, int]],
         batch: PackedBatch,
         logits: torch.Tensor | None,
+        proposed: dict[int, list[int]],
     ) -> StepResult:
-        """Steps 5-6: one token per request that reached its end, then one per fork child."""
-        states = [scheduled[row][0] for row in batch.sample_rows]
-        requests = [SamplingRequest(s.sampling, s.prompt_token_ids, s.output_token_ids) for s in states]
-        children = [self._fork(step, fork, states) for fork in step.forks]
+        """Steps 5-6: the tokens of each request that reached its end (one, or for a decode with
+        proposals, the accepted ones and the token after them), then one per fork child."""
+        scored: list[ScoredRequest] = []
+        first_row = 0
+        for row in batch.sample_rows:
+            tokens = proposed.get(row, [])
+            scored.append(ScoredRequest(scheduled[row][0], tokens, first_row))
+            first_row += 1 + len(tokens)
+        requests = sampling_rows(scored)
+        children = [self._fork(step, fork, scored) for fork in step.forks]
         if logits is None:
             return StepResult(step.step)
         rows = logits
@@ -216,32 +260,57 @@ class ModelRunner:
             # either has the parent's new token appended.
             parent_rows = [row for _child, row in children]
             rows = torch.cat([logits, logits[torch.tensor(parent_rows, device=logits.device)]])
-            states += [child for child, _row in children]
             requests += [
                 SamplingRequest(c.sampling, c.prompt_token_ids, c.output_token_ids) for c, _ in children
             ]
-        mask = self.constraints.mask(states)  # None unless some row is constrained
+        mask = self.constraints.mask_rows(
+            [(item.state, item.proposed) for item in scored] + [(c, []) for c, _ in children]
+        )
         tokens, logprobs = self.sampler.sample(rows, requests, mask)
-        for state, token in zip(states, tokens, strict=True):
-            state.output_token_ids.append(token)
-            if state.matcher is not None:
-                state.matcher.accept(token)
-        for child, _row in children:
+        result = StepResult(step.step, logprobs=None if logprobs is None else [])
+        for item in scored:
+            state, at, p = item.state, item.first_row, len(item.proposed)
+            m = accepted_run(tokens[at : at + 1 + p], item.proposed) if p else 0
+            self._append(state, tokens[at : at + m + 1])
+            state.num_computed_tokens += m  # the accepted proposals' KV was written in this forward
+            result.request_ids.append(state.request_id)
+            result.token_ids.append(tokens[at])
+            if logprobs is not None:
+                result.logprobs.append(logprobs[at])  # type: ignore[union-attr]
+            if p:
+                more_lps = logprobs[at + 1 : at + m + 1] if logprobs is not None and logprobs[at] else None
+                result.speculation.append(
+                    Speculated(len(result.request_ids) - 1, p, tokens[at + 1 : at + m + 1], more_lps)
+                )
+        for at, (child, _row) in enumerate(children, first_row):  # their rows follow every scored row
+            self._append(child, [tokens[at]])
             self.requests[child.request_id] = child
-        result = StepResult(step.step, [s.request_id for s in states], list(tokens), logprobs)
+            result.request_ids.append(child.request_id)
+            result.token_ids.append(tokens[at])
+            if logprobs is not None:
+                result.logprobs.append(logprobs[at])  # type: ignore[union-attr]
         if self.prompt_tallies:
-            result.prompt_logprobs = prompt_logprobs.take_finished(self.prompt_tallies, states)
+            result.prompt_logprobs = prompt_logprobs.take_finished(
+                self.prompt_tallies, [item.state for item in scored]
+            )
         return result
 
-    def _fork(self, step: Execute, fork: Fork, sampled: list[RequestState]) -> tuple[RequestState, int]:
+    @staticmethod
+    def _append(state: RequestState, tokens: list[int]) -> None:
+        state.output_token_ids += tokens
+        if state.matcher is not None:
+            for token in tokens:
+                state.matcher.accept(token)
+
+    def _fork(self, step: Execute, fork: Fork, sampled: list[ScoredRequest]) -> tuple[RequestState, int]:
         """A copy of the parent as it stands before this step's token, and the parent's logits row."""
-        rows = [i for i, s in enumerate(sampled) if s.request_id == fork.parent_id]
+        rows = [item for item in sampled if item.state.request_id == fork.parent_id]
         if not rows:
             raise ValueError(
                 f"step {step.step} forks {fork.child_id!r} from {fork.parent_id!r}, which samples nothing this step"
             )
-        row = rows[0]
-        parent = sampled[row]
+        row = rows[0].first_row
+        parent = rows[0].state
         child = RequestState(
             request_id=fork.child_id,
             prompt_token_ids=parent.prompt_token_ids,  # never modified: shared

@@ -80,6 +80,7 @@ class WorkerService:
                 gpu_memory_utilization=config.gpu_memory_utilization,
                 prepack_weights=config.prepack_weights,
                 quantization=config.quantization,
+                speculative_config=config.speculative_config,
             )
         self.keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
         self.ctx = zmq.Context()

@@ -60,6 +60,9 @@ class SamplingParams(_Strict):
     logit_bias: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=-100.0, le=100.0)]] | None = (
         Field(None, max_length=MAX_LOGIT_BIAS, description="token id -> added to its logit before sampling")
     )
+    speculate: bool = Field(
+        True, description="false: no speculative decoding for this request, even where the deployment has it"
+    )
 
     @model_validator(mode="after")
     def _min_below_max(self) -> SamplingParams:

@@ -18,6 +18,13 @@ Worker semantics of one Execute (the order matters):
    by chunk, and sent once with its first sampled token (its prompt must be computed from token 0);
 6. `forks` (n > 1): each child copies its parent's state, then samples its own first token from the
    parent's last logits with its own seed.
+
+Speculation (docs/speculative-decoding.md): a decode with `num_lookahead` L > 0 may be extended by up
+to L tokens the worker proposes itself (from its own tokens, or its draft model), so it needs nothing
+the scheduler has not seen. The worker scores the last token and the p <= L proposed ones in the same
+forward, keeps the longest prefix of proposals that its own sampling reproduces and one token after
+it, and reports them in `StepResult.speculation`. The block table covers the L slots; the slots of
+rejected proposals are rewritten by later steps.
 """
 
 from __future__ import annotations
@@ -100,6 +107,7 @@ class CachedRequest(msgspec.Struct, array_like=True):
     num_scheduled_tokens: int
     new_block_ids: list[int] = []  # appended to the block table
     replaced_blocks: list[tuple[int, int]] = []  # (logical index, new id): copy-on-write
+    num_lookahead: int = 0  # a decode: at most this many proposed tokens may be verified with it
 
 
 class Fork(msgspec.Struct, array_like=True):
@@ -128,12 +136,25 @@ class Execute(msgspec.Struct, array_like=True):
         return [r.request_id for r in self.new_requests] + [r.request_id for r in self.cached_requests]
 
 
+class Speculated(msgspec.Struct, array_like=True):
+    """What a speculating decode gave beyond its first token (`StepResult.token_ids[row]`)."""
+
+    row: int  # index into StepResult.request_ids
+    num_proposed: int  # tokens proposed and scored (<= the step's num_lookahead)
+    # The tokens after the first: each but the last was a proposal the step accepted (the first token
+    # too, when this list is not empty), the last is the target's own token after them.
+    more_token_ids: list[int]
+    more_logprobs: list[Any] | None = None  # one per more_token_ids entry when the request asked
+
+
 class StepResult(msgspec.Struct, array_like=True):
     """One sampled token per request that reached the end of its known tokens (children included).
 
     `logprobs[i]` is None unless that request asked for them; else
     `[sampled_token_logprob, [[token_id, logprob], ...top-n]]`. `prompt_logprobs`: those of the
     requests that asked (sampling.prompt_logprobs) and sampled their first token in this step.
+    `speculation`: one entry per request that proposed tokens in this step (none without speculation);
+    `len(more_token_ids)` of them were accepted.
     """
 
     step: int
@@ -142,6 +163,7 @@ class StepResult(msgspec.Struct, array_like=True):
     logprobs: list[Any] | None = None
     timings: dict[str, float] = {}  # forward_s, sample_s, step_s, ...
     prompt_logprobs: list[PackedPromptLogprobs] = []  # empty on nearly every step
+    speculation: list[Speculated] = []
 
 
 # ---------------------------------------------------------------- the codec of the bodies above

@@ -1,6 +1,6 @@
-"""The README's Python examples run as written against a live deployment: the openai client, the
-ZeroMQ SDK (sync and async) and the in-process `LLM`. They are read from README.md itself, so an
-example that drifts from the code fails here. Only the addresses, the model and the key change: the
+"""The Python examples of README.md and docs/usage.md run as written against a live deployment: the
+openai client, the ZeroMQ SDK (sync and async) and the in-process `LLM`. They are read from the pages
+themselves, so an example that drifts from the code fails here. Only the addresses, the model and the key change: the
 README's are the defaults of `pagedserve up` with the bundled model; this deployment has its own."""
 
 from __future__ import annotations
@@ -15,12 +15,15 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+PAGES = (README, ROOT / "docs" / "usage.md")
 
 
 def python_blocks() -> dict[str, str]:
-    """The README's ```python blocks, by the name each opens with (its first import)."""
-    blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(), flags=re.M | re.S)
+    """The pages' ```python blocks, by the name each opens with (its first import)."""
+    text = "\n".join(page.read_text() for page in PAGES)
+    blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.M | re.S)
     named = {}
     for block in blocks:
         first = next(line for line in block.splitlines() if line.startswith(("from ", "import ")))
@@ -51,6 +54,7 @@ def blocks() -> dict[str, str]:
         "from openai import OpenAI",
         "from pagedserve import Client, AsyncClient",
         "from pagedserve import LLM, SamplingParams",
+        "from pagedserve import LLM, SamplingParams, Client",  # the README's own: both in five lines
         "from typing import Literal",  # structured output and a tool call through the openai client
         "import openai",  # echo with logprobs: the prompt's own token logprobs
     }, sorted(found)
@@ -122,3 +126,14 @@ def test_the_in_process_example_runs(blocks, api_deployment) -> None:
         {'model="smollm2-135m"': f"model={str(api_deployment.model_path)!r}"},
     )
     assert out.rstrip().endswith(("length", "stop")), out
+
+
+def test_the_readme_front_page_example_runs(blocks, api_deployment) -> None:
+    out = run_block(
+        blocks["from pagedserve import LLM, SamplingParams, Client"],
+        {
+            'model="smollm2-135m"': f"model={str(api_deployment.model_path)!r}",
+            '"tcp://127.0.0.1:5555"': repr(api_deployment.sup.config.front_endpoint),
+        },
+    )
+    assert out.count("\n") >= 2, out  # the in-process answer, then the deployment's

@@ -40,6 +40,7 @@ from pagedserve.shared.protocol.step import (
     ExecuteMessage,
     Fork,
     NewRequest,
+    Speculated,
     StepResult,
     StepResultMessage,
     WorkerSampling,
@@ -115,7 +116,7 @@ EXAMPLES = [
                     ),
                 )
             ],
-            cached_requests=[CachedRequest("b", 1, [4], [(0, 5)])],
+            cached_requests=[CachedRequest("b", 1, [4], [(0, 5)]), CachedRequest("d", 1, num_lookahead=4)],
             finished_ids=["c"],
             copies=[(1, 5)],
             forks=[Fork("a", "a#1", 11)],
@@ -127,6 +128,10 @@ EXAMPLES = [
         generation=(1 << 39) + 2,
     ),
     StepResultMessage("w0", StepResult(4, ["a"], [7], None, {}, [PACKED])),
+    StepResultMessage(
+        "w0",
+        StepResult(5, ["a", "d"], [7, 9], None, {}, [], [Speculated(1, 4, [10, 11]), Speculated(0, 2, [])]),
+    ),
     BlockBatch(9, [alloc_op("w0", "a", "s:0", [1, 2, 3], 3), grow_op("b", 1, [4]), free_op("c")]),
     BlockReply(9, [[[0], 0, 3], [[], [], []], 2], {"w0": 61}, "bm-instance"),
 ]

@@ -4,9 +4,9 @@ that a recompute reproduces, and a step that takes the simulated time."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
+from pagedserve.services.worker import simulated
 from pagedserve.services.worker.simulated import FIRST_TOKEN, SimulatedRunner
 from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest
 from worker_driver import GREEDY
@@ -68,8 +68,11 @@ def test_block_ids_outside_the_pool_are_refused(tmp_path):
         runner(tmp_path).execute(Execute(0, new_requests=[NewRequest("a", [5], 1, 0, 1, [8], GREEDY)]))
 
 
-def test_a_step_takes_the_simulated_time(tmp_path):
+def test_a_step_takes_the_simulated_time(tmp_path, monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(simulated.time, "sleep", slept.append)  # the clock of the code, not the wall
     r = runner(tmp_path, step_ms=30.0)
-    t0 = time.perf_counter()
     r.execute(Execute(0, new_requests=[new("a", [5, 6], 2)]))
-    assert time.perf_counter() - t0 >= 0.03
+    assert len(slept) == 1 and 0.0 < slept[0] <= 0.03  # the rest of the 30 ms the step's work left
+    r.execute(Execute(1))  # nothing scheduled: no model time
+    assert len(slept) == 1

@@ -1,0 +1,63 @@
+"""The lookahead a decode is granted: the cost model backs off with the batch, acceptance sets the length."""
+
+from __future__ import annotations
+
+from pagedserve.services.scheduler.request import Request
+from pagedserve.services.scheduler.speculation import SpeculationPolicy
+from pagedserve.shared.protocol.frontend import SamplingParams
+from pagedserve.shared.speculative_config import SpeculativeConfig
+
+
+def decode(acceptance: float, max_tokens: int = 100, speculate: bool = True) -> Request:
+    req = Request("r", [1, 2, 3], SamplingParams(max_tokens=max_tokens, speculate=speculate), 0.0, "w")
+    req.output_token_ids = [4]
+    req.num_slots_used = 3
+    req.spec_acceptance = acceptance
+    return req
+
+
+def policy(**config) -> SpeculationPolicy:
+    return SpeculationPolicy(SpeculativeConfig(num_speculative_tokens=8, **config), max_model_len=4096)
+
+
+def test_one_request_with_good_acceptance_gets_the_run_whose_last_token_still_pays():
+    p = policy(row_cost=0.2)
+    req = decode(0.75)
+    # 0.75, 0.56, 0.42 beat what the step already makes per row (0.2, 0.29, 0.33); 0.32 < 0.34 does not.
+    assert p.grant([req]) == {id(req): 3}
+
+
+def test_a_batch_of_sixteen_gets_proposals_only_for_near_certain_runs():
+    p = policy(row_cost=0.2, max_step_rows=64)
+    middling = [decode(0.7) for _ in range(15)]
+    certain = decode(0.97)
+    granted = p.grant([*middling, certain])
+    assert set(granted) == {id(certain)}  # 0.7 never beats the 0.8 a 16-row step already makes
+    assert granted[id(certain)] == 6
+
+
+def test_proposals_go_round_by_round_so_equal_requests_share_the_rows():
+    p = policy(row_cost=0.0, max_step_rows=10)
+    reqs = [decode(0.9) for _ in range(4)]
+    assert sorted(p.grant(reqs).values()) == [1, 1, 2, 2]  # 4 decodes + 6 proposals = 10 rows
+
+
+def test_a_request_granted_nothing_drifts_back_toward_trying_again():
+    p = policy(row_cost=0.2)
+    req = decode(0.1)
+    for _ in range(200):
+        if p.grant([req]):
+            break
+    assert req.spec_acceptance > 0.2 and p.grant([req])
+
+
+def test_lookahead_stops_at_max_tokens_and_respects_the_off_switches():
+    p = policy(row_cost=0.0)
+    near_end = decode(0.9, max_tokens=3)  # one output so far, this step gives one: one more at most
+    assert p.grant([near_end]) == {id(near_end): 1}
+    assert p.grant([decode(0.9, speculate=False)]) == {}
+    cut = policy(row_cost=0.0, disable_by_batch_size=2)
+    assert cut.grant([decode(0.9), decode(0.9)]) == {}
+    capped = policy(row_cost=0.0, max_step_rows=6)
+    granted = capped.grant([decode(0.9), decode(0.8)])
+    assert sum(granted.values()) == 4  # 6 rows: two decodes and four proposals
