@@ -18,11 +18,11 @@ from pagedserve.services.worker.layers.rope import RopeConfig
 from pagedserve.services.worker.models import attention_layout as layout
 from pagedserve.services.worker.models.gemma import GemmaForCausalLM
 from pagedserve.services.worker.models.llama import LlamaForCausalLM
+from pagedserve.services.worker.models.moe import MixtralForCausalLM, MoeForCausalLM
 from pagedserve.services.worker.models.phi3 import Phi3ForCausalLM
 
 # What the gated MLP may apply to its gate (config `hidden_act`, Gemma's `hidden_activation`).
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
-from pagedserve.services.worker.models.moe import MixtralForCausalLM, MoeForCausalLM
 
 
 @dataclass(frozen=True, slots=True)
