@@ -57,7 +57,7 @@ LAYER_OPS = Extension("layer_ops", (HERE / "layer_ops.cpp",), ("-ffp-contract=of
 SAMPLING = Extension("sampling", (HERE / "sampling.cpp",))
 QUANT_LINEAR = Extension(
     "quant_linear",
-    (HERE / "quant_linear.cpp", HERE / "quant_float.cpp", HERE / "quant_int8.cpp"),
+    (HERE / "quant_linear.cpp", HERE / "quant_float.cpp", HERE / "quant_int8.cpp", HERE / "moe_experts.cpp"),
     headers=(HERE / "quant_linear.h", HERE / "quant_formats.h", HERE / "quant_codes_x86.h"),
 )
 KV_INT8 = Extension("kv_int8", (HERE / "kv_int8.cpp",))  # int8 KV: its write and its attention

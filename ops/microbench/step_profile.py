@@ -4,8 +4,9 @@
                                                                [--backend torch cpp] [--steps 12]
                                                                [--prepack on off] [--fused-ops on off]
                                                                [--quantization none gguf] [--no-breakdown]
+                                                               [--model FOLDER]
 
-A ModelRunner on the bundled SmolLM2-135M holds `--batch` requests whose contexts are spread like the
+A ModelRunner on the bundled SmolLM2-135M (or `--model`, e.g. ops/models/random_moe_gguf.py's) holds `--batch` requests whose contexts are spread like the
 bench workload's (16-256 prompt tokens plus what they generated), samples at temperature 0.6, and runs
 decode steps. Wall time per step is the median of un-profiled steps; the breakdown comes from one
 torch.profiler pass over a few more steps. Variants (dtype x backend x prepacked weights or not x
@@ -43,12 +44,16 @@ CATEGORIES = {
     "aten::index_select": "K/V gathers",
     "aten::scaled_dot_product_attention": "attention math (SDPA)",
     "aten::index_put_": "K/V writes",
+    # A MoE layer's routing after its router linear (softmax, top-k, the renormalisation).
+    "aten::softmax": "MoE routing (softmax, top-k)",
+    "aten::topk": "MoE routing (softmax, top-k)",
 }
 # Our C++ ops live in a namespace per ISA path (pagedserve_paged_attention_avx512::paged_attention):
 # matched by their name.
 SUFFIXES = {
     "::quant_linear": "linears (incl. LM head)",
     "::quant_rows": "embedding rows (quantized)",
+    "::moe_experts": "MoE experts (C++, incl. their linears)",
     "::paged_attention": "attention (C++ paged kernel)",
     "::write_kv": "K/V writes",
     "::rms_norm": "norms, adds, SiLU, rotary (C++ fused)",
@@ -77,10 +82,11 @@ class Variant:
         prepack: bool = True,
         fused_ops: bool = True,
         quantization: str = "none",
+        model: str = "smollm2-135m",
     ) -> None:
         self.name = f"{dtype}/{backend}" + ("" if prepack else "/dense")
         self.name += "" if quantization == "none" else f"/{quantization}"
-        path = resolve_model("smollm2-135m")
+        path = resolve_model(model)
         rng = random.Random(seed)
         self.prompt_lens = [rng.randint(16, 256) for _ in range(batch)]
         budget = max(self.prompt_lens) + 512
@@ -168,17 +174,21 @@ def breakdown(variant: Variant, steps: int) -> dict[str, float]:
         runner_module.pack_batch = pack
     totals: dict[str, float] = {}
     top_level = 0.0
-    for event in prof.key_averages():
-        name = event.key
+    events = prof.events()
+    # The stepping thread's events only: ops a C++ op runs on its parallel region's other threads
+    # (moe_experts' quant_linear calls) are inside that op's time already.
+    main = next((e.thread for e in events if e.name == "sample"), None)
+    for event in events:
+        if main is not None and event.thread != main:
+            continue
         ms = event.cpu_time_total / 1e3 / steps
-        if (kind := category(name)) is not None:
-            totals[kind] = totals.get(kind, 0.0) + ms
-        elif name in LABELS or name.startswith(LINEAR_LABEL):
-            totals[name] = ms
-    # Ops that are nobody's child: their sum against the wall is the time spent in Python between them.
-    for event in prof.events():
-        if event.cpu_parent is None:
-            top_level += event.cpu_time_total / 1e3 / steps
+        if event.cpu_parent is None:  # nobody's child: against the wall, the Python between ops
+            top_level += ms
+        labelled = event.name in LABELS or event.name.startswith(LINEAR_LABEL)
+        kind = category(event.name) or (event.name if labelled else None)
+        if kind is None or _inside_counted(event):
+            continue  # counted once, as its outermost categorized op (moe_experts, not its linears)
+        totals[kind] = totals.get(kind, 0.0) + ms
     totals["step wall"] = wall * 1e3 / steps
     totals["python between ops"] = max(0.0, totals["step wall"] - top_level)
     kinds = {*CATEGORIES.values(), *SUFFIXES.values()}
@@ -186,6 +196,15 @@ def breakdown(variant: Variant, steps: int) -> dict[str, float]:
     # A linear's label wraps its op: the label's time is the op's plus the Python around it.
     totals["other ops"] = max(0.0, top_level - accounted - totals.get("pack_batch", 0.0))
     return totals
+
+
+def _inside_counted(event: Any) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if category(parent.name) is not None or parent.name in LABELS:
+            return True
+        parent = parent.cpu_parent
+    return False
 
 
 def _timed_pack(pack: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -208,12 +227,25 @@ def main() -> None:
     ap.add_argument("--no-breakdown", action="store_true", help="step times only, no profiled pass")
     ap.add_argument("--out", type=Path, default=None, help="write the step times and breakdowns as JSON")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument(
+        "--model", default="smollm2-135m", help="a checkpoint folder (default: the bundled model)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()
     print(f"load average at start: {load_start}")
     variants = [
-        Variant(d, b, args.batch, args.block_size, 0, prepack=p == "on", fused_ops=f == "on", quantization=q)
+        Variant(
+            d,
+            b,
+            args.batch,
+            args.block_size,
+            0,
+            prepack=p == "on",
+            fused_ops=f == "on",
+            quantization=q,
+            model=args.model,
+        )
         for d in args.dtype
         for b in args.backend
         for p in args.prepack
@@ -232,6 +264,7 @@ def main() -> None:
         )
     report: dict[str, Any] = {
         "batch": args.batch,
+        "model": args.model,
         "threads": args.threads,
         "steps": args.steps,
         "load_average_at_start": load_start,

@@ -9,6 +9,11 @@ The GGUF is a model by itself: `write_gguf(folder, path, "Q8_0")` writes it anyw
 with `split_max_tensors`), and `--model path` serves it with no folder beside it.
 F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 are quantized by the gguf package; it has no quantizer for
 the K-quants and the IQ4 types, so their blocks are made by gguf_quantizers.py.
+
+Mixture-of-experts checkpoints are written as llama.cpp's converter writes them: each projection of a
+layer's experts stacked into one 3-D tensor (`blk.N.ffn_gate_exps`, [n_expert, rows, cols]), the
+router (`ffn_gate_inp`) and Qwen2-MoE's shared-expert gate (`ffn_gate_inp_shexp`, 1-D) kept float32,
+Mixtral under the "llama" architecture (q/k rows reordered like any Llama's).
 """
 
 from __future__ import annotations
@@ -32,12 +37,31 @@ _HF_TO_GGUF = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+    "block_sparse_moe.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+}
+# An expert's projection (Qwen/OLMoE names, then Mixtral's) -> the layer's stacked tensor.
+_EXPERT_PARTS = {
+    "gate_proj": "ffn_gate_exps",
+    "up_proj": "ffn_up_exps",
+    "down_proj": "ffn_down_exps",
+    "w1": "ffn_gate_exps",
+    "w3": "ffn_up_exps",
+    "w2": "ffn_down_exps",
 }
 _ARCH = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen2MoeForCausalLM": "qwen2moe",
+    "Qwen3MoeForCausalLM": "qwen3moe",
+    "MixtralForCausalLM": "llama",
+    "OlmoeForCausalLM": "olmoe",
 }
 
 
@@ -53,6 +77,15 @@ def gguf_name(hf: str) -> str | None:
         module = ".".join(parts[2:-1])
         if module in _HF_TO_GGUF:
             return f"blk.{parts[1]}.{_HF_TO_GGUF[module]}.{parts[-1]}"
+    return None
+
+
+def expert_name(hf: str) -> tuple[str, int] | None:
+    """`model.layers.3.mlp.experts.5.up_proj.weight` -> (`blk.3.ffn_up_exps.weight`, 5); None if not an
+    expert's tensor."""
+    parts = hf.removeprefix("model.").split(".")
+    if len(parts) == 7 and parts[0] == "layers" and parts[3] == "experts" and parts[5] in _EXPERT_PARTS:
+        return f"blk.{parts[1]}.{_EXPERT_PARTS[parts[5]]}.{parts[6]}", int(parts[4])
     return None
 
 
@@ -121,11 +154,15 @@ CHAT_TEMPLATE = (
 )
 
 
-def quantize_checkpoint(folder: Path, type_name: str, embedding_type: str | None = None) -> Path:
+def quantize_checkpoint(
+    folder: Path, type_name: str, embedding_type: str | None = None, expert_type: str | None = None
+) -> Path:
     """Write folder/model.gguf with every linear in `type_name` (or, for a MIXES preset, each tensor in
-    the preset's type; the embedding in `embedding_type`,
-    default the same); rewrite the safetensors with the dequantized values -> the GGUF's path."""
-    return write_gguf(folder, folder / "model.gguf", type_name, embedding_type, chat_template=None)
+    the preset's type; the embedding in `embedding_type`, a MoE's experts in `expert_type`, e.g.
+    F16; default the same); rewrite the safetensors with the dequantized values -> the GGUF's path."""
+    return write_gguf(
+        folder, folder / "model.gguf", type_name, embedding_type, expert_type=expert_type, chat_template=None
+    )
 
 
 def write_gguf(
@@ -134,6 +171,7 @@ def write_gguf(
     type_name: str,
     embedding_type: str | None = None,
     *,
+    expert_type: str | None = None,
     chat_template: str | None = CHAT_TEMPLATE,
     split_max_tensors: int = 0,
 ) -> Path:
@@ -158,12 +196,19 @@ def write_gguf(
     files = sorted(folder.glob("*.safetensors"))
     writer = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
     _write_metadata(writer, folder, config, chat_template)
+    experts: dict[str, dict[int, np.ndarray]] = {}  # stacked tensor -> expert -> its blocks
     for file in files:
         tensors = load_file(file)
         rewritten = {}
         for name, tensor in tensors.items():
-            target = gguf_name(name)
             values = tensor.float().numpy()
+            stacked = expert_name(name)
+            if stacked is not None:
+                blocks, dequantized = quantize(values, expert_type or type_name)
+                rewritten[name] = torch.from_numpy(dequantized).to(tensor.dtype)
+                experts.setdefault(stacked[0], {})[stacked[1]] = blocks
+                continue
+            target = gguf_name(name)
             if target is None:
                 rewritten[name] = tensor
                 continue
@@ -174,7 +219,10 @@ def write_gguf(
                 and not (name == "model.embed_tokens.weight" and embedding_type)
             ):
                 kind = MIXES[type_name](target)
-            if values.ndim == 2 and kind in ("F32", "F16"):
+            if ".ffn_gate_inp" in target:  # routers stay float32, as llama.cpp keeps them
+                rewritten[name] = tensor
+                writer.add_tensor(target, values.reshape(-1) if "_shexp" in target else values)
+            elif values.ndim == 2 and kind in ("F32", "F16"):
                 stored = values.astype(np.float32 if kind == "F32" else np.float16)
                 rewritten[name] = torch.from_numpy(stored.astype(np.float32)).to(tensor.dtype)
                 if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
@@ -191,6 +239,15 @@ def write_gguf(
                 rewritten[name] = tensor
                 writer.add_tensor(target, values)
         save_file(rewritten, file, metadata={"format": "pt"})
+    for target, by_expert in sorted(experts.items()):
+        stacked_blocks = np.stack([by_expert[e] for e in range(len(by_expert))])
+        kind = gguf.GGMLQuantizationType[expert_type or type_name]
+        writer.add_tensor(
+            target, stacked_blocks, raw_dtype=None if stacked_blocks.dtype == np.float16 else kind
+        )
+    if experts:
+        writer.add_uint32(f"{arch}.expert_count", len(next(iter(experts.values()))))
+        writer.add_uint32(f"{arch}.expert_used_count", config["num_experts_per_tok"])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -1,5 +1,5 @@
-"""Tiny random Hugging Face checkpoints (Llama, Qwen2, Qwen3, Mistral, Gemma 2, Gemma 3, Phi-3) for tests:
-a few MB, built in ~1 s.
+"""Tiny random Hugging Face checkpoints (Llama, Qwen2, Qwen3, Mistral, Gemma 2, Gemma 3, Phi-3; the
+mixture-of-experts Qwen2-MoE, Qwen3-MoE, Mixtral, OLMoE) for tests: a few MB, built in ~1 s.
 
 `make_tiny_model("llama", folder)` writes config.json, generation_config.json, safetensors weights and a
 byte-level tokenizer (one token per byte, ids 3..258; <pad>=0, <s>=1, </s>=2; no BOS added) into `folder`.
@@ -10,7 +10,10 @@ windows that are no power of two and shorter than the test prompts: Gemma 2 slid
 (13) and soft-caps attention (4) and logits (5); Gemma 3 slides two layers of three (11) with a local
 rotary base of its own and a linearly scaled global one, q/k norms and a logit cap (8); Phi-3 rotates
 half of each head (partial_rotary_factor 0.5) and slides every layer (29); `phi3-longrope` adds
-LongRoPE (short and long factors, original context 48).
+LongRoPE (short and long factors, original context 48). The MoE models take odd shapes on purpose: 5
+or 7 experts, top-3 routing, 3 or 6 heads, dense layers between sparse ones (Qwen's `mlp_only_layers`
+and `decoder_sparse_step`), both `norm_topk_prob` settings, a shared expert (Qwen2-MoE),
+whole-projection q/k norms and clip_qkv (OLMoE).
 transformers is imported only when a model is built: conftest imports this module for everyone.
 """
 
@@ -22,6 +25,7 @@ from typing import Any
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 FAMILIES = ("gemma2", "gemma3", "phi3", "phi3-longrope")
 LONGROPE_ORIGINAL = 48  # phi3-longrope's original_max_position_embeddings
+MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
 VOCAB_SIZE = 320  # > the tokenizer's 259 tokens, as in real models whose embedding is padded
 BOS_ID, EOS_ID, PAD_ID = 1, 2, 0
 
@@ -80,6 +84,56 @@ _PER_ARCH: dict[str, dict[str, Any]] = {
         "sliding_window": 29,
         "tie_word_embeddings": False,
     },
+    # 4 layers, sparse where (i + 1) % 2 == 0 (1 and 3), dense 0 and 2; a shared expert; k not renormalised
+    "qwen2_moe": {
+        "hidden_size": 96,
+        "num_attention_heads": 3,
+        "num_key_value_heads": 1,
+        "num_hidden_layers": 4,
+        "intermediate_size": 64,
+        "num_experts": 5,
+        "num_experts_per_tok": 3,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 64,
+        "decoder_sparse_step": 2,
+        "norm_topk_prob": False,
+        "tie_word_embeddings": False,
+    },
+    # layer 1 dense (mlp_only_layers), 0 and 2 sparse; per-head q/k norms; k renormalised
+    "qwen3_moe": {
+        "num_attention_heads": 3,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "num_hidden_layers": 3,
+        "intermediate_size": 96,
+        "num_experts": 7,
+        "num_experts_per_tok": 3,
+        "moe_intermediate_size": 32,
+        "mlp_only_layers": [1],
+        "norm_topk_prob": True,
+        "tie_word_embeddings": True,
+    },
+    # q/k rows reordered in its GGUF (llama.cpp's "llama" arch); head_dim 16 with 6 heads != hidden / heads
+    "mixtral": {
+        "num_attention_heads": 6,
+        "num_key_value_heads": 3,
+        "head_dim": 16,
+        "num_local_experts": 5,
+        "num_experts_per_tok": 3,
+        "tie_word_embeddings": False,
+    },
+    # q/k norms over the whole projection; clip_qkv small enough to clip
+    "olmoe": {
+        "hidden_size": 96,
+        "num_attention_heads": 3,
+        "num_key_value_heads": 3,
+        "intermediate_size": 32,
+        "num_experts": 7,
+        "num_experts_per_tok": 3,
+        "norm_topk_prob": False,
+        "clip_qkv": 2.5,
+        "tie_word_embeddings": False,
+    },
 }
 _PER_ARCH["phi3-longrope"] = {
     **_PER_ARCH["phi3"],
@@ -106,9 +160,13 @@ def tiny_config(arch: str, **overrides: Any) -> Any:
         "gemma3": transformers.Gemma3TextConfig,
         "phi3": transformers.Phi3Config,
         "phi3-longrope": transformers.Phi3Config,
+        "qwen2_moe": transformers.Qwen2MoeConfig,
+        "qwen3_moe": transformers.Qwen3MoeConfig,
+        "mixtral": transformers.MixtralConfig,
+        "olmoe": transformers.OlmoeConfig,
     }
     if arch not in classes:
-        raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES + FAMILIES)}; got {arch!r}")
+        raise ValueError(f"arch must be one of {', '.join(classes)}; got {arch!r}")
     return classes[arch](**{**_COMMON, **_PER_ARCH[arch], **overrides})
 
 

@@ -6,15 +6,10 @@ tanh approximation (Gemma's `gelu_pytorch_tanh`: torch's own op, the one transfo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, LayerOps
 from torch import nn
-
-if TYPE_CHECKING:
-    from pagedserve.services.worker.models.registry import ModelConfig
 
 
 def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -24,11 +19,13 @@ def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, bias: bool = False, act: str = "silu"
+    ) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-        self.silu = cfg.hidden_act == "silu"
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.silu = act == "silu"  # else gelu_pytorch_tanh (the registry admits no other)
         self.ops: LayerOps = TORCH_LAYER_OPS  # the model sets its choice (use_fused_ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

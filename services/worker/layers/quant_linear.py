@@ -184,16 +184,16 @@ class QuantEmbedding(nn.Module):
 def weight_types(module: nn.Module) -> dict[tuple[str, str], int]:
     """(source, type name) -> how many checkpoint tensors under `module` are held in it (start log,
     runtime), as llama.cpp counts a file's types: ("gguf", "Q4_1") for a GGUF's stored blocks, ("gptq",
-    "Q4_1") for GPTQ repacked to Q4_1. A fused q/k/v counts its three tensors."""
+    "Q4_1") for GPTQ repacked to Q4_1. A fused q/k/v counts its three tensors; a MoE layer's expert set
+    (layers/moe.py) counts once."""
     counts: dict[tuple[str, str], int] = {}
     for m in module.modules():
-        types = (
-            m.tensor_types
-            if isinstance(m, QuantLinear)
-            else (m.weight_type,)
-            if isinstance(m, QuantEmbedding)
-            else ()
-        )
+        if isinstance(m, QuantLinear):
+            types = m.tensor_types
+        elif isinstance(getattr(m, "weight_type", None), str) and isinstance(getattr(m, "source", None), str):
+            types = (m.weight_type,)  # a quantized embedding, a MoE expert set
+        else:
+            types = ()
         for t in types:
             counts[(m.source, t)] = counts.get((m.source, t), 0) + 1
     return counts

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata
 from pagedserve.services.worker.layers.attention import Attention
-from pagedserve.services.worker.layers.mlp import GatedMLP
 from pagedserve.services.worker.layers.norm import RMSNorm
 from pagedserve.services.worker.models.llama import LlamaForCausalLM
 from torch import nn
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class GemmaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, layer: int = 0) -> None:
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, layer: int, mlp: nn.Module) -> None:
         super().__init__()
 
         def norm() -> RMSNorm:
@@ -35,7 +34,7 @@ class GemmaDecoderLayer(nn.Module):
         self.self_attn = Attention(cfg, backend, layer)
         self.post_attention_layernorm = norm()
         self.pre_feedforward_layernorm = norm()
-        self.mlp = GatedMLP(cfg)
+        self.mlp = mlp
         self.post_feedforward_layernorm = norm()
 
     def forward(

@@ -37,15 +37,16 @@ if TYPE_CHECKING:
     from pagedserve.services.worker.models.registry import ModelConfig
 
 KVCaches = Sequence[tuple[torch.Tensor, torch.Tensor]]  # per layer (k_cache, v_cache)
+Rows = slice | tuple[int | slice, ...] | None  # the part of a parameter a checkpoint tensor fills
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, layer: int = 0) -> None:
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, layer: int, mlp: nn.Module) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, backend, layer)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg)
+        self.mlp = mlp
 
     def forward(
         self,
@@ -89,7 +90,9 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(
             cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size)
         )
-        self.layers = nn.ModuleList(self.decoder_layer(cfg, backend, i) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            self.decoder_layer(cfg, backend, i, self.make_mlp(cfg, i)) for i in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=cfg.norm_unit_offset)
         self.lm_head = (
             None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -104,6 +107,11 @@ class LlamaForCausalLM(nn.Module):
         self.slides = [cfg.window(i) is not None for i in range(cfg.num_layers)]
         self.tied_head: nn.Module | None = None  # the embedding packed for the LM head, once prepacked
         self.layer_ops: LayerOps | None = None  # chosen once the weights' device is real
+
+    @staticmethod
+    def make_mlp(cfg: ModelConfig, layer: int) -> nn.Module:
+        """Layer `layer`'s MLP (a subclass's architecture may vary it by layer)."""
+        return GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.hidden_act)
 
     def to_empty(self, *, device: torch.device | str | int | None, recurse: bool = True) -> LlamaForCausalLM:
         # nn.Module.to_empty's empty_like of a meta tensor runs torch's Python reference, which
@@ -177,8 +185,9 @@ class LlamaForCausalLM(nn.Module):
             count += self.tied_head is not None
         return count
 
-    def checkpoint_target(self, hf_name: str) -> tuple[str, slice | None] | None:
-        """A checkpoint tensor's name -> (our parameter, the rows it fills; None = all of it).
+    def checkpoint_target(self, hf_name: str) -> tuple[str, Rows] | None:
+        """A checkpoint tensor's name -> (our parameter, the part it fills: rows, or an index such as
+        (expert, rows) into a 3-D parameter; None = all of it).
 
         None: a tensor the checkpoint may carry that we do not use. KeyError: a tensor we do not know.
         """
@@ -193,6 +202,10 @@ class LlamaForCausalLM(nn.Module):
             target = ".".join([*parts[:-2], fused, parts[-1]])
             return target, self._shard_rows(fused, shard)
         return name, None
+
+    def checkpoint_names_filled_by(self, hf_name: str) -> tuple[str, ...]:
+        """The names of checkpoint_names() a tensor of this name fills (more than itself: a MoE's)."""
+        return (hf_name,)
 
     def checkpoint_names(self) -> list[str]:
         """Every checkpoint tensor this model needs, by its Hugging Face name."""
@@ -210,10 +223,12 @@ class LlamaForCausalLM(nn.Module):
                 names.append(prefix + name)
         return names
 
-    def _shard_rows(self, fused: str, shard: int) -> slice:
+    def _shard_rows(self, fused: str, shard: int, size: int | None = None) -> slice:
+        """The rows of shard `shard` in fused projection `fused`; size: gate_up's intermediate size,
+        where not the config's (a MoE's shared expert)."""
         cfg = self.config
         if fused == "gate_up_proj":
-            size = cfg.intermediate_size
+            size = size or cfg.intermediate_size
             return slice(shard * size, (shard + 1) * size)
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         starts = (0, q, q + kv, q + 2 * kv)

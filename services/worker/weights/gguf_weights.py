@@ -31,7 +31,7 @@ from pagedserve.services.worker.weights.gguf_types import (
 
 log = structlog.get_logger("pagedserve.loader")
 
-# GGUF tensor name parts -> Hugging Face's (the Llama family's names in both).
+# GGUF tensor name parts -> Hugging Face's (the Llama family's names in both; Qwen's for a MoE block).
 _GLOBAL = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -49,6 +49,17 @@ _LAYER = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # Mixture-of-experts layers: the router, each projection of every expert as one 3-D tensor
+    # [n_expert, rows, cols] (a name without an expert index, models/moe.py), the shared expert
+    # and its gate ([hidden] in the file, [1, hidden] in the checkpoint).
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 
 

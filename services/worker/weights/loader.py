@@ -165,7 +165,7 @@ def _fill_parameters(
                 f"{tuple(dest.shape)}"
             )
         dest.copy_(tensor)  # converts to the model's dtype and device
-        seen.add(name)
+        seen.update(model.checkpoint_names_filled_by(name))
     if unexpected:
         raise ValueError(
             f"checkpoint {source} has {len(unexpected)} unexpected tensors: {some_names(unexpected)}"

@@ -6,6 +6,11 @@ the kernel runs becomes a QuantLinear / QuantEmbedding over the stored blocks. F
 different types (a Q4_K_M file's Q4_K q and k beside its Q6_K v) stay in their own types, one kernel
 call each. A projection left dense (a type the kernel lacks, a bias) is filled from the checkpoint
 folder like any other weight. A tied LM head shares the embedding's blocks.
+
+A mixture-of-experts layer's experts (one 3-D GGUF tensor per projection, every expert's rows one
+after the other) become QuantExpertLinears: gate and up of a type are interleaved per expert into one
+fused [num_experts * 2I] run of rows, down is kept as stored. The router stays dense (layers/moe.py's
+Router is no nn.Linear, so nothing here takes it).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+from pagedserve.services.worker.layers.moe import Experts, QuantExpertLinear
 from pagedserve.services.worker.layers.quant_linear import QuantEmbedding, QuantLinear, QuantTensor, quant_ops
 from torch import nn
 
@@ -59,6 +65,10 @@ def install_quantized(
             setattr(module, child_name, QuantLinear(parts, bias, ops))
             installed.update(names)
 
+    for path, module in list(model.named_modules()):
+        if isinstance(module, Experts):
+            installed |= _install_experts(model, path, module, tensors, ops)
+
     embedding = tensors.get("model.embed_tokens.weight")
     if isinstance(embedding, QuantTensor):
         owned = QuantTensor(embedding.type_name, embedding.blocks.clone(), embedding.in_features)
@@ -73,3 +83,42 @@ def _same_order(orders: list[torch.Tensor | None]) -> bool:
     if all(o is None for o in orders):
         return True
     return all(o is not None for o in orders) and all(torch.equal(o, orders[0]) for o in orders)
+
+
+def _install_experts(
+    model: nn.Module, path: str, experts: Experts, tensors: dict[str, QuantTensor], ops
+) -> set[str]:
+    """The quantized projections of one layer's experts (`path`: layers.N.mlp.experts) -> the
+    checkpoint names now held quantized. A projection whose tensors are missing or not kernel types
+    stays dense (the folder fills it)."""
+    layer = int(path.split(".")[1])
+    count = experts.num_experts
+    gate, up, down = (tensors.get(f"model.{path}.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj"))
+    installed: set[str] = set()
+    if isinstance(gate, QuantTensor) and isinstance(up, QuantTensor) and gate.type_name == up.type_name:
+        # expert e's gate rows, then its up rows: [E, I, bytes] twice -> [E, 2I, bytes] (a copy, so the
+        # mapped file is not kept alive)
+        per_expert = [t.blocks.reshape(count, -1, t.blocks.shape[1]) for t in (gate, up)]
+        blocks = torch.cat(per_expert, dim=1).reshape(-1, gate.blocks.shape[1])
+        fused = QuantTensor(gate.type_name, blocks, gate.in_features, gate.source)
+        _check_shape(fused, experts.gate_up_proj, count, path + ".gate_up_proj")
+        experts.gate_up_proj = QuantExpertLinear(fused, count, ops)
+        for part in ("gate_proj", "up_proj"):  # per expert, and the whole layer's 3-D form
+            installed.update((*model.expert_checkpoint_names(layer, part), f"model.{path}.{part}.weight"))
+    if isinstance(down, QuantTensor):
+        owned = QuantTensor(down.type_name, down.blocks.clone(), down.in_features, down.source)
+        _check_shape(owned, experts.down_proj, count, path + ".down_proj")
+        experts.down_proj = QuantExpertLinear(owned, count, ops)
+        installed.update(
+            (*model.expert_checkpoint_names(layer, "down_proj"), f"model.{path}.down_proj.weight")
+        )
+    return installed
+
+
+def _check_shape(weight: QuantTensor, dense: nn.Module, count: int, path: str) -> None:
+    want = (count * dense.out_features, dense.in_features)
+    if (weight.out_features, weight.in_features) != want:
+        raise ValueError(
+            f"quantized experts {path} are [{weight.out_features} x {weight.in_features}], the model's "
+            f"{count} experts make [{want[0]} x {want[1]}]"
+        )

@@ -37,3 +37,19 @@ def test_sliding_windows_and_softcaps_on_triton_match_the_torch_backend(tiny_mod
         o.token_ids for o in LLM(path, attention_backend="triton", **kwargs).generate(prompts, params)
     ]
     assert triton_out == torch_out
+
+
+def test_moe_engine_with_triton_backend_matches_torch_backend(tiny_model):
+    """OLMoE (whole-projection q/k norms, clip_qkv, 7 experts top-3): the MoE block is the same code
+    on either backend; the attention around it runs Triton's kernels."""
+    path = str(tiny_model("olmoe"))
+    prompts = [[7, 19, 40, 3 + i] * (1 + 4 * i) for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    kwargs = {"num_blocks": 64, "block_size": 16, "max_num_batched_tokens": 24}
+    torch_out = [
+        o.token_ids for o in LLM(path, attention_backend="torch", **kwargs).generate(prompts, params)
+    ]
+    triton_out = [
+        o.token_ids for o in LLM(path, attention_backend="triton", **kwargs).generate(prompts, params)
+    ]
+    assert triton_out == torch_out

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Online speed of one GGUF served by pagedserve and by llama-server, the same load on both:
+#
+#   bash ops/bench/serve_vs_llamacpp_moe.sh MODEL_FOLDER LABEL [CONCURRENCIES]
+#
+# MODEL_FOLDER: a checkpoint folder holding the GGUF (ops/models/random_moe_gguf.py writes one);
+# LABEL names the outputs, bench/results/serve-LABEL-{c1,c16,...,prefill}.json (+ PNGs, llama-server's
+# log). For each concurrency C (default "1 16 64"): max(C, 4) prompts of 128 random tokens,
+# 128 output tokens each, at most C in flight, all sent at once (decode tok/s and TPOT). Then the
+# prefill: 3 prompts of 1024 tokens, 1 output token, one at a time (prefill tok/s = 1024 / TTFT).
+# pagedserve runs as `pagedserve serve` (all services, 2 threads, --quantization gguf) with room in its
+# KV pool for every request in flight; llama-server (LLAMACPP_VENV, default /work/main/.venv-llamacpp)
+# gets C slots of the longest request each, 2 threads. The worker's RSS is written once the server is
+# ready (rss-LABEL.txt). Every process started here is stopped on exit.
+set -euo pipefail
+model=${1:?model folder}
+label=${2:?label}
+concurrencies=${3:-"1 16 64"}
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+out=$repo/bench/results
+port=${PORT:-8710}  # and the six ports above it (a peer's server on the defaults does not clash)
+export LLAMACPP_VENV=${LLAMACPP_VENV:-/work/main/.venv-llamacpp}
+logdir=$(mktemp -d)
+
+"$repo/.venv/bin/pagedserve" serve "$model" --quantization gguf --num-threads 2 \
+    --kv-cache-memory 2147483648 --max-num-seqs 64 --api-port "$port" --log-dir "$logdir" \
+    --front-endpoint tcp://127.0.0.1:$((port + 1)) --worker-endpoint tcp://127.0.0.1:$((port + 2)) \
+    --block-manager-endpoint tcp://127.0.0.1:$((port + 3)) --scheduler-ops-port $((port + 5)) \
+    --block-manager-ops-port $((port + 6)) &
+server=$!
+trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
+for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
+    kill -0 $server 2>/dev/null || { tail -n 50 "$logdir"/*.log; exit 1; }
+    sleep 1
+done
+{
+    grep -m1 "model name" /proc/cpuinfo
+    echo "file: $(du -b "$model"/*.gguf)"
+    ps -o pid,rss,args --ppid $server | grep -v "ps -o"
+} | tee "$out/rss-$label.txt"
+
+bench() {  # NAME ARGS...
+    local name=$1; shift
+    "$repo/.venv/bin/pagedserve" bench serve --base-url "http://127.0.0.1:$port/v1" --workload random \
+        --request-rate inf --threads 2 --peer-llamacpp --llamacpp-port $((port + 4)) --no-progress \
+        --label "$label $name" --out "$out/serve-$label-$name.json" "$@"
+}
+for c in $concurrencies; do
+    n=$((c < 4 ? 4 : c))  # one wave of C at once (4 in a row for C=1): a bounded run time
+    bench "c$c" --num-prompts "$n" --max-concurrency "$c" --input-len 128 --output-len 128
+done
+bench prefill --num-prompts 3 --max-concurrency 1 --input-len 1024 --output-len 1
