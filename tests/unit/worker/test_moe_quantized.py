@@ -90,11 +90,12 @@ def test_experts_stay_packed_and_compute_what_the_dequantized_experts_do(tiny_mo
 
 
 def test_experts_of_a_type_the_kernel_lacks_stay_dense(tiny_model, tmp_path):
-    """A GGUF whose experts are F16 (no kernel): they load dense from the folder, the rest quantized."""
+    """A GGUF whose experts are MXFP4 (no kernel runs it): under `auto` they load dense, the rest stays
+    quantized (`gguf` refuses such a file, naming the tensors: test_gguf_types.py)."""
     folder = tmp_path / "m"
     shutil.copytree(tiny_model("mixtral"), folder)
-    quantize_checkpoint(folder, "Q8_0", expert_type="F16")
-    model = load_model(folder, TorchAttentionBackend(), quantization="gguf").model
+    quantize_checkpoint(folder, "Q8_0", expert_type="MXFP4")
+    model = load_model(folder, TorchAttentionBackend(), quantization="auto").model
     experts = model.layers[0].mlp.experts
     assert type(experts.gate_up_proj).__name__ == "ExpertLinear"
     assert isinstance(model.layers[0].self_attn.qkv_proj, QuantLinear)
