@@ -114,7 +114,8 @@ def test_a_worker_killed_mid_step_resumes_every_request_with_nothing_recomputed(
         got = run_load(sup, SHORT if prompts == "short" else LONG, prompts)
         assert sup.restarts("worker-0") == 1, "the failpoint did not kill the worker: the load is too short"
         assert got == expected[prompts]
-        assert counter(sup, "pagedserve_requests_resumed") > 0
+        # The counters follow the core's stats on the service's next tick: wait for it.
+        assert wait_for(lambda: counter(sup, "pagedserve_requests_resumed") > 0, 5)
         assert counter(sup, "pagedserve_prefill_recomputed_tokens") == 0
         assert log_events(tmp_path / "block-manager.log", "pool_continued")
         assert_whole(sup)
@@ -153,7 +154,8 @@ def test_the_block_manager_killed_while_the_segment_lives_then_a_worker_kill_sti
         got = run_load(sup, SHORT, "after", kill_worker)
         assert "worker" in hit and got == expected["short"]
         # The new block manager registered the living segment's pool: the restart continues it.
-        assert counter(sup, "pagedserve_requests_resumed") > resumed_before
+        # The counters follow the core's stats on the service's next tick: wait for it.
+        assert wait_for(lambda: counter(sup, "pagedserve_requests_resumed") > resumed_before, 5)
         assert counter(sup, "pagedserve_prefill_recomputed_tokens") == recomputed_before
         assert_whole(sup)
     finally:
