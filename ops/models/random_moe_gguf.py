@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
@@ -33,7 +32,6 @@ from pathlib import Path
 import numpy as np
 
 GGUF_PACKAGE_TYPES = ("Q8_0", "Q4_0", "Q4_1")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,18 +199,18 @@ sys.exit(rc)
 
 
 def make_folder(type_name: str, out: Path, shape: Shape, llamacpp_venv: Path | None, seed: int = 0) -> Path:
-    from pagedserve.services.worker.weights.bundled import (
-        bundled_checkpoint,
-        find_bundled_gguf,
-        publish_atomically,
-    )
+    from pagedserve.services.checkpoint import load_tokenizer, read_checkpoint
+    from pagedserve.services.model_cache import publish_atomically
+    from pagedserve.services.worker.weights.bundled import find_bundled_gguf
     from safetensors.numpy import save_file
 
-    bundled, source = bundled_checkpoint(), find_bundled_gguf()
+    source = find_bundled_gguf()
     if out.exists():
         raise FileExistsError(f"{out} exists; delete it to make it again")
     out.parent.mkdir(parents=True, exist_ok=True)
-    bundled_config = json.loads((bundled / "config.json").read_text())
+    # The bundled model is its GGUF: its config and tokenizer are read from the file.
+    bundled_config = read_checkpoint(source).config
+    bundled_tokenizer = load_tokenizer(source)
 
     def write(folder: Path) -> None:
         gguf_file = folder / f"random-moe-1b.{type_name}.gguf"
@@ -228,9 +226,7 @@ def make_folder(type_name: str, out: Path, shape: Shape, llamacpp_venv: Path | N
                 command = [str(python), "-c", LLAMACPP_QUANTIZE, str(f16), str(gguf_file), type_name]
                 subprocess.run(command, check=True)
             dense |= kernel_less_tensors(gguf_file)
-        for name in TOKENIZER_FILES:
-            if (bundled / name).is_file():
-                shutil.copy2(bundled / name, folder / name)
+        bundled_tokenizer.save_pretrained(str(folder))
         vocab = bundled_config["vocab_size"]
         config = config_json(shape, vocab, bundled_config["bos_token_id"], bundled_config["eos_token_id"])
         (folder / "config.json").write_text(json.dumps(config, indent=2))
