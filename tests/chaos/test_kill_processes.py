@@ -7,7 +7,7 @@ import signal
 import time
 
 import pytest
-from harness.deployment import blocks, start, stream_greedy, wait_for, workers_ready
+from harness.deployment import assert_no_leak, blocks, start, stream_greedy, wait_for, workers_ready
 from harness.greedy_reference import greedy_outputs, random_prompts
 from pagedserve.ops.deploy.process_group import RestartPolicy
 from pagedserve.shared.sdk import RequestError
@@ -44,20 +44,6 @@ async def run_load(endpoint: str, count: int, on_progress, timeout_s: float = 12
         reconnect_after_s=1.5,
     )
     return [streamed for streamed, _ in got]
-
-
-def assert_no_leak(sup, expect_pools: int) -> None:
-    def settled():
-        snap = blocks(sup)
-        pools = snap["pools"]
-        whole = all(p["totals"]["free"] == p["totals"]["total"] for p in pools)
-        return snap if len(pools) == expect_pools and whole else None
-
-    snap = wait_for(settled, 15) or blocks(sup)
-    assert snap["totals"]["leaked"] == 0, snap["totals"]
-    assert len(snap["pools"]) == expect_pools
-    assert all(p["totals"]["free"] == p["totals"]["total"] for p in snap["pools"]), snap["totals"]
-    assert snap["invariants"]["ok"], snap["invariants"]
 
 
 def test_sigkill_one_of_two_workers_mid_decode_loses_nothing(model_path, expected, tmp_path):

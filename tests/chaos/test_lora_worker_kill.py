@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from harness.deployment import blocks, start, stream_greedy, wait_for, workers_ready
+from harness.deployment import assert_no_leak, start, stream_greedy, wait_for, workers_ready
 from harness.lora_adapters import make_peft_adapter
 
 from pagedserve import LLM, SamplingParams
@@ -102,16 +102,7 @@ def test_worker_killed_while_loading_an_adapter_loses_nothing_and_leaks_no_block
         assert killed, "worker-0 never stopped loading an adapter: the failpoint did not fire"
         assert [final for _, final in got] == expected
         assert wait_for(lambda: len(workers_ready(sup)) == 2, 30)
-
-        def settled():
-            snap = blocks(sup)
-            whole = all(p["totals"]["free"] == p["totals"]["total"] for p in snap["pools"])
-            return snap if len(snap["pools"]) == 2 and whole else None
-
-        snap = wait_for(settled, 15) or blocks(sup)
-        assert snap["totals"]["leaked"] == 0, snap["totals"]
-        assert all(p["totals"]["free"] == p["totals"]["total"] for p in snap["pools"]), snap["totals"]
-        assert snap["invariants"]["ok"], snap["invariants"]
+        assert_no_leak(sup, 2)
     finally:
         sup.kill_worker(0, signal.SIGCONT)
         sup.stop()

@@ -14,7 +14,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from harness.deployment import blocks, start, stream_greedy, wait_for, workers_ready
+from harness.deployment import assert_no_leak, start, stream_greedy, wait_for, workers_ready
 from harness.greedy_reference import greedy_outputs
 
 MAX_TOKENS = 60
@@ -82,16 +82,7 @@ def test_worker_killed_mid_verification_loses_nothing_and_leaks_no_block(model_p
         assert killed, "worker-0 never stopped mid-verification: the failpoint did not fire"
         assert [streamed for streamed, _ in got] == expected
         assert wait_for(lambda: len(workers_ready(sup)) == 2, 30)
-
-        def settled():
-            snap = blocks(sup)
-            whole = all(p["totals"]["free"] == p["totals"]["total"] for p in snap["pools"])
-            return snap if len(snap["pools"]) == 2 and whole else None
-
-        snap = wait_for(settled, 15) or blocks(sup)
-        assert snap["totals"]["leaked"] == 0, snap["totals"]
-        assert all(p["totals"]["free"] == p["totals"]["total"] for p in snap["pools"]), snap["totals"]
-        assert snap["invariants"]["ok"], snap["invariants"]
+        assert_no_leak(sup, 2)
     finally:
         sup.kill_worker(0, signal.SIGCONT)
         sup.stop()

@@ -148,3 +148,19 @@ async def stream_greedy(
             return streamed, list(stream.result.token_ids)
 
         return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+
+def assert_no_leak(sup: Supervisor, expect_pools: int) -> None:
+    """Once the pools settle: `expect_pools` of them, every block free, none leaked, invariants ok."""
+
+    def settled():
+        snap = blocks(sup)
+        pools = snap["pools"]
+        whole = all(p["totals"]["free"] == p["totals"]["total"] for p in pools)
+        return snap if len(pools) == expect_pools and whole else None
+
+    snap = wait_for(settled, 15) or blocks(sup)
+    assert snap["totals"]["leaked"] == 0, snap["totals"]
+    assert len(snap["pools"]) == expect_pools
+    assert all(p["totals"]["free"] == p["totals"]["total"] for p in snap["pools"]), snap["totals"]
+    assert snap["invariants"]["ok"], snap["invariants"]
