@@ -22,10 +22,9 @@ them (`torch` semantics exactly, including any per-layer rules it takes).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
-from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata
+from pagedserve.kernels.attention import CAUSAL, AttentionBackend, AttentionMetadata, AttentionRules
 
 SCALE_BYTES = 4  # a float32 per (slot, head) row
 
@@ -91,13 +90,12 @@ class Int8KVBackend(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
-        *rules: Any,
-        **rules_by_name: Any,
+        rules: AttentionRules = CAUSAL,
     ) -> torch.Tensor:
         """`rules`: a layer's extra attention rules (a sliding window, a softcap), passed to the float
         backend; the C++ int8 kernel runs plain causal attention, so a layer with rules is served by
         the dequantizing path."""
-        if self.ops is not None and query.device.type == "cpu" and not _has_rules(rules, rules_by_name):
+        if self.ops is not None and query.device.type == "cpu" and rules == CAUSAL:
             if query.stride(2) != 1 or query.stride(1) != query.shape[2]:
                 query = query.contiguous()
             out = torch.empty(query.shape, dtype=query.dtype)
@@ -105,7 +103,7 @@ class Int8KVBackend(AttentionBackend):
                 query, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale, out
             )
             return out
-        return self.reference(query, k_cache, v_cache, meta, scale, *rules, **rules_by_name)
+        return self.reference(query, k_cache, v_cache, meta, scale, rules)
 
     def reference(
         self,
@@ -114,24 +112,11 @@ class Int8KVBackend(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
-        *rules: Any,
-        **rules_by_name: Any,
+        rules: AttentionRules = CAUSAL,
     ) -> torch.Tensor:
         """Dequantize the blocks this step reads (not the pool) and run the float backend on them."""
         used, tables = torch.unique(meta.block_tables, return_inverse=True)
         k = dequantize_rows(k_cache[used], query.dtype)
         v = dequantize_rows(v_cache[used], query.dtype)
         local = dataclasses.replace(meta, block_tables=tables.to(meta.block_tables.dtype).contiguous())
-        return self.inner.forward(query, k, v, local, scale, *rules, **rules_by_name)
-
-
-def _has_rules(rules: tuple[Any, ...], rules_by_name: dict[str, Any]) -> bool:
-    """Anything beyond plain causal attention: a rules object with a window or a softcap set."""
-    for value in (*rules, *rules_by_name.values()):
-        if value is None:
-            continue
-        if getattr(value, "window", None) is not None or getattr(value, "softcap", None) is not None:
-            return True
-        if not hasattr(value, "window") and not hasattr(value, "softcap"):
-            return True  # something we do not know: the float backend decides what it means
-    return False
+        return self.inner.forward(query, k, v, local, scale, rules)
