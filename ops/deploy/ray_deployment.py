@@ -37,6 +37,7 @@ from pagedserve.ops.deploy.supervisor import (
 )
 from pagedserve.shared.config import ServeConfig
 from ray._private import state as ray_state
+from ray._raylet import Config as RayConfig
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayError
 from ray.experimental import internal_kv
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -73,7 +74,7 @@ class RayDeployment(ConfigEndpoints):
         self.api = api
         self.worker_names = [worker_name(i) for i in range(workers)]
         self.names = [*CORE_SERVICES, *self.worker_names, *([API] if api else [])]
-        self.watch = ActorWatch(self.names)
+        self.watch = ActorWatch(self.names)  # told the cluster's health checks once connected
         self.ray_address: str | None = None
         self.num_nodes = 0
         self._actors: dict[str, Any] = {}  # name -> ActorHandle
@@ -123,6 +124,7 @@ class RayDeployment(ConfigEndpoints):
                 signal.signal(signal.SIGTERM, previous)
         self._connected = True
         self.ray_address = ray.get_runtime_context().gcs_address
+        self.watch = ActorWatch(self.names, node_death_s=node_death_s())
 
     def _create(
         self, name: str, service: str, worker_id: str | None, config: ServeConfig, options: dict[str, Any]
@@ -213,6 +215,14 @@ class RayDeployment(ConfigEndpoints):
         if self.log_dir is None:
             return " (the services' output is above, prefixed by Ray)"
         return f" (see {self.log_dir}/<service>.log on the node that ran it)"
+
+
+def node_death_s() -> float:
+    """How long this cluster takes, at most, to declare a silent node dead: its health-check
+    settings (the driver receives the cluster's system config when it connects), plus a period."""
+    period_s = RayConfig.health_check_period_ms() / 1000
+    missed = RayConfig.health_check_failure_threshold() * (period_s + RayConfig.health_check_timeout_ms() / 1000)
+    return missed + period_s + 1.0
 
 
 def actor_row(actor: Any) -> ActorRow | None:

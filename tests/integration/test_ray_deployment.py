@@ -178,6 +178,10 @@ async def stream_load(endpoint: str, on_progress) -> list[list[int]]:
     return [streamed for streamed, _ in got]
 
 
+def exits_of(up: RayUp, child: str) -> list[dict[str, Any]]:
+    return [e for e in up.events("child_exited") if e["child"] == child]
+
+
 def test_workers_are_spread_over_the_nodes_with_the_worker_resource(cluster, up):
     head = cluster.head_node.node_id
     worker_nodes = {node.node_id for node in cluster.worker_nodes}
@@ -222,7 +226,8 @@ def test_a_lost_worker_node_mid_decode_changes_no_output_and_its_worker_is_place
     )
     assert status["restarts"] == 1 and not pid_alive(victim["service_pid"])
     assert up.status("worker-0")["node_id"] == survivor
-    exited = [e for e in up.events("child_exited") if e["child"] == "worker-1"]
+    # The cause waits for the cluster to declare the node dead (HEALTH_CHECKS: within ~2 s).
+    exited = wait_for(lambda: exits_of(up, "worker-1"), 20) or exits_of(up, "worker-1")
     assert exited and exited[-1]["cause"] == "node lost" and exited[-1]["restart_number"] == 1, exited
     snap = wait_for(lambda: pools_whole(up, expect_pools=2), 20) or blocks(up)
     assert snap["totals"]["leaked"] == 0, snap["totals"]
@@ -247,7 +252,8 @@ def test_a_sigkilled_worker_actor_is_restarted_by_ray_and_its_worker_registers_a
     assert wait_for(lambda: sorted(workers_ready(up)) == ["worker-0", "worker-1"], 60)
     assert workers_lost(up) == lost_before + 1
     assert not pid_alive(before["service_pid"]) and pid_alive(after["service_pid"])
-    exited = [e for e in up.events("child_exited") if e["child"] == "worker-0"]
+    # A node that stays alive through its health checks (HEALTH_CHECKS: ~5 s) was not lost.
+    exited = wait_for(lambda: exits_of(up, "worker-0"), 20) or exits_of(up, "worker-0")
     assert exited and exited[-1]["cause"] == "process died", exited
 
 
