@@ -221,7 +221,9 @@ def node_death_s() -> float:
     """How long this cluster takes, at most, to declare a silent node dead: its health-check
     settings (the driver receives the cluster's system config when it connects), plus a period."""
     period_s = RayConfig.health_check_period_ms() / 1000
-    missed = RayConfig.health_check_failure_threshold() * (period_s + RayConfig.health_check_timeout_ms() / 1000)
+    missed = RayConfig.health_check_failure_threshold() * (
+        period_s + RayConfig.health_check_timeout_ms() / 1000
+    )
     return missed + period_s + 1.0
 
 
