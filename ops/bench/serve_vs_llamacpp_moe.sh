@@ -7,7 +7,8 @@
 # LABEL names the outputs, bench/results/serve-LABEL-{c1,c16,...,prefill}.json (+ PNGs, llama-server's
 # log). For each concurrency C (default "1 16 64"): max(C, 4) prompts of 128 random tokens,
 # 128 output tokens each, at most C in flight, all sent at once (decode tok/s and TPOT). Then the
-# prefill: 3 prompts of 1024 tokens, 1 output token, one at a time (prefill tok/s = 1024 / TTFT).
+# prefill: 3 prompts of 1024 tokens, 1 output token, one at a time (prefill tok/s = 1024 / TTFT;
+# PREFILL=0 skips it). Any folder holding one GGUF works (ops/models/random_dense_gguf.py: Gemma, Phi).
 # pagedserve runs as `pagedserve serve` (all services, 2 threads, --quantization gguf) with room in its
 # KV pool for every request in flight; llama-server (LLAMACPP_VENV, default /work/main/.venv-llamacpp)
 # gets C slots of the longest request each, 2 threads. The worker's RSS is written once the server is
@@ -50,4 +51,6 @@ for c in $concurrencies; do
     n=$((c < 4 ? 4 : c))  # one wave of C at once (4 in a row for C=1): a bounded run time
     bench "c$c" --num-prompts "$n" --max-concurrency "$c" --input-len 128 --output-len 128
 done
-bench prefill --num-prompts 3 --max-concurrency 1 --input-len 1024 --output-len 1
+if [ "${PREFILL:-1}" = 1 ]; then  # PREFILL=0: decode rows only (a shorter run)
+    bench prefill --num-prompts 3 --max-concurrency 1 --input-len 1024 --output-len 1
+fi
