@@ -133,7 +133,9 @@ def write_gguf(path: Path, shape: Shape, type_name: str, seed: int = 0) -> Path:
     reader = gguf.GGUFReader(find_bundled_gguf())
     vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
     writer = gguf.GGUFWriter(path, shape.arch, use_temp_file=True)  # tensors spill to disk, not memory
-    writer.add_name(f"random-{shape.arch}")
+    # llama.cpp treats a vocabulary as Phi-3's SentencePiece one (and looks up "</s>") when the model's
+    # name holds "phi3": the Phi-4-mini-shaped model with the bundled tokenizer is named for Phi-4.
+    writer.add_name("random-" + {"phi3": "phi4-mini"}.get(shape.arch, shape.arch))
     _metadata(writer, shape)
     writer.add_file_type(int(gguf.LlamaFileType[f"MOSTLY_{type_name}"]))
     for field in reader.fields.values():
