@@ -8,7 +8,8 @@
 # log). For each concurrency C (default "1 16 64"): max(C, 4) prompts of 128 random tokens,
 # 128 output tokens each, at most C in flight, all sent at once (decode tok/s and TPOT). Then the
 # prefill: 3 prompts of 1024 tokens, 1 output token, one at a time (prefill tok/s = 1024 / TTFT;
-# PREFILL=0 skips it). Any folder holding one GGUF works (ops/models/random_dense_gguf.py: Gemma, Phi).
+# PREFILL=0 skips it; MAX_MODEL_LEN caps a long-context model's to what the 2 GiB pool holds).
+# Any folder holding one GGUF works (ops/models/random_dense_gguf.py writes Gemma and Phi ones).
 # pagedserve runs as `pagedserve serve` (all services, 2 threads, --quantization gguf) with room in its
 # KV pool for every request in flight; llama-server (LLAMACPP_VENV, default /work/main/.venv-llamacpp)
 # gets C slots of the longest request each, 2 threads. The worker's RSS is written once the server is
@@ -24,7 +25,8 @@ export LLAMACPP_VENV=${LLAMACPP_VENV:-/work/main/.venv-llamacpp}
 logdir=$(mktemp -d)
 
 "$repo/.venv/bin/pagedserve" serve "$model" --quantization gguf --num-threads 2 \
-    --kv-cache-memory 2147483648 --max-num-seqs 64 --api-port "$port" --log-dir "$logdir" \
+    --kv-cache-memory 2147483648 --max-num-seqs 64 ${MAX_MODEL_LEN:+--max-model-len "$MAX_MODEL_LEN"} \
+    --api-port "$port" --log-dir "$logdir" \
     --front-endpoint tcp://127.0.0.1:$((port + 1)) --worker-endpoint tcp://127.0.0.1:$((port + 2)) \
     --block-manager-endpoint tcp://127.0.0.1:$((port + 3)) --scheduler-ops-port $((port + 5)) \
     --block-manager-ops-port $((port + 6)) &
