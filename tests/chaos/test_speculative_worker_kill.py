@@ -51,7 +51,11 @@ def stopped(pid: int | None) -> bool:
 def test_worker_killed_mid_verification_loses_nothing_and_leaks_no_block(model_path, tmp_path, method):
     # draft_model: the target as its own draft (a checkpoint with its vocabulary), on the worker's own
     # draft pool, which dies with the worker; its requests start new draft sequences on worker-1.
-    spec = SPEC if method == "ngram" else json.dumps({**json.loads(SPEC), "method": method, "model": str(model_path)})
+    spec = (
+        SPEC
+        if method == "ngram"
+        else json.dumps({**json.loads(SPEC), "method": method, "model": str(model_path)})
+    )
     expected = greedy_outputs(model_path, prompts(), MAX_TOKENS)
     sup = start(
         model_path,

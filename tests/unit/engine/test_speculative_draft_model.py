@@ -9,6 +9,7 @@ target with noise added to every weight (a weaker draft: accepted and rejected p
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,3 +127,21 @@ def test_the_config_names_what_a_draft_model_needs():
         SpeculativeConfig(method="draft_model")
     with pytest.raises(ValidationError, match="`model` is the draft checkpoint"):
         SpeculativeConfig(method="ngram", model="/m")
+
+
+def test_a_gguf_cut_to_its_first_blocks_drafts_for_the_whole_gguf(target, tmp_path):
+    """ops/bench/draft_gguf.py: the early-exit draft the bench uses for the bundled model, here cut from
+    a tiny Q8_0 GGUF; a GGUF draft keeps its stored types and its tokenizer passes the vocabulary check."""
+    from harness.gguf_models import write_gguf
+    from pagedserve.ops.bench.draft_gguf import cut
+
+    whole = write_gguf(Path(target), tmp_path / "whole.gguf", "Q8_0")
+    cut(whole, tmp_path / "first-2.gguf", layers=2)
+    batch = prompts(4)
+    _, reference = run(str(whole), batch, GREEDY)
+    llm, got = run(str(whole), batch, GREEDY, spec(str(tmp_path / "first-2.gguf")))
+    assert [o.token_ids for o in got] == [o.token_ids for o in reference]
+    assert llm.runner.proposer.model.config.num_layers == 2
+    assert llm.scheduler.stats.spec_proposed > 0
+    with pytest.raises(ValueError, match=r"--layers must be in \[1, 3\]"):
+        cut(whole, tmp_path / "none.gguf", layers=0)
