@@ -1,20 +1,16 @@
-"""The one import namespace: the top-level folders install as `pagedserve.<folder>`.
+"""One top-level package, `pagedserve`, laid out as it imports: `pagedserve/` holds the engine and
+tracked symlinks to the repository's top-level folders (`services/`, `shared/`, `kernels/`, `ops/`,
+the deployment layout), so editors and type checkers follow `pagedserve.services.*` to its file.
 
-The repository keeps `services/`, `shared/`, `kernels/` and `ops/` at its top (the deployment
-layout), while a wheel or an editable install holds exactly one top-level package, `pagedserve`:
-nothing generic (`shared`, `ops`) lands in a user's site-packages. Everything else is in
-pyproject.toml.
+`kernels/` has no `__init__.py` (a namespace package): from the repository root, where Python puts
+the working directory on `sys.path`, a bare `import kernels` must reach Hugging Face's `kernels`
+distribution (transformers imports it), not this folder. Everything else is in pyproject.toml.
 """
 
 from setuptools import find_packages, setup
 
-FOLDERS = ("services", "shared", "kernels", "ops")
+# find_packages follows the symlinks but stops at a folder without __init__.py: kernels/ is named.
+packages = ["pagedserve", *(f"pagedserve.{p}" for p in find_packages("pagedserve"))]
+packages += ["pagedserve.kernels", *(f"pagedserve.kernels.{p}" for p in find_packages("kernels"))]
 
-packages = ["pagedserve"] + [f"pagedserve.{sub}" for sub in find_packages("pagedserve")]
-for folder in FOLDERS:
-    packages += [f"pagedserve.{folder}"] + [f"pagedserve.{folder}.{sub}" for sub in find_packages(folder)]
-
-setup(
-    packages=packages,
-    package_dir={"pagedserve": "pagedserve", **{f"pagedserve.{folder}": folder for folder in FOLDERS}},
-)
+setup(packages=packages)
