@@ -111,6 +111,7 @@ class LoRALinear(nn.Module):
 
     # ------------------------------------------------------------------ slots
 
+    @torch.inference_mode()  # the stacks are made in steps (inference tensors) and changed by loads
     def fill(self, slot: int, packed: PackedLoRA | None) -> None:
         """Put one adapter's weights for this linear into `slot` (None: empty it)."""
         if packed is None:
