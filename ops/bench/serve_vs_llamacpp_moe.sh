@@ -39,7 +39,7 @@ for _ in $(seq 600); do
 done
 {
     grep -m1 "model name" /proc/cpuinfo
-    echo "file: $(du -b "$model"/*.gguf)"
+    for f in "$model"/*.gguf; do echo "file: $(stat -c %s "$f") $(basename "$f")"; done  # no machine path
     ps -o pid,rss,args --ppid $server | grep -v "ps -o"
 } | tee "$out/rss-$label.txt"
 
