@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from pagedserve.services.worker.layers.lora import LoRALinear
     from torch import nn
 
 CONFIG_FILE = "adapter_config.json"
@@ -111,7 +114,7 @@ def load_lora_adapter(
     name: str,
     path: str | Path,
     model: nn.Module,
-    targets: dict[str, nn.Module],
+    targets: Mapping[str, LoRALinear],
     *,
     max_rank: int,
     dtype: torch.dtype,
@@ -147,7 +150,7 @@ def load_lora_adapter(
             )
         target = model.checkpoint_target(module + ".weight")  # type: ignore[operator]
         ours = None if target is None else target[0].removesuffix(".weight")
-        if ours is None or ours not in targets:
+        if target is None or ours is None or ours not in targets:
             raise AdapterError(
                 f"LoRA adapter {folder}: module {module} is not one this server adapts "
                 "(the attention and MLP projections: q/k/v/o_proj, gate/up/down_proj)"
@@ -175,7 +178,7 @@ def load_lora_adapter(
 
 
 def _pack(
-    parts: list[tuple[slice, torch.Tensor, torch.Tensor]], linear: nn.Module, dtype: torch.dtype
+    parts: list[tuple[slice, torch.Tensor, torch.Tensor]], linear: LoRALinear, dtype: torch.dtype
 ) -> PackedLoRA:
     total = sum(a.shape[0] for _, a, _ in parts)
     a_cat = torch.cat([a.to(torch.float32) for _, a, _ in parts]).to(dtype).contiguous()
