@@ -7,11 +7,14 @@ peer is optional and never part of the default setup.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from pagedserve.ops.bench.peer_process import run_peer_process
-from pagedserve.ops.bench.peers import BenchSettings, PathResult
+from pagedserve.ops.bench.peers import BenchSettings, PathResult, load_hf_model
 from pagedserve.ops.bench.workload import Workload
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,8 +35,30 @@ def run_vllm(workload: Workload, settings: BenchSettings, threads: int) -> PathR
             "vllm",
             error=f"no vLLM venv at {python.parent.parent}: run ops/peers/setup_vllm.sh (about 3.4 GB)",
         )
+    if settings.model_path.suffix != ".gguf":
+        return _run(python, workload, settings, threads, settings.model_path)
+    # vLLM's CPU build runs no GGUF quantized types: it gets the same weights as our dequantized
+    # path, written as a float32 folder (start-up, not timed; the folder goes with the run).
+    with tempfile.TemporaryDirectory(prefix="pagedserve-vllm-model-") as folder:
+        _write_float_folder(load_hf_model(dataclasses.replace(settings, dtype="float32")), Path(folder))
+        return _run(python, workload, settings, threads, Path(folder))
+
+
+def _write_float_folder(model: Any, folder: Path) -> None:
+    """config.json and model.safetensors of a model transformers read from a GGUF (it refuses to
+    save_pretrained those: the weights are plain tensors by now, so they are written directly)."""
+    from safetensors.torch import save_model
+
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(folder)
+    save_model(model, str(folder / "model.safetensors"))  # tied LM head: written once
+
+
+def _run(python: Path, workload: Workload, settings: BenchSettings, threads: int, model: Path) -> PathResult:
     request = {
-        "model_path": str(settings.model_path),
+        "model_path": str(model),
         "dtype": settings.dtype,
         "threads": threads,
         "seed": settings.seed,

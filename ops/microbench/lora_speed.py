@@ -17,6 +17,7 @@ import platform
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,11 +32,15 @@ def _cpu_name() -> str:
     return platform.processor()
 
 
-def make_adapters(base: Path, root: Path, count: int, rank: int) -> dict[str, str]:
+def make_adapters(config: dict[str, Any], root: Path, count: int, rank: int) -> dict[str, str]:
+    """`count` random adapters for a model of `config` (the bundled model is a GGUF: PEFT only needs
+    the module names and shapes, so the transformers model it wraps is built from the config)."""
     import peft
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    fields = dict(config)
+    hf = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+    model = transformers.AutoModelForCausalLM.from_config(hf, dtype=torch.float32)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     out = {}
     for i in range(count):
@@ -78,7 +83,7 @@ def main() -> None:
 
     from pagedserve import LLM
 
-    base = load_checkpoint("smollm2-135m").path
+    base = load_checkpoint("smollm2-135m").config
     cases = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",")]
     most = max(a for _, a in cases)
     results: dict[str, object] = {

@@ -191,7 +191,8 @@ class FrontDoor:
     def abort(self, rid: str, now: float) -> None:
         if not self.core.is_live(rid):
             raise RequestRejected("unknown_request", f"request_id: {rid!r} is not live")
-        self.log.info("request_aborted", request_id=rid)
+        generated = sum(len(req.output_token_ids) for req in self.core.completions(rid))
+        self.log.info("request_aborted", request_id=rid, output_tokens=generated)
         self.dispatch(self.core.abort(rid), now)
 
     def abort_lapsed_clients(self, now: float, client_timeout_s: float) -> None:
