@@ -190,13 +190,13 @@ def weight_types(module: nn.Module) -> dict[tuple[str, str], int]:
     for m in module.modules():
         source, weight_type = getattr(m, "source", None), getattr(m, "weight_type", None)
         if isinstance(m, QuantLinear):
-            types = m.tensor_types
+            keys = [(m.source, t) for t in m.tensor_types]
         elif isinstance(weight_type, str) and isinstance(source, str):
-            types = (weight_type,)  # a quantized embedding, a MoE expert set
+            keys = [(source, weight_type)]  # a quantized embedding, a MoE expert set
         else:
-            types = ()
-        for t in types:
-            counts[(source, t)] = counts.get((source, t), 0) + 1
+            keys = []
+        for key in keys:
+            counts[key] = counts.get(key, 0) + 1
     return counts
 
 
