@@ -14,8 +14,8 @@ written once, with its token, has neither problem; its scale costs 4 bytes per 6
 (float32 KV: 256 bytes), 3.76x the tokens per byte of float32 KV.
 
 `Int8KVBackend` wraps the float backend a worker runs: on the CPU with our C++ kernels it writes and
-reads int8 in place (kernels/cpu/kv_int8.cpp, every ISA path); anywhere else, and as the reference
-the kernel is tested against, it dequantizes the blocks a step reads and runs the float backend on
+reads int8 in place, under each layer's rules (kernels/cpu/kv_int8.cpp, every ISA path); anywhere
+else, and as the reference the kernel is tested against, it dequantizes the blocks a step reads and runs the float backend on
 them (`torch` semantics exactly, including any per-layer rules it takes).
 """
 
@@ -92,15 +92,23 @@ class Int8KVBackend(AttentionBackend):
         scale: float,
         rules: AttentionRules = CAUSAL,
     ) -> torch.Tensor:
-        """`rules`: a layer's extra attention rules (a sliding window, a softcap), passed to the float
-        backend; the C++ int8 kernel runs plain causal attention, so a layer with rules is served by
-        the dequantizing path."""
-        if self.ops is not None and query.device.type == "cpu" and rules == CAUSAL:
+        """`rules`: a layer's extra attention rules (a sliding window, a softcap), applied by the C++
+        int8 kernel itself and by the float backend under the reference."""
+        if self.ops is not None and query.device.type == "cpu":
             if query.stride(2) != 1 or query.stride(1) != query.shape[2]:
                 query = query.contiguous()
             out = torch.empty(query.shape, dtype=query.dtype)
             self.ops.paged_attention_int8(
-                query, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale, out
+                query,
+                k_cache,
+                v_cache,
+                meta.query_start_loc,
+                meta.seq_lens,
+                meta.block_tables,
+                scale,
+                rules.window or 0,
+                rules.softcap or 0.0,
+                out,
             )
             return out
         return self.reference(query, k_cache, v_cache, meta, scale, rules)

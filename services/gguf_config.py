@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from pagedserve.services import gguf_gemma_phi
 from pagedserve.services.gguf_file import GGUFError, GGUFModel
 
 # `{arch}.<key>` -> config.json field, for every architecture.
@@ -40,7 +41,9 @@ _REQUIRED = (
     "attention.head_count",
     "attention.layer_norm_rms_epsilon",
 )
-_FLOAT_FIELDS = frozenset({"rms_norm_eps", "rope_theta"})  # the rest of COMMON_FIELDS are counts
+_FLOAT_FIELDS = frozenset(
+    {"rms_norm_eps", "rope_theta", "attn_logit_softcapping", "final_logit_softcapping"}
+)  # the rest of COMMON_FIELDS are counts
 
 # Tokens llama.cpp ends generation on by their text, besides the ids the file names (eos, eot, eom):
 # chat models mark the end of a turn with one of these, whatever their eos_token_id says.
@@ -73,6 +76,23 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "llama": GGUFArchitecture("LlamaForCausalLM", "llama"),
     "qwen2": GGUFArchitecture("Qwen2ForCausalLM", "qwen2"),
     "qwen3": GGUFArchitecture("Qwen3ForCausalLM", "qwen3"),
+    # services/gguf_gemma_phi.py: what llama.cpp reads for these beyond the renames, and its defaults
+    "gemma2": GGUFArchitecture(
+        "Gemma2ForCausalLM",
+        "gemma2",
+        fields={
+            "attn_logit_softcapping": "attn_logit_softcapping",
+            "final_logit_softcapping": "final_logit_softcapping",
+        },
+        adjust=gguf_gemma_phi.gemma,
+    ),
+    "gemma3": GGUFArchitecture(
+        "Gemma3ForCausalLM",
+        "gemma3_text",
+        fields={"final_logit_softcapping": "final_logit_softcapping"},
+        adjust=gguf_gemma_phi.gemma,
+    ),
+    "phi3": GGUFArchitecture("Phi3ForCausalLM", "phi3", adjust=gguf_gemma_phi.phi3),
 }
 
 

@@ -131,6 +131,13 @@ class ServeConfig(BaseSettings):
         description="a lost worker whose pool is in shared memory has this long to come back and resume its "
         "requests before they recompute on another worker",
     )
+    standby_api: int = Field(
+        1,
+        ge=0,
+        le=1,
+        description="`pagedserve up` keeps this many API processes built (imports, tokenizer, template) and "
+        "waiting, to take a dead API process's place at once instead of starting one",
+    )
     standby_workers: int = Field(
         1,
         ge=0,

@@ -74,9 +74,10 @@ class SpeculativeConfig(BaseModel):
                 f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed prompt_lookup_max "
                 f"({self.prompt_lookup_max})"
             )
-        if self.method == "draft_model":
-            # Declared for vLLM's shape; not built yet (docs/speculative-decoding.md, Limits).
-            raise ValueError("method draft_model is not available yet: use ngram or suffix")
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("method draft_model needs `model`: the draft checkpoint (same tokenizer)")
+        if self.method != "draft_model" and self.model:
+            raise ValueError(f"`model` is the draft checkpoint of method draft_model, not of {self.method}")
         return self
 
 

@@ -51,7 +51,8 @@ class Extension:
     headers: tuple[Path, ...] = ()  # its own headers (hashed into its build folder with the sources)
 
 
-PAGED_ATTENTION = Extension("paged_attention", (HERE / "paged_attention.cpp",))
+ATTENTION_MATH = HERE / "attention_math.h"  # the vector math both attention kernels share
+PAGED_ATTENTION = Extension("paged_attention", (HERE / "paged_attention.cpp",), headers=(ATTENTION_MATH,))
 # -ffp-contract=off: no fused multiply-adds, so each product and sum rounds where torch's ops round.
 LAYER_OPS = Extension("layer_ops", (HERE / "layer_ops.cpp",), ("-ffp-contract=off",))
 SAMPLING = Extension("sampling", (HERE / "sampling.cpp",))
@@ -60,7 +61,12 @@ QUANT_LINEAR = Extension(
     (HERE / "quant_linear.cpp", HERE / "quant_float.cpp", HERE / "quant_int8.cpp", HERE / "moe_experts.cpp"),
     headers=(HERE / "quant_linear.h", HERE / "quant_formats.h", HERE / "quant_codes_x86.h"),
 )
-KV_INT8 = Extension("kv_int8", (HERE / "kv_int8.cpp",))  # int8 KV: its write and its attention
+# int8 KV: its write and its attention (the op and the scalar item; the vector item per ISA path)
+KV_INT8 = Extension(
+    "kv_int8",
+    (HERE / "kv_int8.cpp", HERE / "kv_int8_attention.cpp"),
+    headers=(ATTENTION_MATH, HERE / "kv_int8.h"),
+)
 EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING, QUANT_LINEAR, KV_INT8)
 
 _lock = threading.Lock()

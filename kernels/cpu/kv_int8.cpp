@@ -1,25 +1,23 @@
 // int8 KV: the K/V write that quantizes, and paged attention that reads int8 K/V in place.
 //
-// Cache layout (kernels/kv_int8.py): per layer K and V, int8 [num_blocks, block_size, kv_heads, D + 4]:
-// each (slot, head) row is its D values as int8, then its scale as a float32 in the last 4 bytes.
-// value = int8 * scale, scale = max|x| / 127 of that row, the int8 rounded to nearest (ties to even,
-// as torch.round). A row is written once, with its token, and never again: no rescaling of rows
-// already committed (a worker killed mid-write leaves only uncommitted rows half-written, see
-// docs/kv-persistence.md), and a new token's range never clips an older one's.
+// Cache layout (kernels/kv_int8.py, kv_int8.h): per layer K and V, int8 [num_blocks, block_size,
+// kv_heads, D + 4]: each (slot, head) row is its D values as int8, then its scale as a float32 in the
+// last 4 bytes. value = int8 * scale, scale = max|x| / 127 of that row, the int8 rounded to nearest
+// (ties to even, as torch.round). A row is written once, with its token, and never again: no
+// rescaling of rows already committed (a worker killed mid-write leaves only uncommitted rows
+// half-written, see docs/kv-persistence.md), and a new token's range never clips an older one's.
 //
-// Attention is dequantized in registers: each K row is widened to float32 once per item and dotted
-// with every query row that reads it, its scale applied to the dot product; each V row is widened
-// once and added to every row's accumulator with the weight times its scale. Scores in float32,
-// softmax and sums in float32, whatever the query dtype (float32 or bfloat16).
-//
-// One work item per (request, tile of up to 16 queries), every KV head: a token's rows for all
-// heads are one contiguous run of memory, read in order (the float fast path's reason, see
-// paged_attention.cpp). Three passes per item: all scores, each row's softmax, the values.
-// Written as plain loops (omp simd) that g++ vectorizes for each build: avx512 (16 lanes), avx2
-// (8), portable. Built per ISA path like the other kernels (kernels/cpu/build.py).
+// Attention is dequantized in registers, scores, softmax and sums in float32 whatever the query
+// dtype (float32 or bfloat16), under a layer's rules (a sliding window, a logit softcap; Scoring in
+// attention_math.h). One work item per (request, tile of up to 16 queries), every KV head: a token's
+// rows for all heads are one contiguous run of memory, read in order. Two items, one result:
+// - the vector item (kv_int8_attention.cpp) for head_dim a multiple of the vector width up to 128;
+// - the scalar item here for any head_dim: each K/V row widened once into a scratch row and used by
+//   every query row that reads it (plain loops, omp simd). paged_attention_int8_generic runs it for
+//   every head_dim, so the tests hold it to the reference on every path.
+// Built per ISA path like the other kernels (kernels/cpu/build.py): avx512, avx2, portable.
 #include <ATen/Parallel.h>
 #include <omp.h>
-#include "library.h"
 #include <torch/types.h>
 
 #include <algorithm>
@@ -29,10 +27,19 @@
 #include <limits>
 #include <vector>
 
+#include "kv_int8.h"
+#include "library.h"
+
 namespace {
 
-constexpr int64_t kQueryTile = 16;
-constexpr int64_t kScaleBytes = 4;
+using attention_math::exp_nonpositive;
+using kv_int8::Cache;
+using kv_int8::Item;
+using kv_int8::ItemFn;
+using kv_int8::kQueryTile;
+using kv_int8::kScaleBytes;
+using kv_int8::row_scale;
+using kv_int8::Scoring;
 
 inline float widen(float x) { return x; }
 inline float widen(c10::BFloat16 x) {
@@ -43,33 +50,6 @@ inline float widen(c10::BFloat16 x) {
 }
 inline void narrow(float* p, float x) { *p = x; }
 inline void narrow(c10::BFloat16* p, float x) { *p = c10::BFloat16(x); }
-
-inline float row_scale(const int8_t* row, int64_t D) {
-  float s;
-  std::memcpy(&s, row + D, sizeof(s));
-  return s;
-}
-
-// exp(x) for x <= 0: 2^round(t) * 2^f, degree-7 polynomial (the same as paged_attention.cpp's).
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float t = x * 1.4426950408889634f;
-  const float r = (t + 12582912.0f) - 12582912.0f;
-  const float f = t - r;
-  float p = 1.5252733804e-5f;
-  p = p * f + 1.5403530393e-4f;
-  p = p * f + 1.3333558146e-3f;
-  p = p * f + 9.6181291076e-3f;
-  p = p * f + 5.5504108665e-2f;
-  p = p * f + 2.4022650696e-1f;
-  p = p * f + 6.9314718056e-1f;
-  p = p * f + 1.0f;
-  const int32_t e = static_cast<int32_t>(r) + 127;
-  const uint32_t bits = static_cast<uint32_t>(e) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
 
 // ---- the write
 
@@ -144,87 +124,83 @@ void write_kv_int8(const at::Tensor& key, const at::Tensor& value, at::Tensor& k
 
 // ---- attention
 
-struct Item {
-  int64_t request;
-  int64_t first_query;  // index into the packed query
-  int64_t num_queries;
-  int64_t first_pos;  // context position of the first query
-  int64_t cost;
-};
-
+// The scalar item: any head_dim. Three passes: all scores, each row's softmax, the values.
 template <typename T>
-void attend_item(const Item& item, const T* query, int64_t q_stride, const int8_t* k_cache, const int8_t* v_cache,
-                 const int32_t* table, T* out, int64_t num_heads, int64_t num_kv_heads, int64_t D,
-                 int64_t block_size, float scale, std::vector<float>& scratch) {
+void attend_item_scalar(const Item& item, const T* query, int64_t q_stride, const Cache& cache, const int32_t* table,
+                        T* out, int64_t num_heads, const Scoring& scoring, std::vector<float>& scratch) {
+  const int64_t num_kv_heads = cache.num_kv_heads, D = cache.head_dim;
   const int64_t group = num_heads / num_kv_heads;
   const int64_t nq = item.num_queries;
   const int64_t rows = nq * num_heads;  // row r: query r / num_heads, head r % num_heads
   const int64_t context = item.first_pos + nq;
-  const int64_t row_bytes = D + kScaleBytes;
-  const int64_t token_bytes = num_kv_heads * row_bytes;
-  scratch.resize(static_cast<size_t>(rows * (2 * D + context + 1) + D));
-  float* q = scratch.data();             // [rows, D] pre-scaled
-  float* acc = q + rows * D;             // [rows, D]
-  float* w = acc + rows * D;             // [rows, context]: scores, then weights
-  float* sums = w + rows * context;      // [rows]
-  float* x = sums + rows;                // [D]: one widened K or V row
+  const int64_t start = scoring.first_visible(item.first_pos);  // the first query's window starts earliest
+  const int64_t span = context - start;                          // weight t of a row is position start + t
+  const int64_t row_bytes = cache.row_bytes();
+  scratch.resize(static_cast<size_t>(rows * (2 * D + span + 1) + D));
+  float* q = scratch.data();         // [rows, D] pre-scaled
+  float* acc = q + rows * D;         // [rows, D]
+  float* w = acc + rows * D;         // [rows, span]: scores, then weights
+  float* sums = w + rows * span;     // [rows]
+  float* x = sums + rows;            // [D]: one widened K or V row
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = query + (item.first_query + r / num_heads) * q_stride + (r % num_heads) * D;
 #pragma omp simd
-    for (int64_t d = 0; d < D; ++d) q[r * D + d] = widen(src[d]) * scale;
+    for (int64_t d = 0; d < D; ++d) q[r * D + d] = widen(src[d]) * scoring.scale;
   }
   std::fill(acc, acc + rows * D, 0.0f);
-  auto token_row = [&](const int8_t* cache, int64_t pos) {
-    return cache + (static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size) * token_bytes;
-  };
+  // The queries that see position t: causal (i >= t - first_pos), then the window (t >= lower(i)).
+  auto first_query = [&](int64_t t) { return std::max<int64_t>(0, t - item.first_pos); };
+  auto sees = [&](int64_t i, int64_t t) { return t >= scoring.first_visible(item.first_pos + i); };
   // Scores: each K row widened once, dotted with the rows of its query heads that may see it.
-  for (int64_t t = 0; t < context; ++t) {
-    const int8_t* tok = token_row(k_cache, t);
+  for (int64_t t = start; t < context; ++t) {
+    const int8_t* tok = cache.k + cache.token_offset(table, t);
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       const int8_t* k8 = tok + h * row_bytes;
       const float s = row_scale(k8, D);
 #pragma omp simd
       for (int64_t d = 0; d < D; ++d) x[d] = static_cast<float>(k8[d]);
-      for (int64_t i = std::max<int64_t>(0, t - item.first_pos); i < nq; ++i) {  // causal: query i sees t
+      for (int64_t i = first_query(t); i < nq && sees(i, t); ++i) {  // later queries' windows start later
         for (int64_t g = 0; g < group; ++g) {
           const int64_t r = i * num_heads + h * group + g;
           const float* qr = q + r * D;
           float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
           for (int64_t d = 0; d < D; ++d) dot += qr[d] * x[d];
-          w[r * context + t] = dot * s;
+          w[r * span + t - start] = scoring.shape(dot * s);
         }
       }
     }
   }
-  // Softmax per row over the positions it sees; the rest get weight 0.
+  // Softmax per row over the positions it sees, [lo, hi); the rest get weight 0.
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t valid = item.first_pos + r / num_heads + 1;
-    float* wr = w + r * context;
+    const int64_t pos = item.first_pos + r / num_heads;
+    const int64_t lo = scoring.first_visible(pos) - start, hi = pos + 1 - start;
+    float* wr = w + r * span;
     float m = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < valid; ++t) m = std::max(m, wr[t]);
+    for (int64_t t = lo; t < hi; ++t) m = std::max(m, wr[t]);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < valid; ++t) {
+    for (int64_t t = lo; t < hi; ++t) {
       const float p = exp_nonpositive(wr[t] - m);
       wr[t] = p;
       sum += p;
     }
-    for (int64_t t = valid; t < context; ++t) wr[t] = 0.0f;
+    std::fill(wr, wr + lo, 0.0f);
+    std::fill(wr + hi, wr + span, 0.0f);
     sums[r] = sum;
   }
   // Values: each V row widened once, added to every row that weighs it (weight times its scale).
-  for (int64_t t = 0; t < context; ++t) {
-    const int8_t* tok = token_row(v_cache, t);
+  for (int64_t t = start; t < context; ++t) {
+    const int8_t* tok = cache.v + cache.token_offset(table, t);
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       const int8_t* v8 = tok + h * row_bytes;
       const float s = row_scale(v8, D);
 #pragma omp simd
       for (int64_t d = 0; d < D; ++d) x[d] = static_cast<float>(v8[d]);
-      for (int64_t i = std::max<int64_t>(0, t - item.first_pos); i < nq; ++i) {
+      for (int64_t i = first_query(t); i < nq && sees(i, t); ++i) {
         for (int64_t g = 0; g < group; ++g) {
           const int64_t r = i * num_heads + h * group + g;
-          const float p = w[r * context + t] * s;
+          const float p = w[r * span + t - start] * s;
           float* ar = acc + r * D;
 #pragma omp simd
           for (int64_t d = 0; d < D; ++d) ar[d] += p * x[d];
@@ -241,31 +217,29 @@ void attend_item(const Item& item, const T* query, int64_t q_stride, const int8_
 
 template <typename T>
 void run_items(const std::vector<Item>& items, const std::vector<int64_t>& order, int threads, const at::Tensor& query,
-               const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables, double scale,
+               const Cache& cache, const at::Tensor& block_tables, const Scoring& scoring, bool generic,
                at::Tensor& out) {
   const T* q = query.data_ptr<T>();
-  const int8_t* kc = k_cache.data_ptr<int8_t>();
-  const int8_t* vc = v_cache.data_ptr<int8_t>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   T* o = out.data_ptr<T>();
-  const int64_t width = block_tables.size(1), num_heads = query.size(1), D = query.size(2);
-  const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
+  const int64_t width = block_tables.size(1), num_heads = query.size(1);
   const int64_t num_items = static_cast<int64_t>(items.size());
+  ItemFn<T> attend = generic ? nullptr : kv_int8::vector_item<T>(cache.head_dim);
+  if (attend == nullptr) attend = attend_item_scalar<T>;
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> scratch;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t n = 0; n < num_items; ++n) {
       const Item& it = items[order[n]];
-      attend_item<T>(it, q, query.stride(0), kc, vc, tables + it.request * width, o, num_heads, num_kv_heads, D,
-                     block_size, static_cast<float>(scale), scratch);
+      attend(it, q, query.stride(0), cache, tables + it.request * width, o, num_heads, scoring, scratch);
     }
   }
 }
 
-void paged_attention_int8(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                          const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& block_tables,
-                          double scale, at::Tensor& out) {
+void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+            const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& block_tables, double scale,
+            int64_t window, double softcap, bool generic, at::Tensor& out) {
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
               "paged_attention_int8: query [T, H, D], caches [N, block, kv, D + 4]");
   TORCH_CHECK(k_cache.scalar_type() == at::kChar && v_cache.scalar_type() == at::kChar,
@@ -280,10 +254,14 @@ void paged_attention_int8(const at::Tensor& query, const at::Tensor& k_cache, co
   TORCH_CHECK(query_start_loc.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
                   block_tables.scalar_type() == at::kInt,
               "paged_attention_int8: query_start_loc, seq_lens and block_tables must be int32");
+  TORCH_CHECK(window >= 0, "paged_attention_int8: window must be >= 0 (0: none), got ", window);
+  TORCH_CHECK(softcap >= 0.0, "paged_attention_int8: softcap must be >= 0 (0: none), got ", softcap);
   const int64_t num_heads = query.size(1), D = query.size(2);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   TORCH_CHECK(k_cache.size(3) == D + kScaleBytes && num_heads % num_kv_heads == 0,
               "paged_attention_int8: caches must be [N, block, kv, head_dim + 4], heads a multiple of kv heads");
+  const Scoring scoring{static_cast<float>(scale), window, static_cast<float>(softcap)};
+  const Cache cache{k_cache.data_ptr<int8_t>(), v_cache.data_ptr<int8_t>(), block_size, num_kv_heads, D};
   const int64_t batch = seq_lens.size(0);
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
@@ -296,18 +274,35 @@ void paged_attention_int8(const at::Tensor& query, const at::Tensor& k_cache, co
                 ": its context needs more blocks than block_tables has columns");
     for (int64_t i = 0; i < q_len; i += kQueryTile) {
       const int64_t nq = std::min(kQueryTile, q_len - i);
-      items.push_back({b, starts[b] + i, nq, first + i, nq * (first + i + nq)});
+      const int64_t span = first + i + nq - scoring.first_visible(first + i);  // positions the tile reads
+      items.push_back({b, starts[b] + i, nq, first + i, nq * span});
     }
   }
+  // Longest first, handed out one at a time: contexts differ by 10x within a batch.
   std::vector<int64_t> order(items.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return items[a].cost > items[b].cost; });
   const int threads = std::max(1, std::min<int>(at::get_num_threads(), static_cast<int>(items.size())));
   if (query.scalar_type() == at::kFloat) {
-    run_items<float>(items, order, threads, query, k_cache, v_cache, block_tables, scale, out);
+    run_items<float>(items, order, threads, query, cache, block_tables, scoring, generic, out);
   } else {
-    run_items<c10::BFloat16>(items, order, threads, query, k_cache, v_cache, block_tables, scale, out);
+    run_items<c10::BFloat16>(items, order, threads, query, cache, block_tables, scoring, generic, out);
   }
+}
+
+void paged_attention_int8(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                          const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& block_tables,
+                          double scale, int64_t window, double softcap, at::Tensor& out) {
+  attend(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, window, softcap, false, out);
+}
+
+// The scalar item for every head_dim, in this build's ISA: what paged_attention_int8 runs for the head
+// dims the vector item does not take, kept callable so the tests hold it to the reference too.
+void paged_attention_int8_generic(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                                  const at::Tensor& block_tables, double scale, int64_t window, double softcap,
+                                  at::Tensor& out) {
+  attend(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, window, softcap, true, out);
 }
 
 }  // namespace
@@ -316,10 +311,14 @@ PAGEDSERVE_TORCH_LIBRARY(m) {
   m.def("write_kv_int8(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
   m.def(
       "paged_attention_int8(Tensor query, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, "
-      "Tensor seq_lens, Tensor block_tables, float scale, Tensor(a!) out) -> ()");
+      "Tensor seq_lens, Tensor block_tables, float scale, int window, float softcap, Tensor(a!) out) -> ()");
+  m.def(
+      "paged_attention_int8_generic(Tensor query, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, "
+      "Tensor seq_lens, Tensor block_tables, float scale, int window, float softcap, Tensor(a!) out) -> ()");
 }
 
 PAGEDSERVE_TORCH_LIBRARY_IMPL(CPU, m) {
   m.impl("write_kv_int8", &write_kv_int8);
   m.impl("paged_attention_int8", &paged_attention_int8);
+  m.impl("paged_attention_int8_generic", &paged_attention_int8_generic);
 }

@@ -7,7 +7,9 @@
 # LABEL names the outputs, bench/results/serve-LABEL-{c1,c16,...,prefill}.json (+ PNGs, llama-server's
 # log). For each concurrency C (default "1 16 64"): max(C, 4) prompts of 128 random tokens,
 # 128 output tokens each, at most C in flight, all sent at once (decode tok/s and TPOT). Then the
-# prefill: 3 prompts of 1024 tokens, 1 output token, one at a time (prefill tok/s = 1024 / TTFT).
+# prefill: 3 prompts of 1024 tokens, 1 output token, one at a time (prefill tok/s = 1024 / TTFT;
+# PREFILL=0 skips it; MAX_MODEL_LEN caps a long-context model's to what the 2 GiB pool holds).
+# Any folder holding one GGUF works (ops/models/random_dense_gguf.py writes Gemma and Phi ones).
 # pagedserve runs as `pagedserve serve` (all services, 2 threads, --quantization gguf) with room in its
 # KV pool for every request in flight; llama-server (LLAMACPP_VENV, default /work/main/.venv-llamacpp)
 # gets C slots of the longest request each, 2 threads. The worker's RSS is written once the server is
@@ -23,7 +25,8 @@ export LLAMACPP_VENV=${LLAMACPP_VENV:-/work/main/.venv-llamacpp}
 logdir=$(mktemp -d)
 
 "$repo/.venv/bin/pagedserve" serve "$model" --quantization gguf --num-threads 2 \
-    --kv-cache-memory 2147483648 --max-num-seqs 64 --api-port "$port" --log-dir "$logdir" \
+    --kv-cache-memory 2147483648 --max-num-seqs 64 ${MAX_MODEL_LEN:+--max-model-len "$MAX_MODEL_LEN"} \
+    --api-port "$port" --log-dir "$logdir" \
     --front-endpoint tcp://127.0.0.1:$((port + 1)) --worker-endpoint tcp://127.0.0.1:$((port + 2)) \
     --block-manager-endpoint tcp://127.0.0.1:$((port + 3)) --scheduler-ops-port $((port + 5)) \
     --block-manager-ops-port $((port + 6)) &
@@ -50,4 +53,6 @@ for c in $concurrencies; do
     n=$((c < 4 ? 4 : c))  # one wave of C at once (4 in a row for C=1): a bounded run time
     bench "c$c" --num-prompts "$n" --max-concurrency "$c" --input-len 128 --output-len 128
 done
-bench prefill --num-prompts 3 --max-concurrency 1 --input-len 1024 --output-len 1
+if [ "${PREFILL:-1}" = 1 ]; then  # PREFILL=0: decode rows only (a shorter run)
+    bench prefill --num-prompts 3 --max-concurrency 1 --input-len 1024 --output-len 1
+fi

@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
                 help="load the model, then wait on stdin for the name of a dead worker to become "
                 "(the supervisor keeps one warm: services/worker/standby.py)",
             )
+        if name == "api":
+            p.add_argument(
+                "--standby",
+                action="store_true",
+                help="build the app, then wait on stdin to take a dead API process's place "
+                "(the supervisor keeps one warm: services/api/standby.py)",
+            )
         p.set_defaults(handler=_cmd_service)
 
     for name in ("up", "serve"):

@@ -38,8 +38,10 @@ class ChildSpec:
     env: Mapping[str, str] | None = None  # None: inherit ours
     restart: bool = True
     restart_argv: Sequence[str] | None = None  # for restarts, when not `argv` (faults armed once only)
-    # The group's standby may take this child's place on a restart, told these arguments (standby.py).
+    # A standby of the group may take this child's place on a restart, told these arguments
+    # (services/worker/standby.py, services/api/standby.py): the one named `standby`, or the only one.
     standby_args: Sequence[str] | None = None
+    standby: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +80,11 @@ class ProcessGroup:
         policy: RestartPolicy | None = None,
         log_dir: Path | None = None,
         poll_interval_s: float = 0.05,
-        standby: ChildSpec | None = None,
+        standby: ChildSpec | Sequence[ChildSpec] | None = None,
     ) -> None:
-        """`standby`: a process kept started ahead (its stdin a pipe) to replace a child that has
-        `standby_args` when it dies: told those arguments on one JSON line, it becomes that child,
-        and another standby is started."""
+        """`standby`: processes kept started ahead (their stdin a pipe), each to replace a child that
+        has `standby_args` (and names it, when there are several) when it dies: told those arguments
+        on one JSON line, it becomes that child, and another standby of its kind is started."""
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"child names must be unique, got {names}")
@@ -90,7 +92,8 @@ class ProcessGroup:
         self.log_dir = log_dir
         self.poll_interval_s = poll_interval_s
         self._children = {s.name: _Child(s) for s in specs}
-        self._standby = None if standby is None else _Child(standby)
+        standbys = [] if standby is None else [standby] if isinstance(standby, ChildSpec) else list(standby)
+        self._standbys = {s.name: _Child(s) for s in standbys}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -164,9 +167,11 @@ class ProcessGroup:
 
     # ------------------------------------------------------------------ internals
 
-    def standby_pid(self) -> int | None:
+    def standby_pid(self, name: str | None = None) -> int | None:
+        """The pid of the standby `name` (default: the only or first one) while it waits alive."""
         with self._lock:
-            proc = None if self._standby is None else self._standby.proc
+            standby = self._standbys.get(name) if name else next(iter(self._standbys.values()), None)
+            proc = None if standby is None else standby.proc
             return proc.pid if proc is not None and proc.poll() is None else None
 
     def _spawn(self, child: _Child, argv: Sequence[str] | None = None) -> None:
@@ -179,7 +184,7 @@ class ProcessGroup:
         child.proc = subprocess.Popen(
             list(argv or child.spec.argv),
             env=env,
-            stdin=subprocess.PIPE if child is self._standby else subprocess.DEVNULL,
+            stdin=subprocess.PIPE if child.spec.name in self._standbys else subprocess.DEVNULL,
             stdout=stdout,
             stderr=subprocess.STDOUT if stdout is not None else None,
             # Own session: a Ctrl-C in the terminal reaches only us, and we stop children in order.
@@ -195,8 +200,8 @@ class ProcessGroup:
             with self._lock:
                 for child in self._children.values():
                     self._spawn(child)
-                if self._standby is not None:
-                    self._spawn(self._standby)
+                for standby in self._standbys.values():
+                    self._spawn(standby)
         except OSError as e:
             self._spawn_error = e
         spawned.set()
@@ -209,7 +214,7 @@ class ProcessGroup:
 
     def _terminate_all(self) -> None:
         with self._lock:
-            everyone = [*self._children.values(), *([self._standby] if self._standby else [])]
+            everyone = [*self._children.values(), *self._standbys.values()]
             live = [c for c in reversed(everyone) if c.proc is not None and c.proc.poll() is None]
             for child in live:
                 _signal(child.proc, signal.SIGTERM)
@@ -281,8 +286,11 @@ class ProcessGroup:
 
     def _promote_standby(self, child: _Child, now: float) -> bool:
         """Hand `child`'s place to the standby, if there is a live one and the child takes it."""
-        standby = self._standby
-        if standby is None or child.spec.standby_args is None:
+        if child.spec.standby_args is None or not self._standbys:
+            return False
+        name = child.spec.standby or next(iter(self._standbys))
+        standby = self._standbys.get(name)
+        if standby is None:  # its kind of standby is not kept
             return False
         if standby.proc is None or standby.proc.poll() is not None or standby.proc.stdin is None:
             self._spawn(standby)  # died meanwhile: the next restart may find it ready

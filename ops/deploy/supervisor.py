@@ -29,6 +29,7 @@ BLOCK_MANAGER = "block-manager"
 SCHEDULER = "scheduler"
 API = "api"
 STANDBY = "worker-standby"
+API_STANDBY = "api-standby"
 CORE_SERVICES = (BLOCK_MANAGER, SCHEDULER)
 
 # Given a service name and a worker id (None for the core services), the argv that runs it.
@@ -95,6 +96,7 @@ def _armed(spec: ChildSpec, failpoints: str, rearm: bool) -> ChildSpec:
         spec.restart,
         restart_argv=None if rearm else spec.argv,
         standby_args=None if spec.standby_args is None else [*spec.standby_args, *(armed if rearm else [])],
+        standby=spec.standby,
     )
 
 
@@ -141,13 +143,16 @@ class Supervisor(ConfigEndpoints):
                 launcher("worker", worker_name(i)),
                 env,
                 standby_args=["--worker-id", worker_name(i)],
+                standby=STANDBY,
             )
             for i in range(workers)
         ]
         if api:  # the OpenAI-compatible API: one more client of the front socket, restarted like the rest
             # With api_processes > 1: api, api-1, ... on one port (SO_REUSEPORT), each supervised.
             specs += [
-                ChildSpec(api_name(i), launcher(API, None), env, restart=restart_core)
+                ChildSpec(
+                    api_name(i), launcher(API, None), env, restart_core, standby_args=[], standby=API_STANDBY
+                )
                 for i in range(config.api_processes)
             ]
         # Test deployments: named faults armed in one child each (shared/failpoints.py).
@@ -158,12 +163,13 @@ class Supervisor(ConfigEndpoints):
             _armed(s, failpoints[s.name], rearm_failpoints) if failpoints and s.name in failpoints else s
             for s in specs
         ]
-        standby = (
-            ChildSpec(STANDBY, [*service_argv("worker", None), "--standby"], env)
-            if real and config.standby_workers
-            else None
-        )
-        self.group = ProcessGroup(specs, policy=policy, log_dir=log_dir, standby=standby)
+        standbys = []
+        if real and config.standby_workers:
+            standbys.append(ChildSpec(STANDBY, [*service_argv("worker", None), "--standby"], env))
+        # The API's own: a killed API process is replaced by one already built (services/api/standby.py).
+        if api and launcher is service_argv and restart_core and config.standby_api:
+            standbys.append(ChildSpec(API_STANDBY, [*service_argv(API, None), "--standby"], env))
+        self.group = ProcessGroup(specs, policy=policy, log_dir=log_dir, standby=standbys)
 
     # ------------------------------------------------------------------ endpoints
 

@@ -74,7 +74,7 @@ def render_chat_text(
 ) -> str:
     """The prompt as text (turns as ChatMessages, or dicts already in the templates' shape)."""
     tokenizer = card.tokenizer
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+    if tokenizer is None or not tokenizer.chat_template:
         raise APIError(
             400,
             f"model {card.name!r} has no chat template; use /v1/completions with a prompt",
@@ -99,17 +99,14 @@ def render_chat_text(
             "invalid_value",
         )
     try:
-        return tokenizer.apply_chat_template(
+        return tokenizer.render_chat(
             turns,
             tools=tools,
-            tokenize=False,
             add_generation_prompt=add_generation_prompt and not continue_final_message,
             continue_final_message=continue_final_message,
             **(template_kwargs or {}),
         )
-    except (
-        Exception
-    ) as exc:  # a template may raise on a turn order it does not allow (jinja's raise_exception)
+    except Exception as exc:  # noqa: BLE001 -- a template may refuse a turn order (its raise_exception)
         raise APIError(
             400, f"messages: the chat template refused them: {exc}", "messages", "invalid_value"
         ) from None

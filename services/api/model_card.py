@@ -1,6 +1,6 @@
 """What the API must know of the model: the name it answers to, its tokenizer and its context.
 
-The API never loads weights (nor torch): the tokenizer renders chat templates and names the tokens
+The API never loads weights (nor torch, nor transformers): the tokenizer (services/text_tokenizer.py) renders chat templates and names the tokens
 of logprobs; the scheduler stays the one that validates prompts against the context.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pagedserve.services.api.served_kind import ServedKind, served_kind
-from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer, served_name, text_config
+from pagedserve.services.checkpoint import load_checkpoint, served_name, text_config
+from pagedserve.services.text_tokenizer import TextTokenizer, load_text_tokenizer
 from pagedserve.shared.config import ServeConfig
 
 
@@ -40,7 +40,7 @@ _BYTE_OF_CHAR = _byte_level_alphabet()
 class ModelCard:
     name: str
     path: Path
-    tokenizer: Any | None  # a transformers tokenizer; None for a checkpoint without one
+    tokenizer: TextTokenizer | None  # None for a checkpoint without one
     max_model_len: int
     created: int  # seconds since the epoch, for /v1/models
     kind: ServedKind = ServedKind("generate")  # what it is served as (--runner): generate, embed, rerank
@@ -82,7 +82,7 @@ def load_model_card(config: ServeConfig) -> ModelCard:
     max_model_len = checkpoint.served_len(config.max_model_len)
     name = config.served_model_name or served_name(config.model)
     created = int(checkpoint.modified)
-    tokenizer = load_tokenizer(checkpoint.tokenizer_path)
+    tokenizer = load_text_tokenizer(checkpoint.tokenizer_path)
     kind = served_kind(config, checkpoint.path, tokenizer)
     hidden_size = int(text_config(checkpoint.config).get("hidden_size", 0))
     return ModelCard(name, checkpoint.path, tokenizer, max_model_len, created, kind, hidden_size)

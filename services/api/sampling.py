@@ -29,6 +29,8 @@ _PASSED_IF_SET = (
     "min_tokens",
     "stop_token_ids",
     "priority",
+    "speculate",
+    "num_speculative_tokens",
 )
 
 

@@ -48,6 +48,9 @@ class _Sampling(_Body):
     include_stop_str_in_output: bool = False
     priority: int | None = None
     logit_bias: dict[str, float] | None = None
+    # Our extension (docs/speculative-decoding.md): speculative decoding off, or a lower cap, per request
+    speculate: bool | None = None
+    num_speculative_tokens: int | None = None
     # Structured output: OpenAI's response_format, vLLM's structured_outputs and guided_* (structured.py)
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None

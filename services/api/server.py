@@ -29,7 +29,8 @@ def process_age_s() -> float | None:
     return uptime_s - started_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def run(config: ServeConfig) -> None:
+def run(config: ServeConfig, standby: bool = False) -> None:
+    """`standby`: build the app, then wait to take a dead API process's place (standby.py)."""
     log = configure_logging("api", config.log_format, config.log_level)
     imported_at = process_age_s()
     open_files = raise_open_files_limit()
@@ -39,6 +40,11 @@ def run(config: ServeConfig) -> None:
         log.error("api_keys_file_refused", reason=str(exc))
         raise SystemExit(f"pagedserve api: {exc}") from None
     app.state.start_phases = {"imported_s": imported_at, "app_built_s": process_age_s()}
+    if standby:
+        from pagedserve.services.api.standby import wait_for_place
+
+        wait_for_place(log)
+        app.state.start_phases["promoted_s"] = process_age_s()  # the phases before it ran ahead
     log.info(
         "api_starting",
         base_url=base_url(config),

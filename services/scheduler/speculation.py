@@ -53,7 +53,9 @@ class SpeculationPolicy:
         # Never past what could be used: max_tokens (the step itself gives one) and the context.
         left = req.sampling.max_tokens - len(req.output_token_ids) - req.pending - 1
         room = self.max_model_len - req.num_slots_used - 1
-        return max(0, min(config.num_speculative_tokens, left, room))
+        own = req.sampling.num_speculative_tokens
+        most = config.num_speculative_tokens if own is None else min(own, config.num_speculative_tokens)
+        return max(0, min(most, left, room))
 
     def grant(self, decodes: Sequence[Request]) -> dict[int, int]:
         """id(request) -> lookahead for the decodes of one step (absent: none).

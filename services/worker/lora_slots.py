@@ -86,7 +86,7 @@ class LoRASlots:
         -> seconds spent loading adapters from disk in this step (0.0 nearly always)."""
         wanted = {name: path for name, path, _ in rows if name is not None}
         if not wanted:
-            self.batch.groups = []
+            self.batch.clear()
             return 0.0
         if len(wanted) > self.max_loras:
             raise AdapterError(
@@ -125,7 +125,7 @@ class LoRASlots:
     def _fill(self, slot: int, adapter: LoRAAdapter | None) -> None:
         for path, linear in self.linears.items():
             packed = None if adapter is None else adapter.modules.get(path)
-            linear.slots[slot] = None if packed is None else (packed.a, packed.b)
+            linear.fill(slot, packed)
         self.slots[slot] = None if adapter is None else adapter.name
         if adapter is None:
             self._loaded.pop(slot, None)

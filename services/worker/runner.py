@@ -25,7 +25,8 @@ from pagedserve.services.worker.layers.rope import longrope_tokens
 from pagedserve.services.worker.lora_slots import LoRASlots
 from pagedserve.services.worker.models.registry import ModelConfig
 from pagedserve.services.worker.packed_batch import PackedBatch, RequestState, pack_batch
-from pagedserve.services.worker.proposers import Proposer, make_proposer
+from pagedserve.services.worker.proposers import Proposer, make_proposer, propose_all
+from pagedserve.services.worker.proposers.draft_model import TargetFacts
 from pagedserve.services.worker.request_constraints import RequestConstraints
 from pagedserve.services.worker.sampler import Sampler, SamplingRequest
 from pagedserve.services.worker.verification import ScoredRequest, accepted_run, sampling_rows
@@ -132,7 +133,22 @@ class ModelRunner:
         # Pooling requests (sampling.pooling mean/cls) folding their prompt's rows; empty: no cost.
         self.pool_tallies: dict[str, pooling.PoolTally] = {}
         # Speculative decoding: who proposes the tokens a decode's lookahead is filled with.
-        self.proposer: Proposer | None = make_proposer(speculative_config) if speculative_config else None
+        # A draft model gets a pool of its own, as many blocks as the target's (its blocks are smaller:
+        # fewer or narrower layers); it runs on this worker's backend, dtype and device.
+        target = TargetFacts(
+            cfg.vocab_size,
+            tokenizer_source,
+            backend,
+            dtype,
+            self.device,
+            block_size,
+            kv_dtype,
+            self.pool_sizing.num_blocks,
+            quantization,
+        )
+        self.proposer: Proposer | None = (
+            make_proposer(speculative_config, target) if speculative_config else None
+        )
 
     # ------------------------------------------------------------------ the KV pool
 
@@ -319,6 +335,9 @@ class ModelRunner:
                 raise ValueError(
                     f"{new.request_id!r} asks for LoRA adapter {new.lora_name!r}; this worker has LoRA off"
                 )
+            earlier = self.requests.get(new.request_id)
+            if earlier is not None and self.proposer is not None:
+                self.proposer.finished(earlier)  # restarted without a forget: its draft KV goes back
             self.requests[new.request_id] = state
             if (tally := prompt_logprobs.wanted(state)) is not None:
                 self.prompt_tallies[new.request_id] = tally
@@ -352,12 +371,17 @@ class ModelRunner:
         if proposer is None:
             return {}
         proposed: dict[int, list[int]] = {}
-        for row, k in lookahead.items():
-            state, n = scheduled[row]
-            # Only a decode of the last known token: its inputs end where the proposals begin.
-            if n != 1 or state.num_computed_tokens + 1 != state.num_tokens:
-                continue
-            tokens = proposer.propose(state, k)[:k]
+        # Only a decode of the last known token: its inputs end where the proposals begin.
+        rows = [
+            (row, k)
+            for row, k in lookahead.items()
+            if scheduled[row][1] == 1
+            and scheduled[row][0].num_computed_tokens + 1 == scheduled[row][0].num_tokens
+        ]
+        made = propose_all(proposer, [(scheduled[row][0], k) for row, k in rows])
+        for (row, k), tokens in zip(rows, made, strict=True):
+            state = scheduled[row][0]
+            tokens = tokens[:k]
             if tokens and state.sampling.structured_outputs is not None:
                 tokens = tokens[: self.constraints.allowed_prefix(state, tokens)]
             if tokens:

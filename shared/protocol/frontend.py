@@ -17,6 +17,7 @@ MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 MAX_N = 16
 MAX_LOGIT_BIAS = 300
+MAX_SPECULATIVE_TOKENS = 16  # a request's own cap on proposals per step (the deployment's is at most this)
 
 RequestId = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 
@@ -78,6 +79,13 @@ class SamplingParams(_Strict):
     speculate: bool = Field(
         default=True,
         description="false: no speculative decoding for this request, even where the deployment has it",
+    )
+    num_speculative_tokens: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_SPECULATIVE_TOKENS,
+        description="most tokens proposed per step for this request (0: none); the deployment's "
+        "num_speculative_tokens caps it; None: the deployment's",
     )
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ the greedy output is the one without speculation or faults.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import signal
 from pathlib import Path
@@ -46,13 +47,21 @@ def stopped(pid: int | None) -> bool:
         return False
 
 
-def test_worker_killed_mid_verification_loses_nothing_and_leaks_no_block(model_path, tmp_path):
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_worker_killed_mid_verification_loses_nothing_and_leaks_no_block(model_path, tmp_path, method):
+    # draft_model: the target as its own draft (a checkpoint with its vocabulary), on the worker's own
+    # draft pool, which dies with the worker; its requests start new draft sequences on worker-1.
+    spec = (
+        SPEC
+        if method == "ngram"
+        else json.dumps({**json.loads(SPEC), "method": method, "model": str(model_path)})
+    )
     expected = greedy_outputs(model_path, prompts(), MAX_TOKENS)
     sup = start(
         model_path,
         workers=2,
         log_dir=tmp_path,
-        speculative_config=SPEC,
+        speculative_config=spec,
         failpoints={"worker-0": "worker.mid_verification=3*off->1*stop"},
         # The lost worker's requests recompute on worker-1: the path this test is about. (With pools
         # kept, they would resume on the restarted worker-0, whose failpoint is armed again;

@@ -45,6 +45,7 @@ def deployment_config(model: Path | str, **overrides: Any) -> ServeConfig:
         # No warm standby worker by default: it doubles each deployment's start-up work, and the
         # tests that need one (fast restarts) ask for it.
         "standby_workers": 0,
+        "standby_api": 0,  # likewise the API's: tests of a fast API restart ask for it
     }
     fields.update(overrides)
     return ServeConfig(**fields)

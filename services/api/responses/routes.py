@@ -92,7 +92,8 @@ def chat_request(body: ResponsesRequest, items: list[dict[str, Any]]) -> ChatCom
         "max_completion_tokens": body.max_output_tokens,
         "chat_template_kwargs": body.chat_template_kwargs,
     }
-    for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "priority", "user"):
+    passed = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "priority", "user")
+    for name in (*passed, "speculate", "num_speculative_tokens"):
         fields[name] = getattr(body, name)
     try:
         return ChatCompletionRequest(**{k: v for k, v in fields.items() if v is not None})

@@ -71,3 +71,6 @@ class ResponsesRequest(_Body):
     seed: int | None = None
     priority: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Our extension, as on chat/completions (docs/speculative-decoding.md)
+    speculate: bool | None = None
+    num_speculative_tokens: int | None = None

@@ -1,39 +1,77 @@
 """LoRA-aware linears: any linear kind (nn.Linear, PackedLinear, QuantLinear, a fused q/k/v or gate/up)
 plus, per row, the delta of that row's adapter.
 
-A step's rows belong to several adapters and to none. The runner groups them once per step
-(`LoRABatch`: per adapter slot, its rows as a slice when contiguous, else an index tensor), and every
-LoRA linear then runs one small GEMM pair per adapter present:
-    y = base(x);  y[rows] += (x[rows] A_s^T) B_s^T
-with the scale folded into B and a fused linear's parts packed into one A and one block-diagonal B
-(weights/lora_adapter.py). A step without adapter rows costs one Python call and an empty check.
+Adapters sit in a fixed number of slots (--max-loras). Each LoRA linear keeps all slots stacked, per
+part of its output (q, k, v of a fused q/k/v; gate, up; one part otherwise), padded to one rank R:
+    a      [slots, parts, R, in]       every part's A, zero rows past that part's rank
+    b[p]   [slots, R, out of part p]   part p's B^T, scaled, zero rows past its rank
+Zero padding adds exact zeros, so a rank-8 part next to a rank-16 one is still exact. Filling a slot
+copies one adapter into its place (weights/lora_adapter.py packs it); nothing else moves.
 
-Why grouped and not gathered per row (punica's BGMV): gathering each row's A and B is rows x rank x
-(in + out) copied per linear per step; grouping copies only x's rows, and with few adapters per step
-(the scheduler caps them at --max-loras) the GEMMs are few. Measured in docs/lora.md.
+A step's rows belong to several adapters and to none. The runner gives the shared `LoRABatch` each
+row's slot once per step, and every LoRA linear then takes one of two paths:
+- few rows (decode of a small batch): every row against every slot in use, punica/BGMV-style but
+  without a per-row gather: `xa = x a^T` over all slots in one GEMM, rows times a 0/1 mask of their
+  slot (one mask per step, shared by all linears), then one GEMM per part with that part's stacked B.
+  Three or four calls per linear however many adapters; the waste is rows x slots x R multiplies.
+- many rows (prefills, big batches): per adapter, its rows (a slice when the runner grouped them,
+  else an index) times that slot's A and B: two GEMMs per adapter and part, no wasted work.
+The crossover (`MASKED_MAX_ROW_SLOTS`) was measured on the bundled model's shapes (docs/lora.md).
+A step without adapter rows costs one Python call and an empty check per linear.
 
-Adapters sit in a fixed number of slots (--max-loras): each LoRA linear holds one (A, B) pair or None
-per slot, so loading an adapter into a slot is pointer assignments, never a copy into a big buffer.
 MoE expert weights are not adapted.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+if TYPE_CHECKING:
+    from pagedserve.services.worker.weights.lora_adapter import PackedLoRA
+
+# Masked path while rows x slots in use <= this: at 8 rows over 4 adapters it took half the time of
+# the grouped GEMMs; at 64 rows over 8 it took ~1.5x (SmolLM2-135M shapes, rank 16, Zen 4, 2 threads).
+MASKED_MAX_ROW_SLOTS = 128
+
 
 @dataclass(slots=True)
 class LoRABatch:
-    """This step's rows per adapter slot: (slot, rows) with rows a slice or an int64 index tensor."""
+    """This step's rows per adapter slot.
+
+    groups: (slot, rows) per adapter in the step, rows a slice or an int64 index tensor.
+    mask: [rows, slots in use, 1, 1], 1.0 where the row belongs to the slot; None: take `groups`.
+    """
 
     groups: list[tuple[int, slice | torch.Tensor]] = field(default_factory=list)
+    mask: torch.Tensor | None = None
+    masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # `mask` per dtype seen
 
     def set_rows(self, row_slots: list[int]) -> None:
         """row_slots[i]: the slot of packed row i, -1 for the base model."""
         self.groups = group_rows(row_slots)
+        self.masks = {}
+        in_use = max(row_slots, default=-1) + 1
+        if not self.groups or len(row_slots) * in_use > MASKED_MAX_ROW_SLOTS:
+            self.mask = None
+            return
+        mask = torch.zeros(len(row_slots), in_use)
+        rows = [row for row, slot in enumerate(row_slots) if slot >= 0]
+        mask[rows, [row_slots[row] for row in rows]] = 1.0
+        self.mask = mask.view(len(row_slots), in_use, 1, 1)
+
+    def clear(self) -> None:
+        self.groups, self.mask, self.masks = [], None, {}
+
+    def mask_in(self, dtype: torch.dtype) -> torch.Tensor:
+        mask = self.masks.get(dtype)
+        if mask is None:
+            assert self.mask is not None
+            mask = self.masks[dtype] = self.mask.to(dtype)
+        return mask
 
 
 def group_rows(row_slots: list[int]) -> list[tuple[int, slice | torch.Tensor]]:
@@ -51,41 +89,125 @@ def group_rows(row_slots: list[int]) -> list[tuple[int, slice | torch.Tensor]]:
 
 
 class LoRALinear(nn.Module):
-    """`base` plus the adapter delta of each row's slot; `out_features` / `in_features` are the base's."""
+    """`base` plus the adapter delta of each row's slot; `out_features` / `in_features` are the base's.
 
-    def __init__(self, base: nn.Module, batch: LoRABatch, num_slots: int) -> None:
+    parts: the output rows of each part of a fused base (q, k, v), in order; one part when not fused.
+    """
+
+    def __init__(
+        self, base: nn.Module, batch: LoRABatch, num_slots: int, parts: list[slice] | None = None
+    ) -> None:
         super().__init__()
         self.base = base
         in_features, out_features = base.in_features, base.out_features
         assert isinstance(in_features, int) and isinstance(out_features, int)  # every linear kind's are
         self.in_features, self.out_features = in_features, out_features
         self.batch = batch  # shared by every LoRA linear of the model; the runner sets it per step
-        self.slots: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_slots
+        self.parts = parts or [slice(0, self.out_features)]
+        self.num_slots = num_slots
+        self.filled = [False] * num_slots  # whether the slot's adapter targets this linear
+        self.rank = 0  # R: the largest part rank filled so far (the stacks grow, never shrink)
+        self.a = torch.zeros(0)
+        self.b: list[torch.Tensor] = []
+
+    # ------------------------------------------------------------------ slots
+
+    @torch.inference_mode()  # the stacks are made in steps (inference tensors) and changed by loads
+    def fill(self, slot: int, packed: PackedLoRA | None) -> None:
+        """Put one adapter's weights for this linear into `slot` (None: empty it)."""
+        if packed is None:
+            if self.filled[slot]:
+                self.a[slot].zero_()
+                for b in self.b:
+                    b[slot].zero_()
+            self.filled[slot] = False
+            return
+        rank = max(a.shape[0] for _, a, _ in packed.parts)
+        if rank > self.rank or not self.b:
+            self._grow(rank, packed.parts[0][1].dtype)
+        self.a[slot].zero_()
+        for b in self.b:
+            b[slot].zero_()
+        for part, a, b in packed.parts:
+            r = a.shape[0]
+            self.a[slot, part, :r].copy_(a)
+            self.b[part][slot, :r].copy_(b.t())
+        self.filled[slot] = True
+
+    def _grow(self, rank: int, dtype: torch.dtype) -> None:
+        rank = max(rank, self.rank)
+        a = torch.zeros(self.num_slots, len(self.parts), rank, self.in_features, dtype=dtype)
+        b = [torch.zeros(self.num_slots, rank, p.stop - p.start, dtype=dtype) for p in self.parts]
+        if self.b:
+            a[:, :, : self.rank].copy_(self.a)
+            for new, old in zip(b, self.b, strict=True):
+                new[:, : self.rank].copy_(old)
+        self.a, self.b, self.rank = a, b, rank
+
+    # ------------------------------------------------------------------ one step
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base.forward(x)
-        groups = self.batch.groups
-        if not groups:
+        batch = self.batch
+        if not batch.groups or not self.rank:
             return out
-        slots = self.slots
-        for slot, rows in groups:
-            weights = slots[slot]
-            if weights is None:  # this adapter does not target this linear
+        if batch.mask is not None:
+            return self._masked(x, out, batch.mask_in(x.dtype))
+        parts, rank = self.parts, self.rank
+        for slot, rows in batch.groups:
+            if not self.filled[slot]:  # this adapter does not target this linear
                 continue
-            a, b = weights
+            xa = torch.mm(
+                x[rows] if type(rows) is slice else x.index_select(0, rows), self.a[slot].flatten(0, 1).t()
+            )
             if type(rows) is slice:
-                out[rows].addmm_(torch.mm(x[rows], a.t()), b.t())
+                target = out[rows]
             else:
-                out.index_add_(0, rows, torch.mm(torch.mm(x.index_select(0, rows), a.t()), b.t()))
+                target = torch.zeros(xa.shape[0], self.out_features, dtype=out.dtype)
+            if len(parts) == 1:
+                target.addmm_(xa, self.b[0][slot])
+            else:
+                for p, cols in enumerate(parts):
+                    target[:, cols].addmm_(xa[:, p * rank : (p + 1) * rank], self.b[p][slot])
+            if type(rows) is not slice:
+                out.index_add_(0, rows, target)
+        return out
+
+    def _masked(self, x: torch.Tensor, out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Every row against every slot in use (mask: [rows, slots, 1, 1]), each row's own kept."""
+        rows, slots = mask.shape[0], mask.shape[1]
+        parts, rank = self.parts, self.rank
+        xa = torch.mm(x, self.a[:slots].view(slots * len(parts) * rank, self.in_features).t())
+        per_part = xa.view(rows, slots, len(parts), rank).mul_(mask)
+        if len(parts) == 1:
+            return out.addmm_(xa, self.b[0][:slots].view(slots * rank, -1))
+        for p, cols in enumerate(parts):
+            out[:, cols].addmm_(
+                per_part[:, :, p].reshape(rows, slots * rank), self.b[p][:slots].view(slots * rank, -1)
+            )
         return out
 
     def extra_repr(self) -> str:
-        used = sum(s is not None for s in self.slots)
-        return f"in_features={self.in_features}, out_features={self.out_features}, slots={used}/{len(self.slots)}"
+        used = sum(self.filled)
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, parts={len(self.parts)}, "
+            f"rank={self.rank}, slots={used}/{self.num_slots}"
+        )
 
 
 # The projections a LoRA adapter may target, by their attribute path inside a decoder layer.
 LORA_TARGETS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+def fused_parts(model: nn.Module, fused: str, out_features: int) -> list[slice]:
+    """The output rows of each checkpoint projection fused into `fused` (q/k/v, gate/up), in order."""
+    shards = sorted(s for f, s in getattr(model, "fused_projections", {}).values() if f == fused)
+    if not shards:
+        return [slice(0, out_features)]
+    parts = [model._shard_rows(fused, shard) for shard in shards]  # type: ignore[operator]
+    if parts[-1].stop != out_features:  # a block whose size is not the config's: one part
+        return [slice(0, out_features)]
+    return parts
 
 
 def install_lora_linears(model: nn.Module, num_slots: int) -> tuple[LoRABatch, dict[str, LoRALinear]]:
@@ -100,7 +222,7 @@ def install_lora_linears(model: nn.Module, num_slots: int) -> tuple[LoRABatch, d
             base = getattr(parent, attr, None)
             if base is None or isinstance(base, LoRALinear) or not hasattr(base, "out_features"):
                 continue
-            wrapped = LoRALinear(base, batch, num_slots)
+            wrapped = LoRALinear(base, batch, num_slots, fused_parts(model, attr, base.out_features))
             setattr(parent, attr, wrapped)
             linears[f"layers.{index}.{target}"] = wrapped
     return batch, linears

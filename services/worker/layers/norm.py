@@ -45,10 +45,12 @@ class RMSNorm(nn.Module):
         return (xf * self.scale_f32).to(x.dtype)
 
     @torch.no_grad()
-    def fold_unit_offset(self) -> None:
-        """Once the checkpoint's w is loaded: weight = 1 + w where the norm has a unit offset (idempotent)."""
+    def fold_unit_offset(self, stored: bool = False) -> None:
+        """Once the checkpoint's w is loaded: weight = 1 + w where the norm has a unit offset (idempotent).
+        stored: the loaded weight already is 1 + w (a Gemma GGUF from llama.cpp's converter)."""
         if self.unit_offset and not self.offset_folded:
             if self.weight.dtype != torch.float32:
-                self.scale_f32 = 1.0 + self.weight.float()
-            self.weight.add_(1.0)
+                self.scale_f32 = self.weight.float() if stored else 1.0 + self.weight.float()
+            if not stored:
+                self.weight.add_(1.0)
             self.offset_folded = True

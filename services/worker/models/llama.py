@@ -160,11 +160,12 @@ class LlamaForCausalLM(nn.Module):
             x, residual = layer.forward(x, residual, cos, sin, k_cache, v_cache, meta)
         return self.norm(x) if residual is None else self.norm.add_and_norm(x, residual)[0]
 
-    def weights_loaded(self) -> None:
-        """The loader has filled every weight: norms whose checkpoint stores w for 1 + w fold the 1 in."""
+    def weights_loaded(self, offset_stored: bool = False) -> None:
+        """The loader has filled every weight: norms whose checkpoint stores w for 1 + w fold the 1 in
+        (offset_stored: the weights came with the 1 added, as in a converted Gemma GGUF)."""
         for module in self.modules():
             if isinstance(module, RMSNorm):
-                module.fold_unit_offset()
+                module.fold_unit_offset(offset_stored)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] of the rows that sample -> logits [N, vocab] (soft-capped where the model is)."""

@@ -7,12 +7,15 @@ many tokens one step yields: a wrong one is rejected by the target's own samplin
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pagedserve.services.worker.packed_batch import RequestState
 from pagedserve.services.worker.proposers.ngram import NgramProposer
 from pagedserve.services.worker.proposers.suffix import SuffixProposer
 from pagedserve.shared.speculative_config import SpeculativeConfig
+
+if TYPE_CHECKING:
+    from pagedserve.services.worker.proposers.draft_model import TargetFacts
 
 
 class Proposer(Protocol):
@@ -27,7 +30,22 @@ class Proposer(Protocol):
         ...
 
 
-def make_proposer(config: SpeculativeConfig) -> Proposer:
+def propose_all(proposer: Proposer, items: list[tuple[RequestState, int]]) -> list[list[int]]:
+    """Up to k tokens for each (request, k): in one batch where the proposer runs a model, else one by one."""
+    batched = getattr(proposer, "propose_batch", None)
+    if batched is not None:
+        return batched(items)
+    return [proposer.propose(state, k) for state, k in items]
+
+
+def make_proposer(config: SpeculativeConfig, target: TargetFacts | None = None) -> Proposer:
+    """target: how the worker runs its model (a draft model runs the same way, on a pool of its own)."""
+    if config.method == "draft_model":
+        if target is None or config.model is None:
+            raise ValueError("speculative method draft_model needs a model and the target's facts")
+        from pagedserve.services.worker.proposers.draft_model import DraftModelProposer  # loads torch models
+
+        return DraftModelProposer(config.model, target)
     if config.method == "ngram":
         return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
     if config.method == "suffix":

@@ -62,15 +62,34 @@ _LAYER = {
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 
+# Where an architecture's layer names differ from the table above: Gemma's four norms (its `ffn_norm`
+# normalises the MLP's input, Llama's the attention's output), Phi-3's fused projections (its `ffn_up`
+# holds gate and up, [gate | up] as in the checkpoint).
+_GEMMA_LAYER = {
+    **_LAYER,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_ARCH_LAYER = {
+    "gemma2": _GEMMA_LAYER,
+    "gemma3": _GEMMA_LAYER,
+    "phi3": {**_LAYER, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
+# Architectures whose converted norms hold 1 + w where the checkpoint holds w (llama.cpp's converter
+# adds the 1 to every Gemma norm): the loader must not add it again (models/llama.py weights_loaded).
+UNIT_OFFSET_STORED = frozenset({"gemma2", "gemma3"})
 
-def hf_name(gguf_name: str) -> str | None:
+
+def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
     """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None for a tensor we do not map
     (rope frequency tables and the like)."""
     if gguf_name in _GLOBAL:
         return _GLOBAL[gguf_name]
+    layer = _ARCH_LAYER.get(architecture, _LAYER)
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER:
-        return f"model.layers.{parts[1]}.{_LAYER[parts[2]]}.{parts[3]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in layer:
+        return f"model.layers.{parts[1]}.{layer[parts[2]]}.{parts[3]}"
     return None
 
 
@@ -83,7 +102,7 @@ def _unpermute_rows(n_rows: int, n_heads: int) -> np.ndarray:
 # Architectures whose q/k rows llama.cpp's converter reorders (its "normal" rotary mode).
 PERMUTED_QK = frozenset({"llama"})
 # Tensors that are settings rather than weights: services/gguf_config.py reads them into the config.
-CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
+CONFIG_TENSORS = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 
 
 @dataclass(slots=True)
@@ -120,7 +139,7 @@ def map_gguf(files: Path | Sequence[Path]) -> MappedGGUF:
     named: dict[str, TensorInfo] = {}
     unknown = []
     for info in model.tensors.values():
-        name = hf_name(info.name)
+        name = hf_name(info.name, model.architecture)
         if name is not None:
             named[name] = info
         elif info.name not in CONFIG_TENSORS:

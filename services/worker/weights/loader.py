@@ -105,11 +105,13 @@ def load_model(
         model = model_class(config, backend).to(dtype=torch_dtype(dtype))
     skip: set[str] = set()
     dense: Iterable[tuple[str, torch.Tensor]] = ()
+    offset_stored = False  # the norms read hold Gemma's 1 + w already (gguf_weights.UNIT_OFFSET_STORED)
     # A checkpoint format's repack and dequantization run on one thread (see one_thread); the dense
     # rest is dequantized one weight at a time as _fill_parameters reads it.
     with one_thread() if not checkpoint.gguf_files and scheme is not None else nullcontext():
         if checkpoint.gguf_files:
             from pagedserve.services.worker.weights.gguf_weights import (
+                UNIT_OFFSET_STORED,
                 dense_tensors,
                 map_gguf,
                 quantized_tensors,
@@ -124,6 +126,7 @@ def load_model(
                     raise ValueError(f"{checkpoint.path}: {e}") from e
             if folder is None or not has_safetensors(folder):
                 dense = dense_tensors(mapped, skip)  # the file holds every weight: no folder to read
+                offset_stored = mapped.model.architecture in UNIT_OFFSET_STORED
         elif scheme is not None and folder is not None:
             skip, dense = install_checkpoint_quantized(
                 model, folder, scheme, keep, strict=quantization == scheme.method
@@ -132,7 +135,7 @@ def load_model(
         from_folder = folder is not None and (has_safetensors(folder) or not checkpoint.gguf_files)
         stored = checkpoint_tensors(folder, skip) if folder is not None and from_folder else ()
         _fill_parameters(model, checkpoint.path, itertools.chain(stored, dense))
-        model.weights_loaded()
+        model.weights_loaded(offset_stored)
     model.eval().requires_grad_(False)
     return LoadedModel(model, config, checkpoint.eos_token_ids, checkpoint.tokenizer_path)
 

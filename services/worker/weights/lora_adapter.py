@@ -3,10 +3,9 @@
 A PEFT adapter holds, per target module, A [r, in] and B [out, r]; the module's output gains
 `scale * (x A^T) B^T` with scale = alpha / r (rsLoRA: alpha / sqrt(r)), alpha and r per module where
 `alpha_pattern` / `rank_pattern` say so. Our model fuses q/k/v and gate/up into one matrix each, so an
-adapter is *packed* per fused module: the parts' A stacked into one [sum r, in] matrix and their
-scaled B placed block-diagonally in one [out, sum r] matrix, each part's rows where that part's
-weights sit in the fused output. One adapter then costs two small GEMMs per fused linear, and a part
-the adapter does not target is zeros (no rows in A, none in B).
+adapter is *packed* per fused module as a list of parts (which part of the fused output, its A, its
+scaled B); the LoRA linear copies them into its slot stacks (layers/lora.py). A part the adapter does
+not target is left out (zeros in the stacks).
 
 Everything is checked against the model before anything is kept: an unknown or unsupported target, a
 shape that does not fit, a rank above the limit or a file that does not parse raises `AdapterError`
@@ -43,8 +42,8 @@ class AdapterError(ValueError):
 class PackedLoRA:
     """One adapter's weights for one of our linears: delta = (x a^T) b^T (the scale is in b)."""
 
-    a: torch.Tensor  # [sum of the parts' ranks, in_features]
-    b: torch.Tensor  # [out_features, sum of the parts' ranks], scaled, block-diagonal over parts
+    # (index of the part in the linear's parts, A [r, in_features], scaled B [part's out rows, r])
+    parts: tuple[tuple[int, torch.Tensor, torch.Tensor], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +55,7 @@ class LoRAAdapter:
 
     @property
     def nbytes(self) -> int:
-        return sum(p.a.nbytes + p.b.nbytes for p in self.modules.values())
+        return sum(a.nbytes + b.nbytes for p in self.modules.values() for _, a, b in p.parts)
 
 
 def read_adapter_config(folder: Path) -> dict[str, Any]:
@@ -142,7 +141,7 @@ def load_lora_adapter(
         raise AdapterError(f"LoRA adapter {folder / WEIGHTS_FILE}: holds no lora_A/lora_B weights")
     alpha = float(config.get("lora_alpha", config.get("r", 8)))
     rslora = bool(config.get("use_rslora", False))
-    parts: dict[str, list[tuple[slice, torch.Tensor, torch.Tensor]]] = {}
+    parts: dict[str, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
     for module, ab in sorted(pairs.items()):
         if set(ab) != {"A", "B"}:
             raise AdapterError(
@@ -157,6 +156,12 @@ def load_lora_adapter(
             )
         linear = targets[ours]
         rows = target[1] or slice(0, linear.out_features)
+        layout = getattr(linear, "parts", [slice(0, linear.out_features)])
+        if rows not in layout:
+            raise AdapterError(
+                f"LoRA adapter {folder}: module {module} fills rows {rows.start}:{rows.stop} of {ours}, "
+                "which is not one of its parts"
+            )
         a, b = ab["A"], ab["B"]
         rank = a.shape[0]
         out = rows.stop - rows.start
@@ -171,20 +176,14 @@ def load_lora_adapter(
             )
         module_alpha = float(_pattern_value(config.get("alpha_pattern") or {}, module, alpha))
         scale = module_alpha / (math.sqrt(rank) if rslora else rank)
-        parts.setdefault(ours, []).append((rows, a, b * scale))
-    packed = {ours: _pack(linear_parts, targets[ours], dtype) for ours, linear_parts in parts.items()}
+        parts.setdefault(ours, []).append((layout.index(rows), a, b.to(torch.float32) * scale))
+    packed = {
+        ours: PackedLoRA(tuple((part, _weight(a, dtype), _weight(b, dtype)) for part, a, b in linear_parts))
+        for ours, linear_parts in parts.items()
+    }
     rank = max(a.shape[0] for linear_parts in parts.values() for _, a, _ in linear_parts)
     return LoRAAdapter(name, str(folder), rank, packed)
 
 
-def _pack(
-    parts: list[tuple[slice, torch.Tensor, torch.Tensor]], linear: LoRALinear, dtype: torch.dtype
-) -> PackedLoRA:
-    total = sum(a.shape[0] for _, a, _ in parts)
-    a_cat = torch.cat([a.to(torch.float32) for _, a, _ in parts]).to(dtype).contiguous()
-    b_cat = torch.zeros(linear.out_features, total, dtype=torch.float32)
-    col = 0
-    for rows, a, b in parts:
-        b_cat[rows, col : col + a.shape[0]] = b.to(torch.float32)
-        col += a.shape[0]
-    return PackedLoRA(a_cat, b_cat.to(dtype).contiguous())
+def _weight(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return tensor.to(torch.float32).to(dtype).contiguous()

@@ -1,21 +1,27 @@
 """int8 KV: the quantizing write and the attention that reads int8 in place, on every ISA path.
 
-The C++ write must give the torch quantizer's bytes exactly; the C++ attention must match the
-reference (the blocks dequantized, then the torch backend) on random paged steps: decode, prefill and
-continued chunks, GQA, block sizes 8-128, float32 and bfloat16 queries. Slots no table names hold
-garbage rows (large values, huge scales), so a read past a row's context shows.
+The C++ write must give the torch quantizer's bytes exactly; the C++ attention (its vector item and
+its scalar item, `paged_attention_int8_generic`) must match the float32 reference
+(kernels/paged_reference.py) run on the dequantized K/V, on random paged steps: decode, prefill and
+continued chunks, GQA, block sizes 8-128, head dims the vector item takes and one it does not,
+float32 and bfloat16 queries, plain causal or under a layer's rules (a sliding window, a softcap).
+Slots no table names hold garbage rows (large values, huge scales), so a read past a row's context
+shows.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pagedserve.kernels.attention import CAUSAL, AttentionRules
 from pagedserve.kernels.cpu.backend import CppAttentionBackend
 from pagedserve.kernels.cpu.build import KV_INT8, load_extension
 from pagedserve.kernels.kv_int8 import Int8KVBackend, dequantize_rows, quantize_rows, row_dim
-from pagedserve.kernels.paged_reference import make_paged_batch
+from pagedserve.kernels.paged_reference import PagedBatch, make_paged_batch, reference_attention
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 
 TOLERANCE = {torch.float32: (5e-5, 5e-5), torch.bfloat16: (2e-2, 2e-2)}
@@ -51,6 +57,23 @@ def int8_step(case: dict) -> tuple:
     return batch, k8, v8
 
 
+def dequantized(batch: PagedBatch, k8: torch.Tensor, v8: torch.Tensor) -> PagedBatch:
+    """The batch with the K/V the int8 cache holds: what the float32 reference must be run on."""
+    return dataclasses.replace(batch, k_cache=dequantize_rows(k8), v_cache=dequantize_rows(v8))
+
+
+RULES = st.sampled_from(
+    [
+        CAUSAL,
+        AttentionRules(window=1),
+        AttentionRules(window=13),
+        AttentionRules(window=40, softcap=5.0),
+        AttentionRules(softcap=0.7),
+        AttentionRules(softcap=50.0),
+    ]
+)
+
+
 @st.composite
 def steps(draw: st.DrawFn) -> dict:
     num_kv_heads = draw(st.sampled_from([1, 2, 3]))
@@ -66,7 +89,7 @@ def steps(draw: st.DrawFn) -> dict:
         "query_lens": query_lens,
         "num_heads": num_kv_heads * group,
         "num_kv_heads": num_kv_heads,
-        "head_dim": draw(st.sampled_from([16, 36, 64, 128])),
+        "head_dim": draw(st.sampled_from([16, 36, 64, 128])),  # 36: the scalar item only
         "block_size": draw(st.sampled_from([8, 16, 64, 128])),
         "dtype": draw(st.sampled_from([torch.float32, torch.bfloat16])),
         "seed": draw(st.integers(0, 2**16)),
@@ -78,18 +101,64 @@ def steps(draw: st.DrawFn) -> dict:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-@given(case=steps())
-def test_the_int8_kernel_matches_the_dequantizing_reference(isa: str, case: dict) -> None:
+@given(
+    case=steps(), rules=RULES, op=st.sampled_from(["paged_attention_int8", "paged_attention_int8_generic"])
+)
+def test_the_int8_kernel_matches_the_float32_reference_on_the_dequantized_kv(
+    isa: str, case: dict, rules: AttentionRules, op: str
+) -> None:
     batch, k8, v8 = int8_step(case)
     meta = batch.metadata()
     scale = case["head_dim"] ** -0.5
-    expected = Int8KVBackend(TorchAttentionBackend()).forward(batch.query, k8, v8, meta, scale)
-    backend = Int8KVBackend(CppAttentionBackend(isa))
-    assert backend.ops is not None
-    got = backend.forward(batch.query, k8, v8, meta, scale)
+    expected = reference_attention(dequantized(batch, k8, v8), scale, rules)
+    got = torch.empty_like(batch.query)
+    getattr(load_extension(KV_INT8, isa), op)(
+        batch.query,
+        k8,
+        v8,
+        meta.query_start_loc,
+        meta.seq_lens,
+        meta.block_tables,
+        scale,
+        rules.window or 0,
+        rules.softcap or 0.0,
+        got,
+    )
     atol, rtol = TOLERANCE[case["dtype"]]
-    assert got.dtype == expected.dtype == case["dtype"]
-    torch.testing.assert_close(got.float(), expected.float(), atol=atol, rtol=rtol)
+    torch.testing.assert_close(got.float(), expected, atol=atol, rtol=rtol)
+
+
+# Decode rows of mixed lengths, a whole prefill, continued chunks (one starting inside a window).
+STEP = {"seq_lens": [1, 9, 40, 77, 130, 60, 25], "query_lens": [1, 1, 1, 1, 130, 17, 25]}
+
+
+RULED = [AttentionRules(window=7), AttentionRules(window=33, softcap=5.0)]
+
+
+def check_rules_through_backend(int8: Int8KVBackend, rules: AttentionRules) -> None:
+    """The rules applied like the float32 reference's, and not a no-op here (a window shorter than
+    the context, a softcap below the scores)."""
+    case = STEP | {"num_heads": 9, "num_kv_heads": 3, "head_dim": 64, "block_size": 16}
+    batch, k8, v8 = int8_step(case | {"dtype": torch.float32, "seed": 7})
+    batch.query *= 4
+    got = int8.forward(batch.query, k8, v8, batch.metadata(), 0.125, rules)
+    reference = dequantized(batch, k8, v8)
+    torch.testing.assert_close(got, reference_attention(reference, 0.125, rules), atol=5e-5, rtol=5e-5)
+    assert not torch.allclose(got, reference_attention(reference, 0.125), atol=1e-2)
+
+
+@pytest.mark.parametrize("rules", RULED, ids=str)
+def test_the_cpp_int8_backend_applies_a_layers_rules_itself(isa: str, rules: AttentionRules) -> None:
+    int8 = Int8KVBackend(CppAttentionBackend(isa))
+    assert int8.ops is not None
+    check_rules_through_backend(int8, rules)
+
+
+@pytest.mark.parametrize("rules", RULED, ids=str)
+def test_the_torch_int8_backend_applies_a_layers_rules_through_the_reference(rules: AttentionRules) -> None:
+    int8 = Int8KVBackend(TorchAttentionBackend())
+    assert int8.ops is None
+    check_rules_through_backend(int8, rules)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -8,8 +8,11 @@ from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.speculative_config import SpeculativeConfig
 
 
-def decode(acceptance: float, max_tokens: int = 100, speculate: bool = True) -> Request:
-    req = Request("r", [1, 2, 3], SamplingParams(max_tokens=max_tokens, speculate=speculate), 0.0, "w")
+def decode(
+    acceptance: float, max_tokens: int = 100, speculate: bool = True, own_cap: int | None = None
+) -> Request:
+    sampling = SamplingParams(max_tokens=max_tokens, speculate=speculate, num_speculative_tokens=own_cap)
+    req = Request("r", [1, 2, 3], sampling, 0.0, "w")
     req.output_token_ids = [4]
     req.num_slots_used = 3
     req.spec_acceptance = acceptance
@@ -61,3 +64,10 @@ def test_lookahead_stops_at_max_tokens_and_respects_the_off_switches():
     capped = policy(row_cost=0.0, max_step_rows=6)
     granted = capped.grant([decode(0.9), decode(0.8)])
     assert sum(granted.values()) == 4  # 6 rows: two decodes and four proposals
+
+
+def test_a_request_caps_its_own_lookahead_below_the_deployments_never_above():
+    p = policy(row_cost=0.0)
+    assert list(p.grant([decode(0.99, own_cap=2)]).values()) == [2]
+    assert p.grant([decode(0.99, own_cap=0)]) == {}
+    assert list(p.grant([decode(0.99, own_cap=16)]).values()) == [8]  # the deployment's 8 stays the cap

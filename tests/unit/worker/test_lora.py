@@ -15,7 +15,7 @@ from harness.lora_adapters import make_peft_adapter, merged_model
 from harness.tiny_models import ARCHITECTURES, make_tiny_model
 from pagedserve.services.worker.layers.lora import LoRALinear
 from pagedserve.services.worker.runner import ModelRunner
-from pagedserve.services.worker.weights.lora_adapter import AdapterError
+from pagedserve.services.worker.weights.lora_adapter import AdapterError, PackedLoRA
 from pagedserve.shared.protocol.step import Execute, NewRequest
 from worker_driver import GREEDY, StepDriver
 
@@ -185,16 +185,57 @@ def test_lora_linear_adds_each_rows_adapter_delta_by_slice_or_gather():
     batch = LoRABatch()
     layer = LoRALinear(base, batch, num_slots=2)
     weights = [(torch.randn(4, 16), torch.randn(12, 4)), (torch.randn(2, 16), torch.randn(12, 2))]
-    layer.slots[:] = weights
+    for slot, (a, b) in enumerate(weights):
+        layer.fill(slot, PackedLoRA(((0, a, b),)))
     x = torch.randn(6, 16)
     row_slots = [0, -1, 0, 1, 1, -1]
     batch.set_rows(row_slots)
     assert [type(rows) for _, rows in batch.groups] == [torch.Tensor, slice]
-    with torch.inference_mode():
-        got = layer(x)
-        want = base(x)
+    want = base(x).detach()
+    for row, slot in enumerate(row_slots):
+        if slot >= 0:
+            a, b = weights[slot]
+            want[row] += (x[row] @ a.t()) @ b.t()
+    for masked in (True, False):  # six rows take the masked path; None forces the grouped one
+        batch.set_rows(row_slots)
+        assert batch.mask is not None
+        if not masked:
+            batch.mask = None
+        with torch.inference_mode():
+            got = layer(x)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_lora_linear_fused_parts_of_different_ranks_and_a_missing_part():
+    """A fused linear (three parts): slot 0 adapts parts 0 and 2 at ranks 3 and 5, slot 1 part 1 at
+    rank 2 (the stacks pad to 5 with zeros); slot 1 emptied again adds nothing; both paths."""
+    from pagedserve.services.worker.layers.lora import LoRABatch
+
+    torch.manual_seed(1)
+    base = torch.nn.Linear(8, 10)
+    parts = [slice(0, 4), slice(4, 7), slice(7, 10)]
+    batch = LoRABatch()
+    layer = LoRALinear(base, batch, num_slots=3, parts=parts)
+    slot0 = ((0, torch.randn(3, 8), torch.randn(4, 3)), (2, torch.randn(5, 8), torch.randn(3, 5)))
+    slot1 = ((1, torch.randn(2, 8), torch.randn(3, 2)),)
+    layer.fill(1, PackedLoRA(slot1))  # rank 2 first: filling slot 0 grows the stacks and keeps it
+    layer.fill(0, PackedLoRA(slot0))
+    x = torch.randn(5, 8)
+    row_slots = [1, 0, -1, 0, 1]
+
+    def expected(adapters: dict[int, tuple]) -> torch.Tensor:
+        want = base(x).detach()
         for row, slot in enumerate(row_slots):
-            if slot >= 0:
-                a, b = weights[slot]
-                want[row] += (x[row] @ a.t()) @ b.t()
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            for part, a, b in adapters.get(slot, ()):
+                want[row, parts[part]] += (x[row] @ a.t()) @ b.t()
+        return want
+
+    for adapters in ({0: slot0, 1: slot1}, {0: slot0}):
+        for masked in (True, False):
+            batch.set_rows(row_slots)
+            if not masked:
+                batch.mask = None
+            with torch.inference_mode():
+                got = layer(x)
+            torch.testing.assert_close(got, expected(adapters), atol=1e-5, rtol=1e-5)
+        layer.fill(1, None)

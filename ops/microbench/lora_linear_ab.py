@@ -1,0 +1,91 @@
+"""The LoRA delta alone, masked path against grouped path, on one decoder layer's four LoRA linears
+of the bundled model's shapes (SmolLM2-135M: hidden 576, q/k/v 576/192/192, intermediate 1536).
+
+Every slot in use holds a random rank-R adapter on every part; rows are spread evenly over the slots,
+each adapter's rows side by side (what the runner's grouping gives). The base linear is left out
+(it returns zeros) so only the adapter work is timed. Run alone:
+
+    /work/tools/cpulock bench .venv/bin/python -m pagedserve.ops.microbench.lora_linear_ab
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from pagedserve.services.worker.layers.lora import LoRABatch, LoRALinear
+from pagedserve.services.worker.weights.lora_adapter import PackedLoRA
+from torch import nn
+
+HIDDEN, INTER = 576, 1536
+LINEARS = {  # name -> (in, parts' outs)
+    "qkv_proj": (HIDDEN, (576, 192, 192)),
+    "o_proj": (HIDDEN, (576,)),
+    "gate_up_proj": (HIDDEN, (INTER, INTER)),
+    "down_proj": (INTER, (HIDDEN,)),
+}
+
+
+class _NoBase(nn.Module):
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(x.shape[0], self.out_features)
+
+
+def layer_us(rows: int, slots: int, rank: int, masked: bool, repeat: int = 200) -> float:
+    batch = LoRABatch()
+    linears = []
+    for in_features, outs in LINEARS.values():
+        parts, start = [], 0
+        for out in outs:
+            parts.append(slice(start, start + out))
+            start += out
+        linear = LoRALinear(_NoBase(in_features, start), batch, slots, parts)
+        for slot in range(slots):
+            packed = tuple(
+                (p, 0.02 * torch.randn(rank, in_features), 0.02 * torch.randn(out, rank))
+                for p, out in enumerate(outs)
+            )
+            linear.fill(slot, PackedLoRA(packed))
+        linears.append((linear, torch.randn(rows, in_features)))
+    batch.set_rows([row * slots // rows for row in range(rows)])
+    if not masked:
+        batch.mask = None
+    elif batch.mask is None:
+        mask = torch.zeros(rows, slots)
+        mask[torch.arange(rows), torch.arange(rows) * slots // rows] = 1.0
+        batch.mask = mask.view(rows, slots, 1, 1)  # forced past the crossover, for the comparison
+    runs = []
+    with torch.inference_mode():
+        for _ in range(20):
+            for linear, x in linears:
+                linear(x)
+        for _ in range(5):
+            started = time.perf_counter()
+            for _ in range(repeat):
+                for linear, x in linears:
+                    linear(x)
+            runs.append((time.perf_counter() - started) / repeat * 1e6)
+    return statistics.median(runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cases", default="8:4,16:4,32:4,16:8,32:8,64:8", help="rows:slots, comma-separated")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    for case in args.cases.split(","):
+        rows, slots = (int(v) for v in case.split(":"))
+        masked, grouped = layer_us(rows, slots, args.rank, True), layer_us(rows, slots, args.rank, False)
+        print(f"rows {rows:3d} slots {slots}: masked {masked:7.0f} us/layer  grouped {grouped:7.0f} us/layer")
+
+
+if __name__ == "__main__":
+    main()

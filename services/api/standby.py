@@ -1,0 +1,43 @@
+"""A standby API process: started ahead, its app built, waiting to take a dead API process's place.
+
+An API process's start is mostly Python imports and the model card (its tokenizer and template);
+under load, on a busy CPU, that is seconds. So the supervisor keeps one process that has done all
+of it and waits: when an API process dies it writes one JSON line to the standby's stdin,
+
+    {"args": [...], "log": "/path/api.log" | null}
+
+and the standby becomes it: its log file from then on, its failpoints, then the port and the
+connection to the scheduler (server.py), while a new standby starts in the background. An empty
+stdin (the supervisor stopped or died) ends the standby.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from pagedserve.shared import failpoints
+
+
+def wait_for_place(log: Any) -> None:
+    log.info("standby_ready", pid=os.getpid())
+    line = sys.stdin.readline()
+    if not line.strip():
+        log.info("standby_released")
+        sys.exit(0)
+    order = json.loads(line)
+    if order.get("log"):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        fd = os.open(order["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    parser = argparse.ArgumentParser(prog="pagedserve api (standby)")
+    parser.add_argument("--failpoints", default=None)
+    args = parser.parse_args(order.get("args", []))
+    failpoints.configure(args.failpoints)
+    log.info("standby_promoted", pid=os.getpid())
