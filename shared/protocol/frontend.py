@@ -81,7 +81,7 @@ class SamplingParams(_Strict):
         description="false: no speculative decoding for this request, even where the deployment has it",
     )
     num_speculative_tokens: int | None = Field(
-        None,
+        default=None,
         ge=0,
         le=MAX_SPECULATIVE_TOKENS,
         description="most tokens proposed per step for this request (0: none); the deployment's "
