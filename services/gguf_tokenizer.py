@@ -73,7 +73,10 @@ def derive_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:
-        from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            GGUF_TOKENIZER_MAPPING,
+            convert_gguf_tokenizer,
+        )
     except ImportError:  # an older transformers: its own, slower reader
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     meta = read_header(path, _STRINGS).metadata

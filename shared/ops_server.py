@@ -72,7 +72,8 @@ def process_view() -> tuple[int, str, bytes]:
 def _token_cookie(token: str) -> str:
     cookie: SimpleCookie = SimpleCookie()
     cookie[TOKEN_COOKIE] = token  # quoted by SimpleCookie, whatever the token holds
-    cookie[TOKEN_COOKIE].update({"httponly": True, "samesite": "Strict", "path": "/"})
+    # typeshed types a Morsel's values as str; its flags (httponly) take a bool, as the docs show.
+    cookie[TOKEN_COOKIE].update({"httponly": True, "samesite": "Strict", "path": "/"})  # pyright: ignore[reportArgumentType]
     return cookie[TOKEN_COOKIE].OutputString()
 
 

@@ -17,6 +17,14 @@ from pagedserve.shared.protocol.codec import ProtocolError, decode
 from pagedserve.shared.protocol.messages import encode_message
 
 
+def _key_pair(path: Path) -> tuple[bytes, bytes]:
+    """(public, secret) from a *.key_secret file; a file without the secret is named, not used as None."""
+    public, secret = zmq.auth.load_certificate(str(path))
+    if secret is None:
+        raise ValueError(f"{path}: holds no secret key (a public .key file under the secret's name?)")
+    return public, secret
+
+
 @dataclass(slots=True)
 class CurveKeys:
     """Key files written by `pagedserve keys --dir DIR` (zmq.auth certificate format)."""
@@ -28,10 +36,10 @@ class CurveKeys:
         return self.directory / "authorized"
 
     def server_pair(self) -> tuple[bytes, bytes]:
-        return zmq.auth.load_certificate(str(self.directory / "server.key_secret"))
+        return _key_pair(self.directory / "server.key_secret")
 
     def client_pair(self) -> tuple[bytes, bytes]:
-        return zmq.auth.load_certificate(str(self.directory / "client.key_secret"))
+        return _key_pair(self.directory / "client.key_secret")
 
     def server_public(self) -> bytes:
         public, _ = zmq.auth.load_certificate(str(self.directory / "server.key"))

@@ -19,6 +19,7 @@ MARKERS_BY_PLACE: dict[str, tuple[str, ...]] = {
     "integration": ("integration",),  # real processes over real sockets
     "integration/test_ray_deployment.py": ("ray",),  # a Ray cluster on this machine
     "packaging/test_wheel.py": ("packaging",),  # builds and installs a wheel
+    "packaging/test_types.py": ("packaging",),  # the type checker over the sources: about a minute
     "unit/kernels/test_triton_": ("triton",),  # the Triton kernels, under the interpreter on a CPU
     # Every C++ kernel compiled for every ISA path, and a build killed mid-compile: a minute or more.
     "unit/kernels/test_kernel_build.py::test_every_path_compiles_": ("slow",),

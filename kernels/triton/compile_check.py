@@ -12,10 +12,11 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 import triton
+import triton.knobs
 from pagedserve.kernels.attention import CAUSAL, AttentionRules
 from pagedserve.kernels.triton import decode_attention, prefill_attention, write_kv
 from triton.backends.compiler import GPUTarget
@@ -57,9 +58,20 @@ class _Recorder:
         self.launches[key] = (self.fn, signature, constexprs)
 
 
+class PagedInputs(TypedDict):
+    """The tensor arguments the decode and prefill launchers share (spread into them with **)."""
+
+    query: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+
+
 def _paged_inputs(
     dtype: torch.dtype, tokens: int, heads: int, kv_heads: int, head_dim: int, page: int
-) -> dict[str, torch.Tensor]:
+) -> PagedInputs:
     return {
         "query": torch.zeros(tokens, heads, head_dim, dtype=dtype),
         "k_cache": torch.zeros(4, page, kv_heads, head_dim, dtype=dtype),
@@ -129,7 +141,7 @@ def record_launches(dtypes: list[torch.dtype]) -> dict[str, tuple[Any, dict, dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[90], help="CUDA compute capabilities")
     parser.add_argument(
         "--dtype", nargs="+", choices=sorted(_DTYPES), default=sorted(_DTYPES), help="cache/query dtypes"

@@ -185,7 +185,8 @@ def _merge_partitions_kernel(
     part = tl.load(
         part_out_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0
     )
-    result = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
+    # pyright infers tl.sum's result from tl.reduce, whose tuple-input case returns a tuple: a stub gap.
+    result = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)  # pyright: ignore[reportOperatorIssue]
     tl.store(
         out_ptr + token * stride_ot + head * stride_oh + d, result.to(out_ptr.dtype.element_ty), mask=d_mask
     )
@@ -279,16 +280,17 @@ def decode_attention(
         v_cache.stride(1),
         v_cache.stride(2),
         block_tables.stride(0),
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_D=block_d,
-        BLOCK_N=block_n,
-        PAGE_SIZE=k_cache.shape[1],
-        USE_REQ_IDS=req_ids is not None,
-        SPLIT=split,
-        UPCAST=dot_in_fp32(k_cache.dtype == torch.float32 or query.dtype != k_cache.dtype),
-        HAS_SOFTCAP=rules.softcap is not None,
+        # triton's stubs type a tl.constexpr parameter as tl.constexpr; a launch passes plain values
+        GROUP=group,  # pyright: ignore[reportArgumentType]
+        HEAD_DIM=head_dim,  # pyright: ignore[reportArgumentType]
+        BLOCK_G=max(16, triton.next_power_of_2(group)),  # pyright: ignore[reportArgumentType]
+        BLOCK_D=block_d,  # pyright: ignore[reportArgumentType]
+        BLOCK_N=block_n,  # pyright: ignore[reportArgumentType]
+        PAGE_SIZE=k_cache.shape[1],  # pyright: ignore[reportArgumentType]
+        USE_REQ_IDS=req_ids is not None,  # pyright: ignore[reportArgumentType]
+        SPLIT=split,  # pyright: ignore[reportArgumentType]
+        UPCAST=dot_in_fp32(k_cache.dtype == torch.float32 or query.dtype != k_cache.dtype),  # pyright: ignore[reportArgumentType]
+        HAS_SOFTCAP=rules.softcap is not None,  # pyright: ignore[reportArgumentType]
     )
     if split:
         _merge_partitions_kernel[(num_reqs, num_heads)](
@@ -304,8 +306,9 @@ def decode_attention(
             num_splits,
             out.stride(0),
             out.stride(1),
-            HEAD_DIM=head_dim,
-            BLOCK_D=block_d,
-            BLOCK_S=triton.next_power_of_2(num_splits),
-            USE_REQ_IDS=req_ids is not None,
+            # triton's stubs type a tl.constexpr parameter as tl.constexpr; a launch passes plain values
+            HEAD_DIM=head_dim,  # pyright: ignore[reportArgumentType]
+            BLOCK_D=block_d,  # pyright: ignore[reportArgumentType]
+            BLOCK_S=triton.next_power_of_2(num_splits),  # pyright: ignore[reportArgumentType]
+            USE_REQ_IDS=req_ids is not None,  # pyright: ignore[reportArgumentType]
         )

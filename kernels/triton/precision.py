@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import triton
+import triton.knobs
 import triton.language as tl
 
 # Read once at import: triton decides interpreter-vs-compiler from the same variable, also at import.

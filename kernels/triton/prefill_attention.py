@@ -197,13 +197,14 @@ def prefill_attention(
         v_cache.stride(1),
         v_cache.stride(2),
         block_tables.stride(0),
-        GROUP=num_heads // num_kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_D=triton.next_power_of_2(head_dim),
-        PAGE_SIZE=k_cache.shape[1],
-        USE_REQ_IDS=req_ids is not None,
-        UPCAST=upcast,
-        HAS_SOFTCAP=rules.softcap is not None,
+        # triton's stubs type a tl.constexpr parameter as tl.constexpr; a launch passes plain values
+        GROUP=num_heads // num_kv_heads,  # pyright: ignore[reportArgumentType]
+        HEAD_DIM=head_dim,  # pyright: ignore[reportArgumentType]
+        BLOCK_M=block_m,  # pyright: ignore[reportArgumentType]
+        BLOCK_N=block_n,  # pyright: ignore[reportArgumentType]
+        BLOCK_D=triton.next_power_of_2(head_dim),  # pyright: ignore[reportArgumentType]
+        PAGE_SIZE=k_cache.shape[1],  # pyright: ignore[reportArgumentType]
+        USE_REQ_IDS=req_ids is not None,  # pyright: ignore[reportArgumentType]
+        UPCAST=upcast,  # pyright: ignore[reportArgumentType]
+        HAS_SOFTCAP=rules.softcap is not None,  # pyright: ignore[reportArgumentType]
     )

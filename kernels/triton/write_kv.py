@@ -81,9 +81,10 @@ def write_kv(
         v_cache.stride(0),
         v_cache.stride(1),
         v_cache.stride(2),
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(num_kv_heads),
-        BLOCK_D=triton.next_power_of_2(head_dim),
-        PAGE_SIZE=k_cache.shape[1],
+        # triton's stubs type a tl.constexpr parameter as tl.constexpr; a launch passes plain values
+        NUM_KV_HEADS=num_kv_heads,  # pyright: ignore[reportArgumentType]
+        HEAD_DIM=head_dim,  # pyright: ignore[reportArgumentType]
+        BLOCK_H=triton.next_power_of_2(num_kv_heads),  # pyright: ignore[reportArgumentType]
+        BLOCK_D=triton.next_power_of_2(head_dim),  # pyright: ignore[reportArgumentType]
+        PAGE_SIZE=k_cache.shape[1],  # pyright: ignore[reportArgumentType]
     )

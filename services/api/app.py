@@ -21,6 +21,7 @@ from pagedserve.services.api.state import APIState
 from pagedserve.services.api.tool_parsers import check_parser
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.sdk import AsyncClient, load_client_keys
+from starlette.routing import Mount, Route, WebSocketRoute
 
 HEALTH_TIMEOUT_S = 2.0
 
@@ -43,13 +44,14 @@ def create_app(config: ServeConfig, card: ModelCard | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        keys = load_client_keys(config.curve_keys_dir) if config.curve_keys_dir else {}
+        keys = load_client_keys(config.curve_keys_dir) if config.curve_keys_dir else None
         client = AsyncClient(
             config.front_endpoint,
             timeout_s=config.request_timeout_s,
             heartbeat_s=config.heartbeat_interval_s,
             max_message_bytes=config.max_message_bytes,
-            **keys,
+            curve_server_public_key=None if keys is None else keys["curve_server_public_key"],
+            curve_client_keys=None if keys is None else keys["curve_client_keys"],
         )
         async with client, httpx.AsyncClient(timeout=HEALTH_TIMEOUT_S) as http:
             log_start_phases(app)
@@ -80,7 +82,8 @@ def create_app(config: ServeConfig, card: ModelCard | None = None) -> FastAPI:
         app.include_router(router)
     for exc_class, handler in HANDLERS.items():
         app.add_exception_handler(exc_class, handler)
-    known = {route.path for router in api_routers + open_routers for route in router.routes}
+    every = [route for router in api_routers + open_routers for route in router.routes]
+    known = {route.path for route in every if isinstance(route, Route | WebSocketRoute | Mount)}
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=known)
     app.add_middleware(RequestIdMiddleware)
     return app

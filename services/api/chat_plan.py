@@ -38,7 +38,9 @@ def plan_chat(state: APIState, body: ChatCompletionRequest) -> ChatPlan:
     tools = template_tools(body)
     kwargs = body.chat_template_kwargs
     text = render_chat_text(card, body.messages, body.add_generation_prompt, tools, kwargs)
-    token_ids = list(card.tokenizer.encode(text, add_special_tokens=False))
+    tokenizer = card.tokenizer
+    assert tokenizer is not None  # render_chat_text refuses a card without one
+    token_ids = list(tokenizer.encode(text, add_special_tokens=False))
     reasoning: ThinkState | None = None
     if state.config.reasoning_parser is not None:
         # What the template wrote for the answer's turn: the prompt less the same turns without it.
@@ -49,7 +51,7 @@ def plan_chat(state: APIState, body: ChatCompletionRequest) -> ChatPlan:
         )
         reasoning = think_state(text[len(before) :] if text.startswith(before) else text[-64:])
         if constraint is not None and reasoning != "closed":
-            marker = list(card.tokenizer.encode(CLOSE, add_special_tokens=False))
+            marker = list(tokenizer.encode(CLOSE, add_special_tokens=False))
             spec = constraint.spec.model_copy(update={"starts_after": marker})
             constraint = Constraint(spec, constraint.field)
     sampling = chat_sampling(body, len(token_ids), card.max_model_len, constraint)

@@ -59,6 +59,7 @@ def render_chat(
         template_kwargs,
         continue_final_message=continue_final_message,
     )
+    assert card.tokenizer is not None  # render_chat_text refuses a card without one
     return list(card.tokenizer.encode(text, add_special_tokens=False))
 
 

@@ -29,7 +29,7 @@ def require_api_key(request: Request) -> None:
         request.state.key_name = key_owner(named, token) if token else None
         if request.state.key_name is not None:
             return
-    elif token and hmac.compare_digest(token.encode(), expected.encode()):
+    elif token and expected is not None and hmac.compare_digest(token.encode(), expected.encode()):
         return
     raise APIError(401, "a valid API key is required: Authorization: Bearer <key>", None, "invalid_api_key")
 

@@ -63,7 +63,8 @@ def run(config: ServeConfig, standby: bool = False) -> None:
         timeout_graceful_shutdown=5,
         # uvicorn's default (5 s) equals httpx's pool expiry: a pooled connection the client still
         # trusts was being closed as the next request went out on it (docs/failure-model.md).
-        timeout_keep_alive=config.api_keep_alive_s,
+        # uvicorn annotates it int, but only hands it to loop.call_later, which takes a float.
+        timeout_keep_alive=config.api_keep_alive_s,  # pyright: ignore[reportArgumentType]
     )
     server = uvicorn.Server(settings)
     if config.api_processes == 1:

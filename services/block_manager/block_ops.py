@@ -37,7 +37,7 @@ def apply_ops(manager: BlockManager, ops: list[list[Any]], now: float) -> BlockA
     for op in ops:
         name = op[0] if type(op) is list and op and type(op[0]) is str else None
         handler = _HANDLERS.get(name) if name is not None else None
-        if handler is None:
+        if name is None or handler is None:
             append(
                 error_result(
                     f"malformed op {_short(op)}: expected a list starting with one of {list(OP_ARITY)}"

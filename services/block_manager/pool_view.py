@@ -105,7 +105,7 @@ def encode(gathered: Gathered) -> dict[str, Any]:
     """Every pool's states as base64 bytes, per-pool counts by state, and the invariants verdict."""
     problems = list(gathered.problems)
     out = []
-    grand = dict.fromkeys(STATES, 0)
+    grand: dict[str, int] = dict.fromkeys(STATES, 0)
     for pool in gathered.pools:
         codes, pool_problems = _pool_states(pool, gathered.now, gathered.ttl_s)
         problems += pool_problems

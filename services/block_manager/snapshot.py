@@ -93,7 +93,7 @@ def violations(
     refs: dict[int, dict[int, int]] = {id(p): {} for p in pools.values()}
     for rid, table in tables.items():
         pool = pools.get(table.pool.pool_id)
-        if pool is not table.pool:
+        if pool is None or pool is not table.pool:
             problems.append(f"table {rid!r} points at pool {table.pool.pool_id!r}, which is not registered")
             continue
         expected_blocks = blocks_for(table.num_slots, pool.block_size)

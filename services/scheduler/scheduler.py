@@ -35,8 +35,10 @@ from pagedserve.services.scheduler.speculation import SpeculationPolicy
 from pagedserve.services.scheduler.stopping import Tokenizer
 from pagedserve.shared.lora_modules import LoRAModule, LoRARegistry
 from pagedserve.shared.protocol.blocks import (
+    Allocation,
     BlockAnswers,
     BlockOpError,
+    Growth,
     Resumption,
     alloc_result,
     grow_result,
@@ -347,6 +349,7 @@ class Scheduler:
             if req.status is not Status.RUNNING and not entry.new:
                 continue  # aborted between plan and commit
             if entry.new:
+                assert isinstance(res, Allocation)  # read by alloc_result: entry.new chose it above
                 req.status = Status.RUNNING
                 req.on_worker = True
                 req.num_slots_used = req.num_slots_given = res.num_cached_tokens + res.num_new_tokens
@@ -371,9 +374,11 @@ class Scheduler:
                     )
                 )
             elif entry.resume:
+                assert isinstance(res, Resumption)  # read by resume_result: entry.resume chose it
                 execute.new_requests.append(self._resumed(req, entry.num_tokens, res))
                 execute.copies.extend(res.copies)
             else:
+                assert isinstance(res, Growth)  # read by grow_result
                 req.num_slots_used += entry.num_tokens + entry.lookahead
                 req.num_slots_given = max(req.num_slots_given, req.num_slots_used)
                 req.num_known_sent = req.num_known
@@ -481,12 +486,13 @@ class Scheduler:
                 taken += 1
             tokens, lps = tokens[:taken], lps[:taken]
             if reason is None:
-                events.append(self.outputs.delta(req, tokens, lps))
+                event = self.outputs.delta(req, tokens, lps)
             else:
-                events.extend(self._finish(req, reason, new_tokens=tokens, new_logprobs=lps))
+                [event] = self._finish(req, reason, new_tokens=tokens, new_logprobs=lps)
                 done_groups.add(req.parent_id or req.request_id)
+            events.append(event)
             if prompt and rid in prompt and req.prompt_logprobs is not None:
-                events[-1].prompt_logprobs = req.prompt_logprobs
+                event.prompt_logprobs = req.prompt_logprobs
         for pooled in result.pooled:
             req = self.requests.get(pooled.request_id)
             if req is None or req.status is not Status.RUNNING:

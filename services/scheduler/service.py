@@ -554,7 +554,8 @@ class SchedulerService:
             step_age_s=round(age, 3),
             **self.liveness.steps.describe(wid),
         )
-        faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
+        if sys.__stderr__ is not None:  # None where the process was started without a stderr
+            faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
         try:  # to its heartbeat thread, which answers even while its step thread is stuck
             self.workers_sock.send_multipart(
                 [f"{wid}/hb".encode(), encode_message(DumpStacks(round(age, 3)))], zmq.NOBLOCK

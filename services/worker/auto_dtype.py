@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -138,7 +138,7 @@ def probe_gemms(repeats: int = 3) -> GemmProbe:
         torch.set_num_threads(threads)
 
 
-def _one_pass(linears: list[Callable[[torch.Tensor], torch.Tensor]], inputs: list[torch.Tensor]) -> float:
+def _one_pass(linears: Sequence[Callable[[torch.Tensor], torch.Tensor]], inputs: list[torch.Tensor]) -> float:
     """The thread's CPU seconds for every linear at every probe row count (inputs in that order)."""
     t0 = time.thread_time()
     calls = iter(inputs)

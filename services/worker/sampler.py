@@ -136,6 +136,7 @@ class Sampler:
             logits = logits.to(torch.float32)
         if logits.stride(1) != 1:
             logits = logits.contiguous()
+        assert self._sample_rows is not None  # only the cpp backend calls _kernel_tokens
         rows, at = batch.num_rows, batch.random_rows
         uniforms = torch.zeros(rows)
         if at:

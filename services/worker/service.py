@@ -224,7 +224,8 @@ class WorkerService:
             return
         # The scheduler sees one of our steps overdue: where is every thread of ours right now?
         self.log.error("dumping_stacks", reason="step overdue at the scheduler", step_age_s=msg.step_age_s)
-        faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
+        if sys.__stderr__ is not None:  # None where the process was started without a stderr
+            faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
 
     def serve(self) -> None:
         started = time.monotonic()

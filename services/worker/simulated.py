@@ -53,7 +53,7 @@ class SimulatedRunner:
         self.eos_token_ids: list[int] = []
         path = Path(model_path) if model_path is not None else None
         if path is not None and (path.suffix == ".gguf" or (path / "config.json").exists()):
-            checkpoint = read_checkpoint(model_path)
+            checkpoint = read_checkpoint(path)
             self.vocab_size = checkpoint.vocab_size
             self.max_model_len = checkpoint.max_model_len
             self.eos_token_ids = list(checkpoint.eos_token_ids)

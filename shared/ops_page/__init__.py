@@ -28,7 +28,7 @@ _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never 
 
 def render(role: str) -> tuple[int, str, bytes]:
     """The page, told which of the data routes its server answers."""
-    page = resources.files(__package__).joinpath("view.html").read_text()
+    page = resources.files(__name__).joinpath("view.html").read_text()  # __name__: this package's own
     config = json.dumps({"role": role, "sources": _ROLES[role]})
     return 200, "text/html; charset=utf-8", page.replace("/*CONFIG*/{}", config).encode()
 

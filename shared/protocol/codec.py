@@ -22,7 +22,9 @@ def encode(message_type: str, body: dict[str, Any]) -> bytes:
     """One frame: the body's fields plus `v` and `type`."""
     frame = {"v": PROTOCOL_VERSION, "type": message_type}
     frame.update(body)
-    return msgpack.packb(frame, use_bin_type=True)
+    # msgpack has no stubs: pyright reads packb off the pure-Python Packer, whose pack() may return None
+    # (autoreset=False only); packb always returns bytes.
+    return msgpack.packb(frame, use_bin_type=True)  # pyright: ignore[reportReturnType]
 
 
 def decode(frame: bytes, max_bytes: int | None = None) -> dict[str, Any]:

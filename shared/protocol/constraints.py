@@ -27,18 +27,18 @@ class StructuredOutputs(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
 
-    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
     json_object: bool | None = None
     regex: Annotated[str, StringConstraints(min_length=1, max_length=MAX_CONSTRAINT_CHARS)] | None = None
     choice: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] | None = Field(
-        None, min_length=1, max_length=MAX_CHOICES
+        default=None, min_length=1, max_length=MAX_CHOICES
     )
     grammar: Annotated[str, StringConstraints(min_length=1, max_length=MAX_CONSTRAINT_CHARS)] | None = None
     structural_tag: dict[str, Any] | str | None = None
     disable_any_whitespace: bool = True
     # The constraint starts once the output holds these tokens (a reasoning block's `</think>`); the
     # output before them is free. None: from the first token. Not part of the grammar (cache_key).
-    starts_after: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1, max_length=16)
+    starts_after: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1, max_length=16)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputs:

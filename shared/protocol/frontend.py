@@ -29,47 +29,59 @@ class _Strict(BaseModel):
 class SamplingParams(_Strict):
     """How to sample one request. `temperature=0` is greedy. Higher `priority` runs first."""
 
-    n: int = Field(1, ge=1, le=MAX_N, description="completions of the same prompt (share its KV blocks)")
-    max_tokens: int = Field(16, ge=1, le=1 << 20, description="most tokens to generate")
-    min_tokens: int = Field(0, ge=0, description="EOS and stop ids are masked until this many are generated")
-    temperature: float = Field(1.0, ge=0.0, le=100.0)
-    top_k: int = Field(0, ge=0, description="0 = off")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, lt=1 << 63, description="same seed, same tokens, whatever the batch")
-    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    n: int = Field(
+        default=1, ge=1, le=MAX_N, description="completions of the same prompt (share its KV blocks)"
+    )
+    max_tokens: int = Field(default=16, ge=1, le=1 << 20, description="most tokens to generate")
+    min_tokens: int = Field(
+        default=0, ge=0, description="EOS and stop ids are masked until this many are generated"
+    )
+    temperature: float = Field(default=1.0, ge=0.0, le=100.0)
+    top_k: int = Field(default=0, ge=0, description="0 = off")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    seed: int | None = Field(
+        default=None, ge=0, lt=1 << 63, description="same seed, same tokens, whatever the batch"
+    )
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     stop: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] = Field(
         default_factory=list, max_length=MAX_STOP_STRINGS
     )
     stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=64)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="top-n logprobs per token")
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS, description="top-n logprobs per token")
     prompt_logprobs: int | None = Field(
-        None,
+        default=None,
         ge=0,
         le=MAX_LOGPROBS,
         description="the prompt's own token logprobs and top-n per position (the whole prompt is computed)",
     )
     priority: int = Field(
-        0, ge=-1000, le=1000, description="higher runs first; victims of preemption are lowest"
+        default=0, ge=-1000, le=1000, description="higher runs first; victims of preemption are lowest"
     )
     structured_outputs: StructuredOutputs | None = Field(
-        None, description="the output must match this JSON schema / regex / choice / grammar"
+        default=None, description="the output must match this JSON schema / regex / choice / grammar"
     )
     logit_bias: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=-100.0, le=100.0)]] | None = (
-        Field(None, max_length=MAX_LOGIT_BIAS, description="token id -> added to its logit before sampling")
+        Field(
+            default=None,
+            max_length=MAX_LOGIT_BIAS,
+            description="token id -> added to its logit before sampling",
+        )
     )
     pooling: PoolingParams | None = Field(
-        None, description="prefill only: the prompt pooled into one vector, no token sampled (pooling.py)"
+        default=None,
+        description="prefill only: the prompt pooled into one vector, no token sampled (pooling.py)",
     )
     speculate: bool = Field(
-        True, description="false: no speculative decoding for this request, even where the deployment has it"
+        default=True,
+        description="false: no speculative decoding for this request, even where the deployment has it",
     )
     num_speculative_tokens: int | None = Field(
-        None,
+        default=None,
         ge=0,
         le=MAX_SPECULATIVE_TOKENS,
         description="most tokens proposed per step for this request (0: none); the deployment's "
@@ -109,20 +121,20 @@ class SamplingParams(_Strict):
 class Submit(_Strict):
     type: Literal["submit"] = "submit"
     request_id: RequestId
-    prompt: str | None = Field(None, max_length=1 << 20)
-    prompt_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(None, max_length=1 << 20)
+    prompt: str | None = Field(default=None, max_length=1 << 20)
+    prompt_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, max_length=1 << 20)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     stream: bool = True
-    timeout_s: float | None = Field(None, gt=0.0, le=86400.0)
+    timeout_s: float | None = Field(default=None, gt=0.0, le=86400.0)
     # Whom the request is for (an API's end user): per-client limits count per user when given, so
     # the users behind one API process do not share one budget. None: the connection is the client.
-    user: str | None = Field(None, min_length=1, max_length=256)
+    user: str | None = Field(default=None, min_length=1, max_length=256)
     # A reconnecting client re-submits with attach=True: a live request streams to the new connection
     # (from token 0 again: the client drops what it has by `offset`); a finished one returns its result.
     attach: bool = False
     # The LoRA adapter to run with, by its served name (`--lora-modules`, /v1/load_lora_adapter);
     # None: the base model.
-    lora: str | None = Field(None, min_length=1, max_length=256)
+    lora: str | None = Field(default=None, min_length=1, max_length=256)
 
     @model_validator(mode="after")
     def _exactly_one_prompt(self) -> Submit:

@@ -37,9 +37,14 @@ class PoolingParams(BaseModel):
 
     pooling: PoolingKind = "last"
     normalize: bool = False
-    dimensions: int | None = Field(None, ge=1, le=MAX_DIMENSIONS, description="keep the first N values")
+    dimensions: int | None = Field(
+        default=None, ge=1, le=MAX_DIMENSIONS, description="keep the first N values"
+    )
     token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
-        None, min_length=1, max_length=MAX_SCORED_TOKENS, description="logits of these at the last position"
+        default=None,
+        min_length=1,
+        max_length=MAX_SCORED_TOKENS,
+        description="logits of these at the last position",
     )
 
     @model_validator(mode="after")

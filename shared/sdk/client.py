@@ -250,29 +250,31 @@ class Client:
         """Carry out queued commands; True when one of them is close."""
         while True:
             try:
-                kind, arg = self._commands.get_nowait()
+                command = self._commands.get_nowait()
             except queue.Empty:
                 return False
-            if kind == "close":
+            # Read by index, not unpacked: the tag command[0] narrows which argument command[1] is.
+            if command[0] == "close":
                 return True
-            if kind == "abort":
-                self._conn.send(self._session.abort(arg))
+            if command[0] == "abort":
+                self._conn.send(self._session.abort(command[1]))
                 continue
             try:
-                self._conn.send(self._session.submit(arg, time.monotonic()))
+                self._conn.send(self._session.submit(command[1], time.monotonic()))
             except RequestError as exc:
-                arg.sink.put_nowait(exc)
+                command[1].sink.put_nowait(exc)
 
     def _shutdown(self, code: str, message: str) -> None:
         with self._lock:
             self._closed = True  # nothing can be queued after this
         while True:  # commands that came too late
             try:
-                kind, arg = self._commands.get_nowait()
+                command = self._commands.get_nowait()
             except queue.Empty:
                 break
-            if kind == "submit":
-                arg.sink.put_nowait(RequestError(code, message, arg.request_id))
+            if command[0] == "submit":
+                req = command[1]
+                req.sink.put_nowait(RequestError(code, message, req.request_id))
         # Tell the server now rather than let it wait for our heartbeat to lapse.
         for frame in self._session.fail_all(code, message):
             self._conn.send(frame)

@@ -21,7 +21,7 @@ class _Body(BaseModel):
 class TextFormat(_Body):
     type: Literal["text", "json_object", "json_schema"] = "text"
     name: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     description: str | None = None
     strict: bool | None = None
 
@@ -35,16 +35,16 @@ class ResponsesRequest(_Body):
     model: Annotated[str, StringConstraints(min_length=1, max_length=256)]
     input: str | list[dict[str, Any]] = Field(min_length=1)
     instructions: str | None = None
-    previous_response_id: str | None = Field(None, max_length=128)
+    previous_response_id: str | None = Field(default=None, max_length=128)
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     stream: bool = False
-    tools: list[dict[str, Any]] | None = Field(None, max_length=128)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
-    user: str | None = Field(None, max_length=256)
+    user: str | None = Field(default=None, max_length=256)
     store: bool = True
     metadata: dict[str, str] | None = None
     # Accepted, echoed where OpenAI echoes them, no effect here.
@@ -57,7 +57,9 @@ class ResponsesRequest(_Body):
     safety_identifier: str | None = None
     stream_options: dict[str, Any] | None = None
     max_tool_calls: int | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=0)  # logprobs of output text are not served (0 only)
+    top_logprobs: int | None = Field(
+        default=None, ge=0, le=0
+    )  # logprobs of output text are not served (0 only)
     # Refused unless unset (they would change the answer and are not served).
     background: bool | None = None
     conversation: str | dict[str, Any] | None = None

@@ -99,8 +99,9 @@ class LoRALinear(nn.Module):
     ) -> None:
         super().__init__()
         self.base = base
-        self.in_features: int = base.in_features
-        self.out_features: int = base.out_features
+        in_features, out_features = base.in_features, base.out_features
+        assert isinstance(in_features, int) and isinstance(out_features, int)  # every linear kind's are
+        self.in_features, self.out_features = in_features, out_features
         self.batch = batch  # shared by every LoRA linear of the model; the runner sets it per step
         self.parts = parts or [slice(0, self.out_features)]
         self.num_slots = num_slots

@@ -188,14 +188,15 @@ def weight_types(module: nn.Module) -> dict[tuple[str, str], int]:
     (layers/moe.py) counts once."""
     counts: dict[tuple[str, str], int] = {}
     for m in module.modules():
+        source, weight_type = getattr(m, "source", None), getattr(m, "weight_type", None)
         if isinstance(m, QuantLinear):
-            types = m.tensor_types
-        elif isinstance(getattr(m, "weight_type", None), str) and isinstance(getattr(m, "source", None), str):
-            types = (m.weight_type,)  # a quantized embedding, a MoE expert set
+            keys = [(m.source, t) for t in m.tensor_types]
+        elif isinstance(weight_type, str) and isinstance(source, str):
+            keys = [(source, weight_type)]  # a quantized embedding, a MoE expert set
         else:
-            types = ()
-        for t in types:
-            counts[(m.source, t)] = counts.get((m.source, t), 0) + 1
+            keys = []
+        for key in keys:
+            counts[key] = counts.get(key, 0) + 1
     return counts
 
 

@@ -40,9 +40,8 @@ class RopeConfig:
         """Read both spellings: `rope_theta` + `rope_scaling` (most checkpoints) and transformers 5's
         `rope_parameters` (which carries the theta inside). `params`: one layer type's parameters
         where the config has several (Gemma 3), read the same way."""
-        if params is None:
-            params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        params = dict(params)
+        given = (hf.get("rope_parameters") or hf.get("rope_scaling") or {}) if params is None else params
+        params = {**given}  # a copy: the pops below must not reach the caller's config
         rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
         params.pop("type", None)
         theta = float(params.pop("rope_theta", hf.get("rope_theta", 10000.0)))

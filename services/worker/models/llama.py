@@ -34,6 +34,7 @@ from pagedserve.services.worker.layers.softcap import soft_cap
 from torch import nn
 
 if TYPE_CHECKING:
+    from pagedserve.services.worker.layers.quant_linear import QuantEmbedding
     from pagedserve.services.worker.models.registry import ModelConfig
 
 KVCaches = Sequence[tuple[torch.Tensor, torch.Tensor]]  # per layer (k_cache, v_cache)
@@ -87,7 +88,8 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         # Given its (empty) weight, nn.Embedding skips its random init: on the meta device that init
         # runs torch's Python decompositions, which import torch._dynamo and triton (~150 MiB of RSS).
-        self.embed_tokens = nn.Embedding(
+        # A GGUF's quantized embedding replaces it (weights/quant_install.py), and brings the tied head.
+        self.embed_tokens: nn.Embedding | QuantEmbedding = nn.Embedding(
             cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size)
         )
         self.layers = nn.ModuleList(
@@ -172,6 +174,7 @@ class LlamaForCausalLM(nn.Module):
         elif self.tied_head is not None:
             logits = self.tied_head(hidden)
         else:
+            assert isinstance(self.embed_tokens, nn.Embedding)  # a quantized one set tied_head
             logits = F.linear(hidden, self.embed_tokens.weight)
         cap = self.config.final_logit_softcap
         return logits if cap is None else soft_cap(logits, cap)
@@ -182,6 +185,7 @@ class LlamaForCausalLM(nn.Module):
         count = prepack_linears(self)
         if self.lm_head is None and self.tied_head is None:  # a quantized embedding brings its own head
             # Tied: the embedding stays dense for its lookups; the head gets a packed copy.
+            assert isinstance(self.embed_tokens, nn.Embedding)  # a quantized one set tied_head
             self.tied_head = pack_linear(self.embed_tokens.weight)
             count += self.tied_head is not None
         return count

@@ -44,9 +44,11 @@ class MoeForCausalLM(LlamaForCausalLM):
 
     def use_fused_ops(self, enabled: bool = True) -> str:
         name = super().use_fused_ops(enabled)
+        ops = self.layer_ops
+        assert ops is not None  # chosen by the call above
         for module in self.modules():
             if isinstance(module, SparseMoeBlock):
-                module.ops = self.layer_ops
+                module.ops = ops
         return name
 
     def checkpoint_target(self, hf_name: str) -> tuple[str, Rows] | None:
@@ -54,6 +56,8 @@ class MoeForCausalLM(LlamaForCausalLM):
         if len(parts) < 5 or parts[0] != "layers" or parts[2] not in ("mlp", self.moe_block):
             return super().checkpoint_target(hf_name)
         block, rest = f"layers.{parts[1]}.mlp", parts[3:]
+        moe = self.config.moe
+        assert moe is not None  # a MoE architecture's config always has its experts (registry.parse_moe)
         ours = {v: k for k, v in self.expert_parts.items()} | {k: k for k in _EXPERT_PARTS}
         if rest[0] == "experts" and rest[-1] == "weight" and rest[-2] in ours:
             # experts.E.<part>.weight (one expert) or experts.<part>.weight (all of them)
@@ -62,12 +66,12 @@ class MoeForCausalLM(LlamaForCausalLM):
             target = f"{block}.experts.{fused}.weight"
             if shard is None:
                 return target, (expert,)
-            return target, (expert, self._shard_rows(fused, shard, self.config.moe.expert_size))
+            return target, (expert, self._shard_rows(fused, shard, moe.expert_size))
         if rest == ["gate", "weight"]:
             return f"{block}.gate.weight", None
         if rest[0] == "shared_expert" and rest[1] in self.fused_projections:
             fused, shard = self.fused_projections[rest[1]]
-            size = self.config.moe.shared_expert_size
+            size = moe.shared_expert_size
             return f"{block}.shared_expert.{fused}.{rest[-1]}", self._shard_rows(fused, shard, size)
         return super().checkpoint_target(f"model.{block}.{'.'.join(rest)}")
 

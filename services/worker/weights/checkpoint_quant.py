@@ -89,9 +89,8 @@ def parse_scheme(config: dict[str, Any]) -> Scheme | None:
     method = qc["quant_method"]
     if method == "compressed-tensors":
         return _compressed_tensors_scheme(qc)
-    bits = qc.get("bits", qc.get("w_bit"))
+    bits = _check_bits(method, "bits", qc.get("bits", qc.get("w_bit")))
     group_size = qc.get("group_size", qc.get("q_group_size", -1))
-    _check_bits(method, "bits", bits)
     _check_group(method, "group_size", group_size)
     if method == "awq":
         version = str(qc.get("version", "gemm")).lower()
@@ -110,9 +109,11 @@ def parse_scheme(config: dict[str, Any]) -> Scheme | None:
     return Scheme("gptq", bits, group_size, layout)
 
 
-def _check_bits(method: str, field: str, bits: Any) -> None:
+def _check_bits(method: str, field: str, bits: Any) -> int:
+    """-> bits, checked to be 4 or 8."""
     if bits not in (4, 8):
         raise ValueError(f"{method}: quantization_config.{field}={bits!r}: only 4 and 8 bits are supported")
+    return int(bits)
 
 
 def _check_group(method: str, field: str, group_size: Any) -> None:

@@ -133,7 +133,7 @@ def load_model(
             )
         model.to_empty(device=device)
         from_folder = folder is not None and (has_safetensors(folder) or not checkpoint.gguf_files)
-        stored = checkpoint_tensors(folder, skip) if from_folder else ()
+        stored = checkpoint_tensors(folder, skip) if folder is not None and from_folder else ()
         _fill_parameters(model, checkpoint.path, itertools.chain(stored, dense))
         model.weights_loaded(offset_stored)
     model.eval().requires_grad_(False)

@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from pagedserve.services.worker.layers.lora import LoRALinear
     from torch import nn
 
 CONFIG_FILE = "adapter_config.json"
@@ -110,7 +113,7 @@ def load_lora_adapter(
     name: str,
     path: str | Path,
     model: nn.Module,
-    targets: dict[str, nn.Module],
+    targets: Mapping[str, LoRALinear],
     *,
     max_rank: int,
     dtype: torch.dtype,
@@ -146,7 +149,7 @@ def load_lora_adapter(
             )
         target = model.checkpoint_target(module + ".weight")  # type: ignore[operator]
         ours = None if target is None else target[0].removesuffix(".weight")
-        if ours is None or ours not in targets:
+        if target is None or ours is None or ours not in targets:
             raise AdapterError(
                 f"LoRA adapter {folder}: module {module} is not one this server adapts "
                 "(the attention and MLP projections: q/k/v/o_proj, gate/up/down_proj)"

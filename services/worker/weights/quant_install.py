@@ -18,13 +18,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-from pagedserve.services.worker.layers.moe import Experts, QuantExpertLinear
+from pagedserve.services.worker.layers.moe import ExpertLinear, Experts, QuantExpertLinear
 from pagedserve.services.worker.layers.quant_linear import QuantEmbedding, QuantLinear, QuantTensor, quant_ops
+from pagedserve.services.worker.models.llama import LlamaForCausalLM
+from pagedserve.services.worker.models.moe import MoeForCausalLM
 from torch import nn
 
 
 def install_quantized(
-    model: nn.Module, tensors: dict[str, QuantTensor], *, keep_bias: bool = False
+    model: LlamaForCausalLM, tensors: dict[str, QuantTensor], *, keep_bias: bool = False
 ) -> set[str]:
     """Replace what `tensors` holds quantized (a GGUF's, or a GPTQ/AWQ/compressed-tensors checkpoint's
     repacked); -> the checkpoint names now held that way (the loader skips them in the folder).
@@ -45,8 +47,8 @@ def install_quantized(
                 names = [f"{prefix}{module_name}.{split[(child_name, i)]}.weight" for i in range(shards)]
             else:
                 names = [f"{prefix}{path}.weight"]
-            parts = [tensors.get(n) for n in names]
-            if not all(isinstance(p, QuantTensor) for p in parts):
+            parts = [p for n in names if isinstance(p := tensors.get(n), QuantTensor)]
+            if len(parts) != len(names):
                 continue
             if not _same_order([p.input_order for p in parts]):
                 continue  # parts that read their inputs in different orders cannot share one input
@@ -67,6 +69,7 @@ def install_quantized(
 
     for path, module in list(model.named_modules()):
         if isinstance(module, Experts):
+            assert isinstance(model, MoeForCausalLM)  # experts live only in the MoE architectures
             installed |= _install_experts(model, path, module, tensors, ops)
 
     embedding = tensors.get("model.embed_tokens.weight")
@@ -80,13 +83,14 @@ def install_quantized(
 
 
 def _same_order(orders: list[torch.Tensor | None]) -> bool:
-    if all(o is None for o in orders):
-        return True
-    return all(o is not None for o in orders) and all(torch.equal(o, orders[0]) for o in orders)
+    first = orders[0]
+    if first is None:
+        return all(o is None for o in orders)
+    return all(o is not None and torch.equal(o, first) for o in orders)
 
 
 def _install_experts(
-    model: nn.Module, path: str, experts: Experts, tensors: dict[str, QuantTensor], ops
+    model: MoeForCausalLM, path: str, experts: Experts, tensors: dict[str, QuantTensor], ops
 ) -> set[str]:
     """The quantized projections of one layer's experts (`path`: layers.N.mlp.experts) -> the
     checkpoint names now held quantized. A projection whose tensors are missing or not kernel types
@@ -116,6 +120,8 @@ def _install_experts(
 
 
 def _check_shape(weight: QuantTensor, dense: nn.Module, count: int, path: str) -> None:
+    if not isinstance(dense, ExpertLinear):  # installed once, over the dense experts the model built
+        raise TypeError(f"{path} is a {type(dense).__name__}, not the dense experts to quantize")
     want = (count * dense.out_features, dense.in_features)
     if (weight.out_features, weight.in_features) != want:
         raise ValueError(
