@@ -15,34 +15,20 @@ ends the standby.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 from typing import Any
 
 from pagedserve.shared import failpoints
 from pagedserve.shared.config import ServeConfig
+from pagedserve.shared.standby import wait_for_order
 
 
 def wait_for_name(config: ServeConfig, log: Any) -> ServeConfig:
-    log.info("standby_ready", pid=os.getpid())
-    line = sys.stdin.readline()
-    if not line.strip():
-        log.info("standby_released")
-        sys.exit(0)
-    order = json.loads(line)
-    if order.get("log"):
-        # From here on we are that worker: its log file, not the standby's.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        fd = os.open(order["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
+    args_given = wait_for_order(log)
     parser = argparse.ArgumentParser(prog="pagedserve worker (standby)")
     parser.add_argument("--worker-id", required=True)
     parser.add_argument("--failpoints", default=None)
-    args = parser.parse_args(order.get("args", []))
+    args = parser.parse_args(args_given)
     failpoints.configure(args.failpoints)
     log.info("standby_promoted", worker_id=args.worker_id, pid=os.getpid())
     return config.model_copy(update={"worker_id": args.worker_id})
