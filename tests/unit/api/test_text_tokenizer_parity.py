@@ -6,6 +6,7 @@ transformers adds (a BOS post-processor, special tokens, WordPiece's space clean
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +172,9 @@ def pair(request, tiny_model, tmp_path_factory) -> tuple[TextTokenizer, Any]:
     if request.param == "bundled-gguf":
         source = find_bundled_gguf()
     elif request.param == "harness-gguf":
-        source = write_gguf(tiny_model("qwen2"), tmp / "tiny.gguf", "F32")
+        # write_gguf rewrites its folder (weights, chat template): a copy, not the session's model.
+        folder = Path(shutil.copytree(tiny_model("qwen2"), tmp / "qwen2"))
+        source = write_gguf(folder, tmp / "tiny.gguf", "F32")
     elif request.param == "reranker":
         source = make_tiny_reranker(tmp / "reranker")
     else:

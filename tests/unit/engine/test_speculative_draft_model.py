@@ -135,7 +135,9 @@ def test_a_gguf_cut_to_its_first_blocks_drafts_for_the_whole_gguf(target, tmp_pa
     from harness.gguf_models import write_gguf
     from pagedserve.ops.bench.draft_gguf import cut
 
-    whole = write_gguf(Path(target), tmp_path / "whole.gguf", "Q8_0")
+    # write_gguf rewrites its folder's weights (dequantized): a copy, not the session's tiny model.
+    folder = Path(shutil.copytree(target, tmp_path / "target"))
+    whole = write_gguf(folder, tmp_path / "whole.gguf", "Q8_0")
     cut(whole, tmp_path / "first-2.gguf", layers=2)
     batch = prompts(4)
     _, reference = run(str(whole), batch, GREEDY)
