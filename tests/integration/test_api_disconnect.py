@@ -143,7 +143,10 @@ def test_a_responses_or_messages_stream_whose_client_hangs_up_is_aborted(api_dep
         with http.stream("POST", path, json=payload) as reply:
             assert reply.status_code == 200
             deltas = 0
-            for line in reply.iter_lines():  # a few tokens streamed: the request is running
+            # Held in a name: a bare `for ... in reply.iter_lines()` left by `break` drops the
+            # generator, whose close closes the response: the client would hang up right there.
+            lines = reply.iter_lines()
+            for line in lines:  # a few tokens streamed: the request is running
                 deltas += line.startswith("data:") and 'delta"' in line
                 if deltas == 4:
                     break
