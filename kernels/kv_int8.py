@@ -59,8 +59,11 @@ class Int8KVBackend(AttentionBackend):
         self.name = inner.name
         self.ops = None
         if inner.name == "cpp":
+            from pagedserve.kernels.cpu.backend import run_paged_op
             from pagedserve.kernels.cpu.build import KV_INT8, KernelBuildError, load_extension
             from pagedserve.kernels.cpu.dispatch import try_load_ops
+
+            self._run_paged_op = run_paged_op  # imported here: the C++ package only where it runs
 
             isa = getattr(inner, "isa", None)
             try:
@@ -95,22 +98,9 @@ class Int8KVBackend(AttentionBackend):
         """`rules`: a layer's extra attention rules (a sliding window, a softcap), applied by the C++
         int8 kernel itself and by the float backend under the reference."""
         if self.ops is not None and query.device.type == "cpu":
-            if query.stride(2) != 1 or query.stride(1) != query.shape[2]:
-                query = query.contiguous()
-            out = torch.empty(query.shape, dtype=query.dtype)
-            self.ops.paged_attention_int8(
-                query,
-                k_cache,
-                v_cache,
-                meta.query_start_loc,
-                meta.seq_lens,
-                meta.block_tables,
-                scale,
-                rules.window or 0,
-                rules.softcap or 0.0,
-                out,
+            return self._run_paged_op(
+                self.ops.paged_attention_int8, query, k_cache, v_cache, meta, scale, rules
             )
-            return out
         return self.reference(query, k_cache, v_cache, meta, scale, rules)
 
     def reference(

@@ -9,6 +9,8 @@ random shapes, block sizes and dtypes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from pagedserve.kernels.attention import CAUSAL, AttentionMetadata, AttentionRules
 from pagedserve.kernels.cpu.build import PAGED_ATTENTION, load_extension
@@ -53,20 +55,33 @@ class CppAttentionBackend(TorchAttentionBackend):
     ) -> torch.Tensor:
         if query.device.type != "cpu" or query.dtype not in SUPPORTED_DTYPES:
             return super().forward(query, k_cache, v_cache, meta, scale, rules)
-        # The kernel reads q in place from the fused q/k/v output (tokens strided, heads packed).
-        if query.stride(2) != 1 or query.stride(1) != query.shape[2]:
-            query = query.contiguous()
-        out = torch.empty(query.shape, dtype=query.dtype)
-        self._op(
-            query,
-            k_cache,
-            v_cache,
-            meta.query_start_loc,
-            meta.seq_lens,
-            meta.block_tables,
-            scale,
-            rules.window or 0,  # the kernel's "none" is 0 for both
-            rules.softcap or 0.0,
-            out,
-        )
-        return out
+        return run_paged_op(self._op, query, k_cache, v_cache, meta, scale, rules)
+
+
+def run_paged_op(
+    op: Callable[..., None],
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    rules: AttentionRules,
+) -> torch.Tensor:
+    """One call of a C++ paged-attention op (float or int8 KV: the same argument list) into a new
+    output. The kernels read q in place from the fused q/k/v output (tokens strided, heads packed)."""
+    if query.stride(2) != 1 or query.stride(1) != query.shape[2]:
+        query = query.contiguous()
+    out = torch.empty(query.shape, dtype=query.dtype)
+    op(
+        query,
+        k_cache,
+        v_cache,
+        meta.query_start_loc,
+        meta.seq_lens,
+        meta.block_tables,
+        scale,
+        rules.window or 0,  # the kernels' "none" is 0 for both
+        rules.softcap or 0.0,
+        out,
+    )
+    return out
