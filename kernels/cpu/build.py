@@ -1,10 +1,11 @@
 """Builds one C++ kernel extension for one ISA path (torch.utils.cpp_extension) and loads its ops.
 
-Four extensions, built and loaded apart so that one failing to build leaves the others usable:
+Six extensions, built and loaded apart so that one failing to build leaves the others usable:
 paged_attention.cpp (paged attention and the K/V write), layer_ops.cpp (the decoder layer's fused
-norms, residual adds, SiLU-and-mul, rotary), sampling.cpp (one step's draws) and the quantized linear
+norms, residual adds, SiLU-and-mul, rotary), sampling.cpp (one step's draws), the quantized linear
 (quant_linear.cpp, the ops, over quant_float.cpp and quant_int8.cpp, its float32- and int8-activation
-drivers, and the block formats in quant_formats.h / quant_codes_x86.h). Each builds once per
+drivers, and the block formats in quant_formats.h / quant_codes_x86.h), int8 KV (kv_int8*.cpp) and
+LoRA deltas (lora.cpp). Each builds once per
 ISA path (kernels/cpu/isa.py) into its own torch.ops namespace, `pagedserve_<name>_<isa>`, so the
 three paths of one op can be loaded side by side (the tests compare each against torch).
 
@@ -67,7 +68,9 @@ KV_INT8 = Extension(
     (HERE / "kv_int8.cpp", HERE / "kv_int8_attention.cpp"),
     headers=(ATTENTION_MATH, HERE / "kv_int8.h"),
 )
-EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING, QUANT_LINEAR, KV_INT8)
+# LoRA adapters' deltas of a step's rows, grouped by slot (BGMV-style)
+LORA = Extension("lora", (HERE / "lora.cpp",))
+EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING, QUANT_LINEAR, KV_INT8, LORA)
 
 _lock = threading.Lock()
 _loaded: set[str] = set()

@@ -1,11 +1,12 @@
-"""The LoRA delta alone, masked path against grouped path, on one decoder layer's four LoRA linears
+"""The LoRA delta alone, the C++ kernel against the masked and grouped torch paths, on one decoder
+layer's four LoRA linears
 of the bundled model's shapes (SmolLM2-135M: hidden 576, q/k/v 576/192/192, intermediate 1536).
 
 Every slot in use holds a random rank-R adapter on every part; rows are spread evenly over the slots,
 each adapter's rows side by side (what the runner's grouping gives). The base linear is left out
 (it returns zeros) so only the adapter work is timed. Run alone:
 
-    /work/tools/cpulock bench .venv/bin/python -m pagedserve.ops.microbench.lora_linear_ab
+    .venv/bin/python -m pagedserve.ops.microbench.lora_linear_ab [--cases 8:4,64:8] [--threads 2]
 """
 
 from __future__ import annotations
@@ -37,8 +38,11 @@ class _NoBase(nn.Module):
         return torch.zeros(x.shape[0], self.out_features)
 
 
-def layer_us(rows: int, slots: int, rank: int, masked: bool, repeat: int = 200) -> float:
-    batch = LoRABatch()
+PATHS = ("cpp", "masked", "grouped")
+
+
+def layer_us(rows: int, slots: int, rank: int, path: str, repeat: int = 200) -> float:
+    batch = LoRABatch(cpp=path == "cpp")
     linears = []
     for in_features, outs in LINEARS.values():
         parts, start = [], 0
@@ -54,9 +58,11 @@ def layer_us(rows: int, slots: int, rank: int, masked: bool, repeat: int = 200) 
             linear.fill(slot, PackedLoRA(packed))
         linears.append((linear, torch.randn(rows, in_features)))
     batch.set_rows([row * slots // rows for row in range(rows)])
-    if not masked:
+    if path == "cpp" and batch.row_slots is None:
+        raise SystemExit(f"the C++ LoRA kernel does not take {rows} rows here (CPP_MAX_ROWS, or no build)")
+    if path == "grouped":
         batch.mask = None
-    elif batch.mask is None:
+    elif path == "masked" and batch.mask is None:
         mask = torch.zeros(rows, slots)
         mask[torch.arange(rows), torch.arange(rows) * slots // rows] = 1.0
         batch.mask = mask.view(rows, slots, 1, 1)  # forced past the crossover, for the comparison
@@ -83,8 +89,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     for case in args.cases.split(","):
         rows, slots = (int(v) for v in case.split(":"))
-        masked, grouped = layer_us(rows, slots, args.rank, True), layer_us(rows, slots, args.rank, False)
-        print(f"rows {rows:3d} slots {slots}: masked {masked:7.0f} us/layer  grouped {grouped:7.0f} us/layer")
+        times = {path: layer_us(rows, slots, args.rank, path) for path in PATHS}
+        print(
+            f"rows {rows:3d} slots {slots}: "
+            + "  ".join(f"{p} {t:7.0f}" for p, t in times.items())
+            + " us/layer"
+        )
 
 
 if __name__ == "__main__":

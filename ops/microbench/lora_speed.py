@@ -6,7 +6,7 @@ Runs the in-process engine (LLM: scheduler, block manager, worker runner), greed
 configuration generates exactly the same number of tokens. The adapters are made here with PEFT
 (random A and B, every attention and MLP projection). Run alone:
 
-    /work/tools/cpulock bench .venv/bin/python -m pagedserve.ops.microbench.lora_speed --out bench/results/lora-speed.json
+    .venv/bin/python -m pagedserve.ops.microbench.lora_speed --out bench/results/lora-speed.json
 """
 
 from __future__ import annotations
@@ -136,6 +136,10 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cases", default="8:4,64:8", help="requests:adapters, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3, help="base/LoRA run pairs per case (median ratio)")
+    parser.add_argument(
+        "--torch-paths", action="store_true", help="LoRA deltas by torch's GEMMs, not the C++ kernel (A/B)"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -152,25 +156,32 @@ def main() -> None:
         "rank": args.rank,
         "max_tokens": args.max_tokens,
         "prompt_len": args.prompt_len,
+        "repeats": args.repeats,
         "cases": [],
     }
     with tempfile.TemporaryDirectory() as tmp:
         adapters = make_adapters(base, Path(tmp), most + 1, args.rank)
         spare = adapters.pop(f"lora{most}")
         llm = LLM("smollm2-135m", max_loras=most, max_cpu_loras=most + 1, lora_modules=adapters)
+        llm.runner.loras.batch.cpp = not args.torch_paths
+        results["lora_kernel"] = "torch" if args.torch_paths else "cpp"
         for requests, count in cases:
             prompts = [
                 [(7 * i + 13 * j) % 4000 + 100 for j in range(args.prompt_len)] for i in range(requests)
             ]
-            base_run = run(llm, prompts, [None] * requests, args.max_tokens)
             names = [f"lora{i % count}" for i in range(requests)]
-            lora_run = run(llm, prompts, names, args.max_tokens)
+            base_runs, lora_runs = [], []
+            for _ in range(args.repeats):  # interleaved, so a drift in the machine's speed moves both
+                base_runs.append(run(llm, prompts, [None] * requests, args.max_tokens))
+                lora_runs.append(run(llm, prompts, names, args.max_tokens))
+            ratios = [lora["tok_s"] / base["tok_s"] for base, lora in zip(base_runs, lora_runs, strict=True)]
             case = {
                 "requests": requests,
                 "adapters": count,
-                "base": base_run,
-                "lora": lora_run,
-                "ratio": lora_run["tok_s"] / base_run["tok_s"],
+                "base": base_runs,
+                "lora": lora_runs,
+                "ratios": ratios,
+                "ratio": statistics.median(ratios),
             }
             results["cases"].append(case)  # type: ignore[union-attr]
             print(json.dumps(case))

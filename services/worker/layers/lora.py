@@ -9,14 +9,17 @@ Zero padding adds exact zeros, so a rank-8 part next to a rank-16 one is still e
 copies one adapter into its place (weights/lora_adapter.py packs it); nothing else moves.
 
 A step's rows belong to several adapters and to none. The runner gives the shared `LoRABatch` each
-row's slot once per step, and every LoRA linear then takes one of two paths:
-- few rows (decode of a small batch): every row against every slot in use, punica/BGMV-style but
+row's slot once per step, and every LoRA linear then takes one of three paths:
+- float32, up to `CPP_MAX_ROWS` rows, where the C++ kernels build: one call of our kernel
+  (kernels/cpu/lora.cpp): rows grouped by slot, each slot's A and B read once, no wasted multiplies.
+- few rows (decode of a small batch) otherwise: every row against every slot in use, punica/BGMV-style but
   without a per-row gather: `xa = x a^T` over all slots in one GEMM, rows times a 0/1 mask of their
   slot (one mask per step, shared by all linears), then one GEMM per part with that part's stacked B.
   Three or four calls per linear however many adapters; the waste is rows x slots x R multiplies.
 - many rows (prefills, big batches): per adapter, its rows (a slice when the runner grouped them,
   else an index) times that slot's A and B: two GEMMs per adapter and part, no wasted work.
-The crossover (`MASKED_MAX_ROW_SLOTS`) was measured on the bundled model's shapes (docs/lora.md).
+The crossovers (`CPP_MAX_ROWS`, `MASKED_MAX_ROW_SLOTS`) were measured on the bundled model's shapes
+(docs/lora.md, `ops/microbench/lora_linear_ab.py`).
 A step without adapter rows costs one Python call and an empty check per linear.
 
 MoE expert weights are not adapted.
@@ -36,6 +39,24 @@ if TYPE_CHECKING:
 # Masked path while rows x slots in use <= this: at 8 rows over 4 adapters it took half the time of
 # the grouped GEMMs; at 64 rows over 8 it took ~1.5x (SmolLM2-135M shapes, rank 16, Zen 4, 2 threads).
 MASKED_MAX_ROW_SLOTS = 128
+# The C++ kernel up to this many rows in a step; past it the grouped GEMMs (prefills).
+CPP_MAX_ROWS = 128
+
+
+def _cpp_lora_delta():
+    """The C++ kernel's op on this CPU's best path, or None where it does not build (logged once)."""
+    global _cpp_op, _cpp_tried
+    if not _cpp_tried:
+        from pagedserve.kernels.cpu.build import LORA
+        from pagedserve.kernels.cpu.dispatch import try_load_ops
+
+        ops = try_load_ops(LORA)
+        _cpp_op, _cpp_tried = (ops.lora_delta_.default if ops is not None else None), True
+    return _cpp_op
+
+
+_cpp_op = None
+_cpp_tried = False
 
 
 @dataclass(slots=True)
@@ -44,16 +65,24 @@ class LoRABatch:
 
     groups: (slot, rows) per adapter in the step, rows a slice or an int64 index tensor.
     mask: [rows, slots in use, 1, 1], 1.0 where the row belongs to the slot; None: take `groups`.
+    row_slots: each row's slot (int64, -1 for the base) when the C++ kernel takes the step's float32
+    linears; None: the torch paths. `cpp` False keeps every step on the torch paths (tests, A/B).
     """
 
     groups: list[tuple[int, slice | torch.Tensor]] = field(default_factory=list)
     mask: torch.Tensor | None = None
     masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # `mask` per dtype seen
+    row_slots: torch.Tensor | None = None
+    cpp: bool = True
 
     def set_rows(self, row_slots: list[int]) -> None:
         """row_slots[i]: the slot of packed row i, -1 for the base model."""
         self.groups = group_rows(row_slots)
         self.masks = {}
+        use_cpp = (
+            self.cpp and self.groups and len(row_slots) <= CPP_MAX_ROWS and _cpp_lora_delta() is not None
+        )
+        self.row_slots = torch.tensor(row_slots, dtype=torch.int64) if use_cpp else None
         in_use = max(row_slots, default=-1) + 1
         if not self.groups or len(row_slots) * in_use > MASKED_MAX_ROW_SLOTS:
             self.mask = None
@@ -64,7 +93,7 @@ class LoRABatch:
         self.mask = mask.view(len(row_slots), in_use, 1, 1)
 
     def clear(self) -> None:
-        self.groups, self.mask, self.masks = [], None, {}
+        self.groups, self.mask, self.masks, self.row_slots = [], None, {}, None
 
     def mask_in(self, dtype: torch.dtype) -> torch.Tensor:
         mask = self.masks.get(dtype)
@@ -150,6 +179,11 @@ class LoRALinear(nn.Module):
         out = self.base.forward(x)
         batch = self.batch
         if not batch.groups or not self.rank:
+            return out
+        if batch.row_slots is not None and x.dtype == self.a.dtype == out.dtype == torch.float32:
+            op = _cpp_lora_delta()
+            assert op is not None  # set_rows sets row_slots only where it loaded
+            op(out, x, self.a, self.b, batch.row_slots)  # x's and out's rows contiguous: checked there
             return out
         if batch.mask is not None:
             return self._masked(x, out, batch.mask_in(x.dtype))

@@ -78,13 +78,19 @@ def _reference_logits(base: Path, adapter: Path | None, prompts: list[list[int]]
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
-@pytest.mark.parametrize("prepack", [True, False], ids=["packed", "dense"])
-def test_mixed_step_logits_match_merged_peft(adapters, arch, prepack):
+@pytest.mark.parametrize(
+    ("prepack", "kernel"),
+    [(True, "cpp"), (True, "torch"), (False, "cpp")],
+    ids=["packed", "packed-torch", "dense"],
+)
+def test_mixed_step_logits_match_merged_peft(adapters, arch, prepack, kernel):
     base, folders = adapters(arch)
     # Rows of "all" are not contiguous (an index gather), "qv" is one slice, two rows run the base.
     loras = [("all", folders["all"]), None, ("qv", folders["qv"]), ("all", folders["all"]), None]
     runner = ModelRunner(base, block_size=16, num_blocks=64, max_loras=2, prepack_weights=prepack)
     assert any(isinstance(m, LoRALinear) for m in runner.model.modules())
+    assert runner.loras is not None
+    runner.loras.batch.cpp = kernel == "cpp"  # "torch": the masked GEMMs (five rows)
     result, logits = runner.execute_with_logits(_step(PROMPTS, loras))
     assert logits is not None
     logits = _in_step_order(result, logits, len(PROMPTS))
@@ -196,19 +202,28 @@ def test_lora_linear_adds_each_rows_adapter_delta_by_slice_or_gather():
         if slot >= 0:
             a, b = weights[slot]
             want[row] += (x[row] @ a.t()) @ b.t()
-    for masked in (True, False):  # six rows take the masked path; None forces the grouped one
-        batch.set_rows(row_slots)
-        assert batch.mask is not None
-        if not masked:
-            batch.mask = None
+    for path in LORA_PATHS:
+        _set_rows(batch, row_slots, path)
         with torch.inference_mode():
             got = layer(x)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+# The C++ kernel; the masked GEMMs (six rows are few); the grouped GEMMs (the mask dropped).
+LORA_PATHS = ("cpp", "masked", "grouped")
+
+
+def _set_rows(batch, row_slots: list[int], path: str) -> None:
+    batch.cpp = path == "cpp"
+    batch.set_rows(row_slots)
+    assert (batch.row_slots is not None) == (path == "cpp") and batch.mask is not None
+    if path == "grouped":
+        batch.mask = None
+
+
 def test_lora_linear_fused_parts_of_different_ranks_and_a_missing_part():
     """A fused linear (three parts): slot 0 adapts parts 0 and 2 at ranks 3 and 5, slot 1 part 1 at
-    rank 2 (the stacks pad to 5 with zeros); slot 1 emptied again adds nothing; both paths."""
+    rank 2 (the stacks pad to 5 with zeros); slot 1 emptied again adds nothing; every path."""
     from pagedserve.services.worker.layers.lora import LoRABatch
 
     torch.manual_seed(1)
@@ -231,10 +246,8 @@ def test_lora_linear_fused_parts_of_different_ranks_and_a_missing_part():
         return want
 
     for adapters in ({0: slot0, 1: slot1}, {0: slot0}):
-        for masked in (True, False):
-            batch.set_rows(row_slots)
-            if not masked:
-                batch.mask = None
+        for path in LORA_PATHS:
+            _set_rows(batch, row_slots, path)
             with torch.inference_mode():
                 got = layer(x)
             torch.testing.assert_close(got, expected(adapters), atol=1e-5, rtol=1e-5)

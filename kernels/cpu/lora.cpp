@@ -1,0 +1,213 @@
+// A step's LoRA deltas for one linear, every row under its own adapter slot, in one call:
+//
+//   pagedserve_lora::lora_delta_(out, x, a, b, row_slots) -> ()
+//     out[m, part p's columns] += (x[m] . a[s, p]^T) . b[p][s]   for every row m with s = row_slots[m] >= 0
+//
+// a [slots, parts, R, in] and b[p] [slots, R, out of part p] are LoRALinear's stacks (each part's A,
+// and its B transposed and already scaled, zero past the part's rank); the parts' columns follow one
+// another in out, in order (q, k, v of a fused q/k/v). Rows of the base model (-1) are not touched.
+//
+// Why a kernel: at decode sizes (a few rows over a few adapters) torch's GEMMs cost more in calls
+// and small-matrix overheads than the work (3-4 calls a linear, 210 linears a step on SmolLM2), and
+// the masked form multiplies every row by every slot. Here the rows are grouped by slot, so each
+// slot's A and B stream from memory once a call however many of its rows the step holds, and
+// nothing is multiplied by a slot the row does not use (punica's BGMV, on CPU cores):
+//   shrink  one item per (slot in use, part): the slot's R rows of A against each of its rows of x
+//           (dot products of length in), into xa [rows, parts, R] in float32;
+//   expand  one item per (part, kColumns of its output): R rows of B over those columns stay in L1
+//           while every adapter row adds its xa-weighted sum of them to out, in vector registers.
+// Both in one OpenMP region (a barrier between them), so a call wakes the threads once.
+//
+// float32 only (the stacks and activations of float32 models); other dtypes take LoRALinear's
+// torch path. Sums run in a different order from torch's GEMMs: the result differs from them in
+// the last bits, not more (tests/unit/kernels/test_lora_kernel.py holds it to 1e-5 relative).
+//
+// One source, three ISA paths (kernels/cpu/isa.py): at::vec::Vectorized<float> is 16 lanes on
+// avx512, 8 on avx2, and its generic form on portable.
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+#include "library.h"
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kLanes = Vec::size();
+// Output columns per expand item: at R 16, 8 KB of B, which stays in L1 across the slot's rows; small
+// enough that a 576-wide part splits evenly over two threads.
+constexpr int64_t kColumns = 128;
+// Below this many multiply-adds a call runs on one thread: waking the second costs more.
+constexpr int64_t kWorkPerThread = 1 << 16;
+
+inline Vec load(const float* p, int64_t n) { return n >= kLanes ? Vec::loadu(p) : Vec::loadu(p, n); }
+inline void store(float* p, const Vec& v, int64_t n) {
+  if (n >= kLanes)
+    v.store(p);
+  else
+    v.store(p, static_cast<int>(n));
+}
+
+inline float sum_lanes(const Vec& v) {
+  float lanes[kLanes];
+  v.store(lanes);
+  float sum = 0.f;
+  for (int64_t i = 0; i < kLanes; ++i) sum += lanes[i];
+  return sum;
+}
+
+// Up to kRanks dot products of one x row with kRanks rows of A (stride `in`) at once: independent
+// accumulators, so the multiply-adds do not wait on one another's latency, and x loaded once.
+constexpr int64_t kRanks = 4;
+
+void dots(const float* x, const float* a, int64_t in, int64_t ranks, float* result) {
+  Vec acc[kRanks] = {Vec(0.f), Vec(0.f), Vec(0.f), Vec(0.f)};
+  for (int64_t d = 0; d < in; d += kLanes) {
+    const int64_t n = std::min(kLanes, in - d);  // lanes past n load 0
+    const Vec xv = load(x + d, n);
+    for (int64_t r = 0; r < ranks; ++r) acc[r] = at::vec::fmadd(xv, load(a + r * in + d, n), acc[r]);
+  }
+  for (int64_t r = 0; r < ranks; ++r) result[r] = sum_lanes(acc[r]);
+}
+
+struct Stacks {
+  int64_t parts, rank, in;
+  const float* a;                   // [slots, parts, R, in]
+  std::vector<const float*> b;      // per part, [slots, R, width]
+  std::vector<int64_t> width;       // per part: its output columns
+  std::vector<int64_t> first;       // per part: its first column in out
+};
+
+// The slot's R rows of A for part p against each of its rows of x -> xa[row, p, :].
+void shrink(const Stacks& s, int64_t slot, int64_t p, const std::vector<int64_t>& rows, const float* x,
+            int64_t x_stride, float* xa) {
+  const float* a = s.a + (slot * s.parts + p) * s.rank * s.in;
+  for (int64_t r = 0; r < s.rank; r += kRanks)
+    for (int64_t m : rows)
+      dots(x + m * x_stride, a + r * s.in, s.in, std::min(kRanks, s.rank - r), xa + (m * s.parts + p) * s.rank + r);
+}
+
+// Output vectors one expand pass keeps in registers: each its own chain of R multiply-adds.
+constexpr int64_t kVectors = 4;
+
+// out[m, part p's columns c0..c1) += sum_r xa[m, p, r] * b[p][slot, r, c] for the slot's rows.
+void expand(const Stacks& s, int64_t slot, int64_t p, int64_t c0, int64_t c1, const std::vector<int64_t>& rows,
+            const float* xa, float* out, int64_t out_stride) {
+  const int64_t width = s.width[p];
+  const float* b = s.b[p] + slot * s.rank * width;
+  for (int64_t m : rows) {
+    const float* w = xa + (m * s.parts + p) * s.rank;
+    float* o = out + m * out_stride + s.first[p];
+    int64_t c = c0;
+    for (; c + kVectors * kLanes <= c1; c += kVectors * kLanes) {
+      Vec acc[kVectors];
+      for (int64_t v = 0; v < kVectors; ++v) acc[v] = Vec::loadu(o + c + v * kLanes);
+      for (int64_t r = 0; r < s.rank; ++r) {
+        const Vec wr(w[r]);
+        const float* b_row = b + r * width + c;
+        for (int64_t v = 0; v < kVectors; ++v) acc[v] = at::vec::fmadd(wr, Vec::loadu(b_row + v * kLanes), acc[v]);
+      }
+      for (int64_t v = 0; v < kVectors; ++v) acc[v].store(o + c + v * kLanes);
+    }
+    for (; c < c1; c += kLanes) {  // the last vectors, one at a time (a masked tail at most)
+      const int64_t n = std::min(kLanes, c1 - c);
+      Vec acc = load(o + c, n);
+      for (int64_t r = 0; r < s.rank; ++r) acc = at::vec::fmadd(Vec(w[r]), load(b + r * width + c, n), acc);
+      store(o + c, acc, n);
+    }
+  }
+}
+
+void check(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, "lora_delta_: ", name,
+              " must be a float32 CPU tensor, got ", t.scalar_type(), " on ", t.device());
+}
+
+void lora_delta_(at::Tensor& out, const at::Tensor& x, const at::Tensor& a, at::TensorList b,
+                 const at::Tensor& row_slots) {
+  check(out, "out");
+  check(x, "x");
+  check(a, "a");
+  TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && x.size(0) == out.size(0), "lora_delta_: x [rows, in] and out ",
+              "[rows, out] must have the same rows, got ", x.sizes(), " and ", out.sizes());
+  TORCH_CHECK(x.stride(1) == 1 && out.stride(1) == 1, "lora_delta_: x's and out's rows must be contiguous");
+  TORCH_CHECK(a.dim() == 4 && a.is_contiguous() && a.size(3) == x.size(1), "lora_delta_: a must be contiguous ",
+              "[slots, parts, R, ", x.size(1), "], got ", a.sizes());
+  TORCH_CHECK(static_cast<int64_t>(b.size()) == a.size(1), "lora_delta_: ", a.size(1), " parts in a, ", b.size(),
+              " B stacks");
+  TORCH_CHECK(row_slots.dim() == 1 && row_slots.size(0) == x.size(0) && row_slots.scalar_type() == at::kLong &&
+                  row_slots.is_contiguous(),
+              "lora_delta_: row_slots must be int64 [", x.size(0), "], got ", row_slots.sizes());
+  const int64_t slots = a.size(0), rows = x.size(0);
+  Stacks s{a.size(1), a.size(2), a.size(3), a.data_ptr<float>(), {}, {}, {}};
+  int64_t column = 0;
+  for (const at::Tensor& part : b) {
+    check(part, "b");
+    TORCH_CHECK(part.dim() == 3 && part.is_contiguous() && part.size(0) == slots && part.size(1) == s.rank,
+                "lora_delta_: each B stack must be contiguous [", slots, ", ", s.rank, ", width], got ", part.sizes());
+    s.b.push_back(part.data_ptr<float>());
+    s.width.push_back(part.size(2));
+    s.first.push_back(column);
+    column += part.size(2);
+  }
+  TORCH_CHECK(column == out.size(1), "lora_delta_: the parts' widths add up to ", column, ", out has ", out.size(1),
+              " columns");
+
+  // The rows of each slot in use, in the order slots first appear.
+  const int64_t* slot_of = row_slots.data_ptr<int64_t>();
+  std::vector<std::vector<int64_t>> rows_of(slots);
+  std::vector<int64_t> used;
+  for (int64_t m = 0; m < rows; ++m) {
+    const int64_t slot = slot_of[m];
+    if (slot < 0) continue;
+    TORCH_CHECK(slot < slots, "lora_delta_: row ", m, " names slot ", slot, " of ", slots);
+    if (rows_of[slot].empty()) used.push_back(slot);
+    rows_of[slot].push_back(m);
+  }
+  if (used.empty()) return;
+
+  std::vector<int64_t> chunk_part, chunk_start;  // expand items: (part, first column)
+  for (int64_t p = 0; p < s.parts; ++p)
+    for (int64_t c = 0; c < s.width[p]; c += kColumns) {
+      chunk_part.push_back(p);
+      chunk_start.push_back(c);
+    }
+  const int64_t shrink_items = static_cast<int64_t>(used.size()) * s.parts;
+  const int64_t expand_items = static_cast<int64_t>(chunk_part.size());
+  int64_t adapter_rows = 0;
+  for (int64_t slot : used) adapter_rows += static_cast<int64_t>(rows_of[slot].size());
+  const int64_t work = adapter_rows * s.rank * (s.in * s.parts + column);
+  const int threads = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>({at::get_num_threads(), work / kWorkPerThread, expand_items})));
+
+  std::vector<float> xa(rows * s.parts * s.rank);
+  const float* xs = x.data_ptr<float>();
+  float* os = out.data_ptr<float>();
+  const int64_t x_stride = x.stride(0), out_stride = out.stride(0);
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < shrink_items; ++item) {
+      const int64_t slot = used[item / s.parts];
+      shrink(s, slot, item % s.parts, rows_of[slot], xs, x_stride, xa.data());
+    }
+    // (the implicit barrier: every xa is written before any expand reads it)
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < expand_items; ++item) {
+      const int64_t p = chunk_part[item], c0 = chunk_start[item];
+      const int64_t c1 = std::min(c0 + kColumns, s.width[p]);
+      for (int64_t slot : used) expand(s, slot, p, c0, c1, rows_of[slot], xa.data(), os, out_stride);
+    }
+  }
+}
+
+}  // namespace
+
+PAGEDSERVE_TORCH_LIBRARY(m) {
+  m.def("lora_delta_(Tensor(a!) out, Tensor x, Tensor a, Tensor[] b, Tensor row_slots) -> ()");
+}
+
+PAGEDSERVE_TORCH_LIBRARY_IMPL(CPU, m) { m.impl("lora_delta_", &lora_delta_); }
