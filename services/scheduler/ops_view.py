@@ -39,6 +39,9 @@ class SchedulerWatch:
         self.history = History(("waiting", "running", "step_ms", "tokens_per_s"))
         self.tokens = 0
         self.step_timeouts = 0
+        self.lora_adapters_last_step = 0  # adapters in the latest step that had any LoRA slots
+        self.lora_worker_loads = 0  # adapters workers read from disk inside a step
+        self.lora_worker_load_s = 0.0
         self._since_sample: list[float] = []
         self._tokens_at_sample = 0
 
@@ -71,6 +74,13 @@ class SchedulerWatch:
         record.step_s.append(step_s)
         self.tokens += num_tokens
         self._since_sample.append(step_s)
+
+    def lora_step(self, adapters: int, load_s: float | None) -> None:
+        """A step of a worker with LoRA slots: its distinct adapters, and the read time if it loaded one."""
+        self.lora_adapters_last_step = adapters
+        if load_s is not None:
+            self.lora_worker_loads += 1
+            self.lora_worker_load_s += load_s
 
     def sample(self, now: float, waiting: int, running: int) -> None:
         steps, self._since_sample = self._since_sample, []
@@ -134,6 +144,7 @@ class SchedulerWatch:
                     "cached_tokens": r.num_cached_tokens,
                     "spec_proposed": r.num_proposed,
                     "spec_accepted": r.num_accepted,
+                    "lora": None if r.lora is None else r.lora.name,
                     "age_s": round(now - r.arrival, 2),
                 }
             )
@@ -153,6 +164,13 @@ class SchedulerWatch:
                 "proposed": stats.spec_proposed,
                 "accepted": stats.spec_accepted,
                 "acceptance": round(stats.spec_acceptance, 4),
+            },
+            "lora": {
+                "enabled": core.limits.max_loras > 0,
+                "adapters": core.loras.names(),
+                "adapters_last_step": self.lora_adapters_last_step,
+                "worker_loads": self.lora_worker_loads,
+                "worker_load_s": round(self.lora_worker_load_s, 3),
             },
             "history": history,
         }

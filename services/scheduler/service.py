@@ -471,9 +471,11 @@ class SchedulerService:
         self.metrics.worker_idle.labels(wid).inc(result.timings.get("idle_s", 0.0))
         if "lora_adapters" in result.timings:
             self.metrics.lora_adapters_per_step.observe(result.timings["lora_adapters"])
-            if "lora_load_s" in result.timings:
+            load_s = result.timings.get("lora_load_s")
+            if load_s is not None:
                 self.metrics.lora_worker_loads.inc()
-                self.metrics.lora_worker_load_s.inc(result.timings["lora_load_s"])
+                self.metrics.lora_worker_load_s.inc(load_s)
+            self.watch.lora_step(int(result.timings["lora_adapters"]), load_s)
         self.metrics.worker_busy.labels(wid).inc(result.timings.get("step_s", 0.0))
         self.watch.step(
             wid,

@@ -121,6 +121,18 @@ def test_adapters_by_model_name_listing_and_admin_load_unload(lora_deployment):
         busy = httpx.post(
             f"{api.base_url}/unload_lora_adapter", json={"lora_name": "late"}, headers=admin, timeout=10
         )
+        # The live view's data (the page at /view polls it) names the request's adapter, and the
+        # adapters, their per-step count and the workers' loads.
+        view = httpx.get(
+            f"http://127.0.0.1:{sup.config.scheduler_ops_port}/view/sched",
+            headers={"Authorization": f"Bearer {ADMIN}"},
+            timeout=10,
+        ).json()
+    listed = {r["request_id"]: r["lora"] for r in view["requests"]}  # the API's id plus its own suffix
+    assert [lora for rid, lora in listed.items() if rid.startswith("cmpl-long-late")] == ["late"], listed
+    lora = view["lora"]
+    assert lora["enabled"] and lora["adapters"] == ["chat", "late", "sql"], lora
+    assert lora["adapters_last_step"] >= 1 and lora["worker_loads"] >= 1 and lora["worker_load_s"] > 0, lora
     assert busy.status_code == 409 and "in use by running requests: cmpl-long-late" in busy.text, busy.text
     unload = httpx.post(
         f"{api.base_url}/unload_lora_adapter", json={"lora_name": "late"}, headers=admin, timeout=10
