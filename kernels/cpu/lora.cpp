@@ -43,14 +43,6 @@ constexpr int64_t kColumns = 128;
 // Below this many multiply-adds a call runs on one thread: waking the second costs more.
 constexpr int64_t kWorkPerThread = 1 << 16;
 
-inline Vec load(const float* p, int64_t n) { return n >= kLanes ? Vec::loadu(p) : Vec::loadu(p, n); }
-inline void store(float* p, const Vec& v, int64_t n) {
-  if (n >= kLanes)
-    v.store(p);
-  else
-    v.store(p, static_cast<int>(n));
-}
-
 inline float sum_lanes(const Vec& v) {
   float lanes[kLanes];
   v.store(lanes);
@@ -65,10 +57,14 @@ constexpr int64_t kRanks = 4;
 
 void dots(const float* x, const float* a, int64_t in, int64_t ranks, float* result) {
   Vec acc[kRanks] = {Vec(0.f), Vec(0.f), Vec(0.f), Vec(0.f)};
-  for (int64_t d = 0; d < in; d += kLanes) {
-    const int64_t n = std::min(kLanes, in - d);  // lanes past n load 0
-    const Vec xv = load(x + d, n);
-    for (int64_t r = 0; r < ranks; ++r) acc[r] = at::vec::fmadd(xv, load(a + r * in + d, n), acc[r]);
+  int64_t d = 0;
+  for (; d + kLanes <= in; d += kLanes) {
+    const Vec xv = Vec::loadu(x + d);
+    for (int64_t r = 0; r < ranks; ++r) acc[r] = at::vec::fmadd(xv, Vec::loadu(a + r * in + d), acc[r]);
+  }
+  if (d < in) {  // the tail: lanes past it load 0
+    const Vec xv = Vec::loadu(x + d, in - d);
+    for (int64_t r = 0; r < ranks; ++r) acc[r] = at::vec::fmadd(xv, Vec::loadu(a + r * in + d, in - d), acc[r]);
   }
   for (int64_t r = 0; r < ranks; ++r) result[r] = sum_lanes(acc[r]);
 }
@@ -113,10 +109,10 @@ void expand(const Stacks& s, int64_t slot, int64_t p, int64_t c0, int64_t c1, co
       for (int64_t v = 0; v < kVectors; ++v) acc[v].store(o + c + v * kLanes);
     }
     for (; c < c1; c += kLanes) {  // the last vectors, one at a time (a masked tail at most)
-      const int64_t n = std::min(kLanes, c1 - c);
-      Vec acc = load(o + c, n);
-      for (int64_t r = 0; r < s.rank; ++r) acc = at::vec::fmadd(Vec(w[r]), load(b + r * width + c, n), acc);
-      store(o + c, acc, n);
+      const int n = static_cast<int>(std::min(kLanes, c1 - c));
+      Vec acc = Vec::loadu(o + c, n);
+      for (int64_t r = 0; r < s.rank; ++r) acc = at::vec::fmadd(Vec(w[r]), Vec::loadu(b + r * width + c, n), acc);
+      acc.store(o + c, n);
     }
   }
 }
