@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pagedserve.shared.speculative_config import SpeculativeConfig, parse_speculative_config
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
 def parse_bytes(value: object) -> int | str:
@@ -320,6 +320,30 @@ class ServeConfig(BaseSettings):
                 f"worker_timeout_s ({self.worker_timeout_s})"
             )
         return self
+
+
+class _DeclaredDefaults(ServeConfig):
+    """ServeConfig from its declared defaults and the fields given, never the PAGEDSERVE_* environment."""
+
+    model_config = SettingsConfigDict(title="ServeConfig")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+def config_of(**fields: Any) -> ServeConfig:
+    """The declared defaults plus `fields`, validated as a deployment's configuration is (a wrong name or
+    value: ValidationError naming the field), without the environment: for `LLM(model, **overrides)`,
+    whose defaults must not change with the shell it runs in."""
+    return _DeclaredDefaults(**fields)
 
 
 def add_config_args(parser: argparse.ArgumentParser, fields: list[str] | None = None) -> None:

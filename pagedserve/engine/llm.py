@@ -12,6 +12,7 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pagedserve.engine.engine import Engine
 from pagedserve.services.block_manager.manager import BlockManager
@@ -19,7 +20,8 @@ from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer
 from pagedserve.services.scheduler.admission import check_request
 from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
 from pagedserve.services.worker.kv_budget import check_fits
-from pagedserve.shared.config import ServeConfig, config_default
+from pagedserve.shared.config import config_of
+from pagedserve.shared.lora_modules import parse_lora_modules
 from pagedserve.shared.protocol.frontend import CompletionOutput, SamplingParams
 from pagedserve.shared.protocol.pooling import PoolingParams, unpack_floats
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
@@ -58,87 +60,49 @@ class RequestOutput:
 
 
 class LLM:
-    def __init__(
-        self,
-        model: str = "smollm2-135m",
-        *,
-        block_size: int = config_default("block_size"),
-        num_blocks: int | None = None,
-        kv_cache_memory: int | str = config_default("kv_cache_memory"),
-        pipeline_depth: int = config_default("pipeline_depth"),
-        max_num_seqs: int = config_default("max_num_seqs"),
-        max_num_batched_tokens: int = config_default("max_num_batched_tokens"),
-        max_model_len: int | None = None,
-        aging_s: float = config_default("aging_s"),
-        dtype: str = config_default("dtype"),
-        device: str = config_default("device"),
-        attention_backend: str = config_default("attention_backend"),
-        enable_prefix_caching: bool = config_default("enable_prefix_caching"),
-        quantization: str = config_default("quantization"),
-        tokenizer: str | None = None,
-        kv_cache_dtype: str = config_default("kv_cache_dtype"),
-        speculative_config: dict | str | None = None,
-        max_loras: int = config_default("max_loras"),
-        max_lora_rank: int = config_default("max_lora_rank"),
-        max_cpu_loras: int = config_default("max_cpu_loras"),
-        lora_modules: dict[str, str] | None = None,
-    ) -> None:
-        """max_loras > 0 enables LoRA adapters (that many per step); lora_modules: name -> PEFT folder,
-        served from the start (more with load_lora)."""
+    def __init__(self, model: str = "smollm2-135m", **overrides: Any) -> None:
+        """Any `ServeConfig` field as a keyword (`LLM(model, dtype="bfloat16", max_loras=4)`), validated
+        as a deployment's configuration is (a wrong name or value: pydantic's ValidationError naming the
+        field), from the fields' declared defaults, never the PAGEDSERVE_* environment. Fields only a
+        deployment's processes read (endpoints, the API, timeouts) are accepted and change nothing here.
+        max_loras > 0 enables LoRA adapters (that many per step); lora_modules (name -> PEFT folder, or
+        the CLI's "name=path" strings) are served from the start (more with load_lora)."""
         from pagedserve.services.worker.runner import ModelRunner
 
-        # Validate through the same model the services use: one vocabulary, one set of limits.
-        config = ServeConfig(
-            model=model,
-            block_size=block_size,
-            num_blocks=num_blocks,
-            kv_cache_memory=kv_cache_memory,
-            pipeline_depth=pipeline_depth,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            aging_s=aging_s,
-            dtype=dtype,
-            device=device,
-            attention_backend=attention_backend,
-            enable_prefix_caching=enable_prefix_caching,
-            quantization=quantization,
-            tokenizer=tokenizer,
-            kv_cache_dtype=kv_cache_dtype,
-            speculative_config=speculative_config,
-            max_loras=max_loras,
-            max_lora_rank=max_lora_rank,
-            max_cpu_loras=max_cpu_loras,
-        )
+        loras = overrides.get("lora_modules")
+        if isinstance(loras, dict):
+            overrides["lora_modules"] = [f"{name}={path}" for name, path in loras.items()]
+        config = config_of(model=model, **overrides)
+        tokenizer, max_model_len = config.tokenizer, config.max_model_len
         checkpoint = load_checkpoint(model, tokenizer)
         self.tokenizer = load_tokenizer(checkpoint.tokenizer_path)
         self.runner = ModelRunner(
             checkpoint.path,
-            dtype=dtype,
-            device=device,
-            block_size=block_size,
-            num_blocks=num_blocks,
+            dtype=config.dtype,
+            device=config.device,
+            block_size=config.block_size,
+            num_blocks=config.num_blocks,
             kv_cache_memory=config.kv_cache_memory,
             kv_cache_share=config.kv_cache_share,
-            max_num_seqs=max_num_seqs,
+            max_num_seqs=config.max_num_seqs,
             max_model_len=max_model_len,
-            attention_backend=attention_backend,
+            attention_backend=config.attention_backend,
             quantization=config.quantization,
             tokenizer=checkpoint.tokenizer_path,
             kv_cache_dtype=config.kv_cache_dtype,
             speculative_config=config.speculative_config,
-            max_loras=max_loras,
-            max_lora_rank=max_lora_rank,
-            max_cpu_loras=max_cpu_loras,
+            max_loras=config.max_loras,
+            max_lora_rank=config.max_lora_rank,
+            max_cpu_loras=config.max_cpu_loras,
         )
         self.max_model_len = checkpoint.served_len(max_model_len)
         check_fits(self.runner.pool_sizing, self.max_model_len)
         limits = SchedulerLimits.from_config(config, self.max_model_len, checkpoint.rope_switch_at)
-        self.block_manager = BlockManager(enable_prefix_caching=enable_prefix_caching)
+        self.block_manager = BlockManager(enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(limits, self.runner.eos_token_ids, self.tokenizer, owner="llm")
         self.engine = Engine(self.scheduler, self.block_manager, self.runner)
         self._ids = itertools.count()
-        for name, path in (lora_modules or {}).items():
+        for name, path in parse_lora_modules(config.lora_modules):
             self.load_lora(name, path)
 
     def load_lora(self, name: str, path: str) -> None:
