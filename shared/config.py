@@ -322,6 +322,58 @@ class ServeConfig(BaseSettings):
         return self
 
 
+# The fields in sections, each field in one (a test holds it), and the sections each command runs:
+# a command takes the flags of its sections only (`pagedserve block-manager --help` lists no model or
+# API flag); every field stays settable by its PAGEDSERVE_* variable everywhere.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "model": (
+        "model", "tokenizer", "dtype", "device", "attention_backend", "prepack_weights", "quantization",
+        "num_threads", "worker_id", "simulate_step_ms",
+    ),
+    "lora": ("max_loras", "max_lora_rank", "max_cpu_loras", "lora_modules"),
+    "cache": (
+        "block_size", "num_blocks", "kv_cache_memory", "kv_cache_share", "workers_per_machine",
+        "gpu_memory_utilization", "enable_prefix_caching", "kv_cache_dtype", "kv_persist", "kv_segment_dir",
+        "kv_resume_timeout_s",
+    ),
+    "scheduler": (
+        "max_num_seqs", "max_num_batched_tokens", "max_model_len", "aging_s", "pipeline_depth",
+        "request_timeout_s", "max_inflight_per_client", "max_waiting_requests", "finished_results_kept",
+        "speculative_config",
+    ),
+    "reliability": (
+        "lease_ttl_s", "lease_renew_interval_s", "reap_interval_s", "heartbeat_interval_s", "worker_timeout_s",
+        "client_timeout_s", "rpc_timeout_s", "step_timeout_s", "step_timeout_floor_s", "step_timeout_factor",
+    ),
+    "deployment": ("standby_api", "standby_workers"),  # read by `pagedserve up`'s supervisor
+    "endpoints": (
+        "front_endpoint", "worker_endpoint", "block_manager_endpoint", "ops_host", "scheduler_ops_port",
+        "block_manager_ops_port", "max_message_bytes",
+    ),
+    "api": (
+        "api_host", "api_port", "api_processes", "api_keep_alive_s", "api_key", "api_keys_file",
+        "served_model_name", "tool_call_parser", "reasoning_parser", "runner", "pooling",
+        "normalize_embeddings", "responses_kept",
+    ),
+    "security": ("curve_keys_dir", "admin_token"),
+    "logging": ("log_format", "log_level"),
+}  # fmt: skip
+_EVERY_PROCESS = ("reliability", "endpoints", "security", "logging")
+COMMAND_SECTIONS: dict[str, tuple[str, ...]] = {
+    "block-manager": ("cache", *_EVERY_PROCESS),
+    "scheduler": ("model", "lora", "cache", "scheduler", *_EVERY_PROCESS),
+    "worker": ("model", "lora", "cache", "scheduler", *_EVERY_PROCESS),
+    "api": ("model", "lora", "scheduler", "api", *_EVERY_PROCESS),
+}
+
+
+def command_fields(command: str) -> list[str]:
+    """The fields whose flags `command` takes: its sections' (every field for a command that runs the
+    whole deployment: up, serve, demo)."""
+    sections = COMMAND_SECTIONS.get(command, tuple(SECTIONS))
+    return [name for section in sections for name in SECTIONS[section]]
+
+
 class _DeclaredDefaults(ServeConfig):
     """ServeConfig from its declared defaults and the fields given, never the PAGEDSERVE_* environment."""
 

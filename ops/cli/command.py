@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pagedserve.shared.config import ServeConfig, add_config_args, config_from_args
+from pagedserve.shared.config import ServeConfig, add_config_args, command_fields, config_from_args
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name in SERVICES:
         p = sub.add_parser(name, help=f"run the {name.replace('-', ' ')} service until SIGTERM")
-        add_config_args(p)
+        add_config_args(p, command_fields(name))
         p.add_argument(
             "--failpoints",
             metavar="SPEC",

@@ -3,13 +3,14 @@ them as a keyword instead of declaring them again with defaults of its own."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import inspect
 from pathlib import Path
 
 import pytest
 from pagedserve.shared import config as config_module
-from pagedserve.shared.config import ServeConfig, config_of
+from pagedserve.shared.config import SECTIONS, ServeConfig, command_fields, config_of
 from pydantic import ValidationError
 
 from pagedserve import LLM
@@ -58,3 +59,56 @@ def test_llm_overrides_reach_the_runner_the_scheduler_and_the_block_manager(tiny
     assert not llm.block_manager.enable_prefix_caching
     with pytest.raises(ValidationError, match="max_num_seq\\b"):
         LLM(str(tiny_model("llama")), max_num_seq=3)
+
+
+def test_every_field_is_in_one_section():
+    names = [name for fields in SECTIONS.values() for name in fields]
+    assert sorted(names) == sorted(ServeConfig.model_fields), "a field in no section, or in two"
+
+
+SERVICE_PACKAGES = {
+    "block-manager": "services/block_manager",
+    "scheduler": "services/scheduler",
+    "worker": "services/worker",
+    "api": "services/api",
+}
+
+
+@pytest.mark.parametrize("command", list(SERVICE_PACKAGES))
+def test_each_service_reads_only_fields_its_command_takes(command):
+    """A service reading a field outside its command's sections would have no flag for it."""
+    root = Path(inspect.getfile(config_module)).parents[1]
+    fields, takes, read = set(ServeConfig.model_fields), set(command_fields(command)), set()
+    for path in (root / SERVICE_PACKAGES[command]).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "config"
+                and node.attr in fields
+            ):
+                read.add(node.attr)
+    assert read, command
+    assert read <= takes, sorted(read - takes)
+
+
+@pytest.mark.parametrize("command", list(SERVICE_PACKAGES))
+def test_a_service_command_lists_only_its_sections_flags(command):
+    from pagedserve.ops.cli.command import build_parser
+
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    flags = {
+        option
+        for action in subparsers.choices[command]._actions
+        for option in action.option_strings
+        if option.startswith("--")
+    }
+    want = {"--" + name.replace("_", "-") for name in command_fields(command)}
+    want |= {
+        "--no-" + name.replace("_", "-")
+        for name in command_fields(command)
+        if ServeConfig.model_fields[name].annotation is bool
+    }
+    assert flags - {"--help", "--failpoints", "--standby"} == want
+    if command == "block-manager":
+        assert "--model" not in flags and "--api-port" not in flags
