@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+
 from pagedserve.kernels.attention import CAUSAL, AttentionBackend, AttentionMetadata, AttentionRules
 
 SCALE_BYTES = 4  # a float32 per (slot, head) row

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from pagedserve.kernels.attention import CAUSAL, AttentionMetadata, AttentionRules
 
 # Per-dtype (atol, rtol) against the fp32 reference: the kernels round P to the input dtype before P @ V.

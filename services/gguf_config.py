@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from pagedserve.services import gguf_gemma_phi
 from pagedserve.services.gguf_file import GGUFError, GGUFModel
 

@@ -24,6 +24,7 @@ import math
 from typing import Any
 
 import numpy as np
+
 from pagedserve.services.gguf_file import GGUFError, GGUFModel
 
 SLIDING, FULL = "sliding_attention", "full_attention"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+
 from pagedserve.services.gguf_file import GGUFError, read_header, split_parts
 from pagedserve.services.model_cache import cache_root, publish_atomically
 

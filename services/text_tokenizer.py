@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from tokenizers import Tokenizer
+
 from pagedserve.services.chat_jinja import pick_template, render_template
 from pagedserve.services.model_cache import cache_root, publish_atomically
-from tokenizers import Tokenizer
 
 log = structlog.get_logger("pagedserve.tokenizer")
 

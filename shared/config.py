@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import Any, Literal
 
-from pagedserve.shared.speculative_config import SpeculativeConfig, parse_speculative_config
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from pagedserve.shared.speculative_config import SpeculativeConfig, parse_speculative_config
 
 
 def parse_bytes(value: object) -> int | str:

@@ -13,6 +13,7 @@ from typing import Any
 
 import zmq
 import zmq.auth
+
 from pagedserve.shared.protocol.codec import ProtocolError, decode
 from pagedserve.shared.protocol.messages import encode_message
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from harness.tiny_models import make_tiny_model
+
 from pagedserve.kernels.cpu.isa import ISAS, missing_flags, runnable_isas
 
 # Markers by where a test lives (a new file there gets its marker without a line of its own): a

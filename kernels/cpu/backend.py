@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
 from pagedserve.kernels.attention import CAUSAL, AttentionMetadata, AttentionRules
 from pagedserve.kernels.cpu.build import PAGED_ATTENTION, load_extension
 from pagedserve.kernels.cpu.dispatch import kernel_paths, load_ops

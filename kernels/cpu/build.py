@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
 from pagedserve.kernels.cpu.isa import compile_flags
 
 HERE = Path(__file__).parent

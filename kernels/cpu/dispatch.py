@@ -9,6 +9,7 @@ each op ended on, for the worker's start log and its announcements (the schedule
 from __future__ import annotations
 
 import structlog
+
 from pagedserve.kernels.cpu.build import EXTENSIONS, Extension, KernelBuildError, load_extension
 from pagedserve.kernels.cpu.isa import preferred_isas
 

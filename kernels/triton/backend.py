@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from pagedserve.kernels.attention import CAUSAL, AttentionBackend, AttentionMetadata, AttentionRules
 from pagedserve.kernels.triton.decode_attention import choose_num_splits, decode_attention
 from pagedserve.kernels.triton.prefill_attention import prefill_attention

@@ -17,10 +17,11 @@ from typing import Any, TypedDict
 import torch
 import triton
 import triton.knobs
-from pagedserve.kernels.attention import CAUSAL, AttentionRules
-from pagedserve.kernels.triton import decode_attention, prefill_attention, write_kv
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+
+from pagedserve.kernels.attention import CAUSAL, AttentionRules
+from pagedserve.kernels.triton import decode_attention, prefill_attention, write_kv
 
 _TYPE_NAMES = {
     torch.float16: "fp16",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from pagedserve.kernels.attention import CAUSAL, AttentionRules
 from pagedserve.kernels.triton.paged_tile import load_paged_tile
 from pagedserve.kernels.triton.precision import dot_in_fp32, tile_dot

@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pagedserve bench: {e}", file=sys.stderr)
         return 2
     import torch
+
     from pagedserve.ops.bench.efficiency import ceiling_shape, efficiency_json, matmul_ceiling, model_flops
     from pagedserve.ops.bench.peers import (
         BenchSettings,

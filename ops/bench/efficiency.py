@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
 from pagedserve.ops.bench.workload import Workload
 from pagedserve.services.worker.models.registry import ModelConfig
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from pagedserve.kernels.cpu.isa import cpu_model
 from pagedserve.ops.bench.llamacpp_server import llama_server_binary, llamacpp_venv, running_server
 from pagedserve.ops.chaos.deployment import free_ports

@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+
 from pagedserve.kernels.cpu.isa import cpu_model
 
 OPS_LIMIT_S = 1.0

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from pagedserve.ops.bench.workload import Workload, static_batch_accounting, static_batches
 from pagedserve.services.checkpoint import read_checkpoint
 from pagedserve.services.worker.kv_cache import KVCacheShape, num_blocks_for_budget

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pagedserve.ops.bench.peers import PathResult
 from rich.console import Console
 from rich.table import Table
+
+from pagedserve.ops.bench.peers import PathResult
 
 SPEEDUP_TARGET = 2.0  # pagedserve over the best transformers path
 KV_UTILIZATION_TARGET = 0.95
@@ -23,6 +24,7 @@ IDLE_TARGET_DEPTH = 2
 def machine_info() -> dict[str, Any]:
     import torch
     import transformers
+
     from pagedserve.kernels.cpu.dispatch import kernel_paths
     from pagedserve.kernels.cpu.isa import cpu_flags, cpu_model, preferred_isas
 

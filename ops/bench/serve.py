@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from tqdm import tqdm
+
 from pagedserve.ops.bench.serve_load import LoadSpec, run_load
 from pagedserve.ops.bench.serve_stats import summarize
 from pagedserve.ops.bench.workload import make_workload
 from pagedserve.ops.results import write_json
-from tqdm import tqdm
 
 
 def _rates(text: str) -> list[float]:

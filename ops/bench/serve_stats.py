@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from pagedserve.ops.bench.serve_load import RequestRecord
 
 PERCENTILES = (50, 90, 99)

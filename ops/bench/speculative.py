@@ -87,10 +87,10 @@ def run_cell(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
-    from pagedserve.ops.bench.report import machine_info
-    from pagedserve.ops.bench.spec_workloads import WORKLOADS
 
     from pagedserve import LLM
+    from pagedserve.ops.bench.report import machine_info
+    from pagedserve.ops.bench.spec_workloads import WORKLOADS
 
     torch.set_num_threads(args.threads)
     workloads = [w for w in args.workloads.split(",") if w]

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from pagedserve.ops.chaos.deployment import Deployment, DeploymentError, attached, started
 from pagedserve.ops.chaos.faults import FAULT_KINDS, MIN_READY_TO_HIT, FaultInjector
 from pagedserve.ops.chaos.load import LoadOutcome, LoadSettings, run_load, run_reference
@@ -41,7 +43,6 @@ from pagedserve.ops.chaos.timeline import write_timeline
 from pagedserve.ops.chaos.watch import DeploymentWatch, blocks, ready_workers
 from pagedserve.ops.deploy.supervisor import DeploymentFailed
 from pagedserve.ops.results import write_json
-from rich.console import Console
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -122,6 +122,7 @@ async def run_load(settings: LoadSettings, outcome: LoadOutcome | None = None) -
     request_timeout_s = settings.duration_s + settings.drain_timeout_s + 30.0
 
     import httpx
+
     from pagedserve.ops.chaos.api_lane import RETRY_PAUSE_S, served_model, stream_completion
 
     deadline = stop_sending + settings.drain_timeout_s

@@ -10,10 +10,11 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from pagedserve.ops.chaos.faults import Fault
-from pagedserve.ops.chaos.load import LoadOutcome
 from rich.console import Console
 from rich.table import Table
+
+from pagedserve.ops.chaos.faults import Fault
+from pagedserve.ops.chaos.load import LoadOutcome
 
 
 def _stats(values: list[float]) -> dict[str, float | None]:

@@ -155,6 +155,7 @@ async def vanish(endpoint: str, request_id: str, prompt: list[int]) -> None:
     """A client that submits and disappears: no abort, no heartbeat, its socket just closes."""
     import zmq
     import zmq.asyncio
+
     from pagedserve.shared.protocol.frontend import Submit
     from pagedserve.shared.protocol.messages import encode_message
 

@@ -28,8 +28,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pagedserve.shared.config import ServeConfig, add_config_args, command_fields, config_from_args
 from pydantic import ValidationError
+
+from pagedserve.shared.config import ServeConfig, add_config_args, command_fields, config_from_args
 
 if TYPE_CHECKING:
     from pagedserve.ops.deploy.ray_placement import RayPlacement

@@ -11,9 +11,8 @@ def generate_text(
     """Send `prompt`, write the completion to `out` (token by token when streaming), return it.
 
     `keys_dir`: a `pagedserve keys` folder when the deployment speaks CURVE."""
-    from pagedserve.shared.sdk.keys import load_client_keys
-
     from pagedserve import Client  # lazily: `pagedserve health` and friends need no SDK
+    from pagedserve.shared.sdk.keys import load_client_keys
 
     keys = load_client_keys(keys_dir) if keys_dir else {}
     with Client(endpoint, **keys) as client:

@@ -105,9 +105,8 @@ def generate(endpoint: str, max_tokens: int) -> int:
 def kill_under_load(args: argparse.Namespace) -> int:
     """`pagedserve chaos --docker`, then: nothing errored either, and the engine restarted each
     killed container (its restart count went up)."""
-    from pagedserve.ops import chaos
-
     import docker
+    from pagedserve.ops import chaos
 
     out = Path(args.out)
     code = chaos.main(

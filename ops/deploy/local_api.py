@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from pagedserve.ops.chaos.deployment import free_ports
 from pagedserve.ops.deploy.process_group import RestartPolicy
 from pagedserve.ops.deploy.supervisor import Supervisor

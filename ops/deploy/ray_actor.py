@@ -18,11 +18,12 @@ from typing import Any
 
 import ray
 import structlog
+from ray.experimental import internal_kv
+
 from pagedserve.ops.deploy.process_group import ChildSpec, ProcessGroup, RestartPolicy, exit_cause
 from pagedserve.ops.deploy.ray_restarts import RestartLedger, next_start
 from pagedserve.ops.deploy.supervisor import config_env, service_argv
 from pagedserve.shared.config import ServeConfig
-from ray.experimental import internal_kv
 
 log = structlog.get_logger("ray-actor")
 

@@ -22,6 +22,12 @@ from typing import Any
 
 import ray
 import structlog
+from ray._private import state as ray_state
+from ray._raylet import Config as RayConfig
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayError
+from ray.experimental import internal_kv
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
 from pagedserve.ops.deploy.endpoints import ConfigEndpoints
 from pagedserve.ops.deploy.process_group import RestartPolicy
 from pagedserve.ops.deploy.ray_actor import LEDGER_NAMESPACE, ServiceActor, ledger_key
@@ -36,11 +42,6 @@ from pagedserve.ops.deploy.supervisor import (
     worker_name,
 )
 from pagedserve.shared.config import ServeConfig
-from ray._private import state as ray_state
-from ray._raylet import Config as RayConfig
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayError
-from ray.experimental import internal_kv
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 log = structlog.get_logger("supervisor")
 

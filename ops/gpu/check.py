@@ -23,6 +23,7 @@ os.environ.setdefault("TRITON_INTERPRET", "0")
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
+
 from pagedserve.kernels.attention import AttentionMetadata  # noqa: E402
 from pagedserve.kernels.paged_reference import TOLERANCES, make_paged_batch, reference_attention  # noqa: E402
 from pagedserve.kernels.torch_backend import TorchAttentionBackend  # noqa: E402

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from pagedserve.kernels.cpu.isa import cpu_model
 from pagedserve.ops.chaos.deployment import CHAOS_RESTARTS
 from pagedserve.ops.deploy.local_api import local_config

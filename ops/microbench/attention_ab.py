@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from pagedserve.engine.llm import LLM
 from pagedserve.ops.bench.workload import make_workload
 from pagedserve.ops.results import write_json

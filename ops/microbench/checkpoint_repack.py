@@ -15,6 +15,7 @@ import argparse
 import time
 
 import torch
+
 from pagedserve.services.worker.weights.checkpoint_quant import Scheme, kernel_type, read_linear, to_blocks
 
 SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)] * 30

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any, Union
 
 import msgspec
+
 from pagedserve.kernels.cpu.isa import cpu_model
 from pagedserve.ops.results import write_json
 from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply, grow_op

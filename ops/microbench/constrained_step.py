@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pagedserve.services.constraints.matcher as matcher_module
 import torch
+
+import pagedserve.services.constraints.matcher as matcher_module
 from pagedserve.kernels.cpu.isa import cpu_model
 from pagedserve.ops.results import write_json
 from pagedserve.services.checkpoint import resolve_model

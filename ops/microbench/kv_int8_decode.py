@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.frontend import SamplingParams

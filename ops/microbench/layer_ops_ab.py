@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
 from pagedserve.kernels.cpu.isa import ISAS, runnable_isas
 from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, CppLayerOps
 from pagedserve.ops.microbench.ab_report import measured, write_report

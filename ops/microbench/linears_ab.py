@@ -20,12 +20,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 from pagedserve.ops.microbench.ab_report import measured, write_report
 from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.layers.packed_linear import PackedLinear
 from pagedserve.services.worker.weights.loader import load_model
-from torch import nn
 
 
 def model_weights(dtype: str) -> list[torch.Tensor]:

@@ -142,6 +142,7 @@ def deployment_cost(num_blocks: int, seconds: float, browser: bool) -> dict[str,
 
 def ghost_fill(endpoint: str, prompts: list[list[int]]) -> None:
     import zmq
+
     from pagedserve.shared.protocol.blocks import BlockBatch, alloc_op
     from pagedserve.shared.transport import make_socket, send
 

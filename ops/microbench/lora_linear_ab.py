@@ -16,9 +16,10 @@ import statistics
 import time
 
 import torch
+from torch import nn
+
 from pagedserve.services.worker.layers.lora import LoRABatch, LoRALinear
 from pagedserve.services.worker.weights.lora_adapter import PackedLoRA
-from torch import nn
 
 HIDDEN, INTER = 576, 1536
 LINEARS = {  # name -> (in, parts' outs)

@@ -79,9 +79,8 @@ def hot_load_stall(
     the worker's cache (3 steps at least). -> the load time and step-time p99 before / in the window.
     `cached`: the new request names that adapter instead, already in a slot: the same arrival (its
     prefill alone makes a step slower) without a load, the baseline the load's own stall is read against."""
-    from pagedserve.engine.engine import RequestDone
-
     from pagedserve import SamplingParams
+    from pagedserve.engine.engine import RequestDone
 
     loras = llm.runner.loras
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
@@ -149,9 +148,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from pagedserve.services.checkpoint import load_checkpoint
-
     from pagedserve import LLM
+    from pagedserve.services.checkpoint import load_checkpoint
 
     base = load_checkpoint("smollm2-135m").config
     cases = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",")]

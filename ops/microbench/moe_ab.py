@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
 from pagedserve.ops.results import write_json
 from pagedserve.services.worker.layers.moe import QuantExpertLinear, SparseMoeBlock
 from pagedserve.services.worker.layers.quant_linear import ACTIVATION_MODES

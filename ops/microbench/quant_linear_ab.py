@@ -32,6 +32,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
+
 from pagedserve.kernels.cpu.build import QUANT_LINEAR, load_extension
 from pagedserve.kernels.cpu.isa import cpu_model
 from pagedserve.services.worker.layers.packed_linear import PackedLinear

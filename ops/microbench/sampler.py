@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from pagedserve.kernels.cpu.build import HERE, Extension, load_extension
 from pagedserve.kernels.cpu.isa import ISAS, cpu_model
 from pagedserve.ops.microbench.ab_report import measured, write_report

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from pagedserve.ops.results import write_json
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.scheduler.scheduler import Scheduler, SchedulerLimits

@@ -42,6 +42,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
+
     from pagedserve.kernels.cpu.isa import cpu_model
     from pagedserve.services.checkpoint import load_checkpoint
     from pagedserve.services.worker.runner import ModelRunner

@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function
+
 from pagedserve.ops.results import write_json
 from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.layers.packed_linear import PackedLinear
@@ -34,8 +37,6 @@ from pagedserve.services.worker.layers.quant_linear import QuantLinear
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest, WorkerSampling
-from torch import nn
-from torch.profiler import ProfilerActivity, profile, record_function
 
 # Op -> category. Anything not listed counts as "other ops" (copies, views, embedding lookups).
 CATEGORIES = {

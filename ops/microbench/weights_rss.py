@@ -102,9 +102,10 @@ def step_read_bytes(model) -> int:
     """Weight bytes one decode step reads: every linear's weight once (quantized blocks as stored, a
     dense or oneDNN-packed matrix in its dtype), the LM head included (a tied one reads the embedding's
     blocks again); embedding lookups read a few rows and are left out."""
+    from torch import nn
+
     from pagedserve.services.worker.layers.packed_linear import PackedLinear
     from pagedserve.services.worker.layers.quant_linear import QuantLinear
-    from torch import nn
 
     total = 0
     for module in model.modules():

@@ -128,6 +128,7 @@ def _tensors(shape: Shape, vocab: int, seed: int) -> Iterator[tuple[str, np.ndar
 
 def write_gguf(path: Path, shape: Shape, type_name: str, seed: int = 0) -> Path:
     import gguf
+
     from pagedserve.services.worker.weights.bundled import find_bundled_gguf
 
     reader = gguf.GGUFReader(find_bundled_gguf())

@@ -168,6 +168,7 @@ def kernel_less_tensors(path: Path) -> dict[str, np.ndarray]:
     Q4_K_M file until it does, or a fused projection's part beside such a tensor), dequantized to
     float32 by Hugging Face name: a folder load takes them from the safetensors."""
     import gguf
+
     from pagedserve.services.worker.layers.quant_linear import KERNEL_TYPES
     from pagedserve.services.worker.weights.gguf_weights import hf_name
 
@@ -199,10 +200,11 @@ sys.exit(rc)
 
 
 def make_folder(type_name: str, out: Path, shape: Shape, llamacpp_venv: Path | None, seed: int = 0) -> Path:
+    from safetensors.numpy import save_file
+
     from pagedserve.services.checkpoint import load_tokenizer, read_checkpoint
     from pagedserve.services.model_cache import publish_atomically
     from pagedserve.services.worker.weights.bundled import find_bundled_gguf
-    from safetensors.numpy import save_file
 
     source = find_bundled_gguf()
     if out.exists():

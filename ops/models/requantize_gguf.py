@@ -90,6 +90,7 @@ def dequantized_checkpoint(gguf_file: Path) -> dict[str, object]:
     """The GGUF's tensors as float32 torch tensors, in Hugging Face's names and q/k row order."""
     import gguf
     import torch
+
     from pagedserve.services.worker.weights.gguf_weights import _unpermute_rows, hf_name
 
     reader = gguf.GGUFReader(gguf_file)

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tqdm import tqdm
+
 from pagedserve.engine.engine import Engine
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer
@@ -25,7 +27,6 @@ from pagedserve.shared.lora_modules import parse_lora_modules
 from pagedserve.shared.protocol.frontend import CompletionOutput, SamplingParams
 from pagedserve.shared.protocol.pooling import PoolingParams, unpack_floats
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
-from tqdm import tqdm
 
 
 @dataclass(slots=True)

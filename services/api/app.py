@@ -8,6 +8,8 @@ from contextlib import asynccontextmanager
 import httpx
 import structlog
 from fastapi import Depends, FastAPI
+from starlette.routing import Mount, Route, WebSocketRoute
+
 from pagedserve.services.api import chat, completions, embeddings, routes, scoring, tokenize
 from pagedserve.services.api.api_keys import load_api_keys
 from pagedserve.services.api.errors import HANDLERS
@@ -21,7 +23,6 @@ from pagedserve.services.api.state import APIState
 from pagedserve.services.api.tool_parsers import check_parser
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.sdk import AsyncClient, load_client_keys
-from starlette.routing import Mount, Route, WebSocketRoute
 
 HEALTH_TIMEOUT_S = 2.0
 

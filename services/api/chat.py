@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+
 from pagedserve.services.api.chat_plan import ChatPlan, plan_chat
 from pagedserve.services.api.choices import Reading, chat_choice, usage_body
 from pagedserve.services.api.disconnect import ClientGone

@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+
 from pagedserve.services.api.choices import completion_choice, usage_body
 from pagedserve.services.api.disconnect import ClientGone
 from pagedserve.services.api.echo import without_generated

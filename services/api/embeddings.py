@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+
 from pagedserve.services.api.disconnect import ClientGone
 from pagedserve.services.api.errors import APIError
 from pagedserve.services.api.generation import generate_all

@@ -15,9 +15,10 @@ from typing import Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pagedserve.shared.sdk import RequestError
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pagedserve.shared.sdk import RequestError
 
 ERROR_TYPES = {
     400: "invalid_request_error",

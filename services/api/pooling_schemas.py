@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pagedserve.services.api.schemas import TokenIds
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from pagedserve.services.api.schemas import TokenIds
 
 MAX_INPUTS = 2048  # OpenAI's limit on one embeddings request's inputs
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=256)]

@@ -8,10 +8,11 @@ from typing import Any
 import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
 from pagedserve.services.api.api_keys import key_owner
 from pagedserve.services.api.errors import APIError
 from pagedserve.services.api.state import api_state
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 router = APIRouter()
 

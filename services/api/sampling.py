@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from pagedserve.services.api.errors import APIError, from_validation_error
 from pagedserve.services.api.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from pagedserve.services.api.structured import Constraint, request_constraint
 from pagedserve.shared.protocol.frontend import SamplingParams
-from pydantic import ValidationError
 
 # OpenAI defaults where ours differ (ours: temperature 1.0, max_tokens 16 as well).
 _PASSED_IF_SET = (

@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+
 from pagedserve.services.api.disconnect import ClientGone
 from pagedserve.services.api.embeddings import pooled
 from pagedserve.services.api.errors import APIError

@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 
 import uvicorn
+
 from pagedserve.services.api.api_keys import KeysFileError
 from pagedserve.services.api.app import create_app
 from pagedserve.shared.config import ServeConfig

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+
 from pagedserve.services.api.disconnect import ClientGone, on_disconnect, unless_disconnected
 from pagedserve.services.api.errors import APIError, as_api_errors
 from pagedserve.services.api.generation import Event, Fanout

@@ -15,9 +15,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from pagedserve.services.api.errors import APIError, describe_validation
 from pagedserve.shared.protocol.constraints import StructuredOutputs
-from pydantic import ValidationError
 
 GUIDED = {
     "guided_json": "json",

@@ -12,11 +12,12 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
 from pagedserve.services.api.chat_template import render_chat
 from pagedserve.services.api.errors import APIError
 from pagedserve.services.api.schemas import ChatMessage, TokenIds, Tool
 from pagedserve.services.api.state import api_state, check_model
-from pydantic import BaseModel, ConfigDict, Field
 
 router = APIRouter()
 version_router = APIRouter()

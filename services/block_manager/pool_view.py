@@ -19,6 +19,7 @@ from itertools import chain
 from typing import Any
 
 import numpy as np
+
 from pagedserve.services.block_manager.leases import LeaseTable
 from pagedserve.services.block_manager.pool import BlockPool, block_hash
 from pagedserve.services.block_manager.table import BlockTable

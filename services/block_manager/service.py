@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
 from pagedserve.services.block_manager import pool_view
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.shared import ops_page
@@ -49,7 +51,6 @@ from pagedserve.shared.transport import (
     send,
     start_authenticator,
 )
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 # What the block manager takes: schedulers' batches and probes, workers' registrations.
 _RECEIVES = message_table(BlockBatch, Register, Heartbeat, RenewOwner, Pools)

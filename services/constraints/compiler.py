@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import xgrammar as xgr
+
 from pagedserve.services.constraints.grammar import grammar_of
 from pagedserve.shared.protocol.constraints import StructuredOutputs
 

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from typing import Any
 
 import xgrammar as xgr
+
 from pagedserve.shared.protocol.constraints import StructuredOutputs
 
 # xgrammar prefixes its messages with "[hh:mm:ss] /path/file.cc:123: ".

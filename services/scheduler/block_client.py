@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+
 from pagedserve.shared.protocol.blocks import BlockAnswers, BlockBatch, BlockReply
 from pagedserve.shared.protocol.codec import decode
 from pagedserve.shared.protocol.control import Pools, PoolsReply, RenewOwner

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from pydantic import ValidationError
+
 from pagedserve.services.scheduler.admission import RequestRejected, check_request
 from pagedserve.services.scheduler.clients import ClientBook, FinishedStore
 from pagedserve.services.scheduler.metrics import SchedulerMetrics
@@ -32,7 +34,6 @@ from pagedserve.shared.protocol.frontend import (
 )
 from pagedserve.shared.protocol.messages import read_message
 from pagedserve.shared.transport import send
-from pydantic import ValidationError
 
 _ERROR_MESSAGES = {
     "no_workers": "no live worker could serve the request before its timeout",

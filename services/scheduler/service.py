@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from prometheus_client import generate_latest
+
 from pagedserve.services.checkpoint import read_checkpoint
 from pagedserve.services.constraints import preload as preload_constraints
 from pagedserve.services.scheduler.block_client import BlockManagerClient
@@ -57,7 +59,6 @@ from pagedserve.shared.transport import (
     send,
     start_authenticator,
 )
-from prometheus_client import generate_latest
 
 # What workers send the scheduler (step socket and heartbeat socket).
 _FROM_WORKERS = message_table(Heartbeat, Hello, StepResultMessage)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
 from pagedserve.kernels.cpu.isa import ISA_ENV, cpu_flags, cpu_model, forced_isa
 
 BF16_MARGIN = 0.85  # bfloat16 is picked when its GEMMs take at most this share of float32's time

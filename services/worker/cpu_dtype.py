@@ -13,6 +13,7 @@ AVX-512: that is how the refusal is tested on a CPU that has it, and how `--emul
 from __future__ import annotations
 
 import torch
+
 from pagedserve.kernels.cpu.isa import ISA_ENV, cpu_flags, forced_isa, is_x86
 
 BF16_FEATURES = "amx_bf16 or avx512_bf16 (or avx512bw + avx512vl + avx512dq for oneDNN's bf16 path)"

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
 from pagedserve.kernels.kv_int8 import row_dim
 from pagedserve.services.worker.kv_budget import blocks_in
 

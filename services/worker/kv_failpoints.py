@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from pagedserve.kernels.attention import AttentionBackend
 from pagedserve.shared import failpoints
 

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import structlog
+
 from pagedserve.services.worker.layers.lora import LoRABatch, LoRALinear, install_lora_linears
 from pagedserve.services.worker.weights.lora_adapter import AdapterError, LoRAAdapter, load_lora_adapter
 from pagedserve.shared import failpoints

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from pagedserve.kernels.attention import AttentionMetadata
 from pagedserve.shared.paging import blocks_for
 from pagedserve.shared.protocol.step import WorkerSampling

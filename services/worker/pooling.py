@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
 from pagedserve.services.worker.packed_batch import RequestState
 from pagedserve.shared.protocol.pooling import PooledOutput, PoolingSpec
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
 from pagedserve.services.worker.packed_batch import RequestState
 from pagedserve.shared.protocol.prompt_logprobs import PackedPromptLogprobs
 

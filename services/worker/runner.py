@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from pagedserve.kernels.attention import get_backend
 from pagedserve.kernels.kv_int8 import Int8KVBackend
 from pagedserve.services.worker import pooling, prompt_logprobs

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+
 from pagedserve.kernels.cpu.build import SAMPLING, KernelBuildError, load_extension
 from pagedserve.kernels.cpu.dispatch import kernel_paths, load_ops, note_torch_path
 from pagedserve.kernels.cpu.isa import check_isa

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+
 from pagedserve.shared.protocol.step import WorkerSampling
 
 # Below this temperature a row is greedy: dividing by it would only overflow toward the argmax anyway.

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import zmq
+
 from pagedserve.services.worker.kv_budget import PoolTooSmall, check_fits
 from pagedserve.services.worker.kv_segment import NameHeld, lock_name
 from pagedserve.services.worker.pool_attach import PoolAttachment, attach_pool

@@ -17,8 +17,9 @@ import urllib.request
 from importlib import resources
 from urllib.parse import urlencode
 
-from pagedserve.shared.ops_server import QueryHandler
 from prometheus_client import Counter
+
+from pagedserve.shared.ops_server import QueryHandler
 
 VIEW_MAX_AGE_S = 0.9  # the page polls once a second: one encoding per poll, however many pages
 POOL_ROUTES = ("/view/pool", "/view/block", "/view/request")

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
 from pagedserve.shared.protocol.constraints import StructuredOutputs
 from pagedserve.shared.protocol.pooling import PoolingParams
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply
 from pagedserve.shared.protocol.codec import ProtocolError, encode
 from pagedserve.shared.protocol.control import CONTROL_MESSAGES
 from pagedserve.shared.protocol.frontend import CLIENT_MESSAGES, SERVER_MESSAGES
 from pagedserve.shared.protocol.step import ExecuteMessage, StepResultMessage
-from pydantic import BaseModel
 
 INTERNAL_MESSAGES: dict[str, Any] = {
     m.TYPE: m for m in (*CONTROL_MESSAGES, ExecuteMessage, StepResultMessage, BlockBatch, BlockReply)

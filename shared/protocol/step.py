@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import msgspec
+
 from pagedserve.shared.protocol.constraints import StructuredOutputs
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.pooling import PooledOutput, PoolingSpec

@@ -16,6 +16,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.sdk.client import (
     DEFAULT_ENDPOINT,

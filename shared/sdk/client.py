@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 import zmq
+
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.sdk.connection import Connection, SocketOptions, Waker
 from pagedserve.shared.sdk.request_state import Event, LiveRequest, make_submit

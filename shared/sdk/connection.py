@@ -15,8 +15,9 @@ import uuid
 from dataclasses import dataclass
 
 import zmq
-from pagedserve.shared.sdk.session import PING_FRAME, Session
 from zmq.utils.monitor import recv_monitor_message
+
+from pagedserve.shared.sdk.session import PING_FRAME, Session
 
 log = logging.getLogger("pagedserve.sdk")
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 import heapq
 import logging
 
+from pydantic import ValidationError
+
 from pagedserve.shared.protocol.codec import ProtocolError, decode
 from pagedserve.shared.protocol.frontend import SERVER_MESSAGES, Abort, Accepted, Delta, Error, Finished, Ping
 from pagedserve.shared.protocol.messages import encode_message, read_message
 from pagedserve.shared.sdk.request_state import LiveRequest
 from pagedserve.shared.sdk.results import RequestError, Result
-from pydantic import ValidationError
 
 log = logging.getLogger("pagedserve.sdk")
 

@@ -15,12 +15,12 @@ import zmq
 from harness.deployment import get_text, start
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pagedserve.services.scheduler.admission import RequestRejected
-from pagedserve.services.scheduler.frontdoor import parse_client_message
-from pagedserve.shared.protocol.codec import ProtocolError, decode, encode
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagedserve import LLM, Client, SamplingParams
+from pagedserve.services.scheduler.admission import RequestRejected
+from pagedserve.services.scheduler.frontdoor import parse_client_message
+from pagedserve.shared.protocol.codec import ProtocolError, decode, encode
 
 MAX_BYTES = 256 * 1024
 GOOD_PROMPTS = [[5 + i, 40 + i, 77, 100 + 2 * i] * (1 + i % 5) for i in range(12)]

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from pagedserve.ops.chaos import command as chaos
 from pagedserve.ops.chaos.targets import ProcessWorkers, is_worker_command
 

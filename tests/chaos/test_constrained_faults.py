@@ -13,9 +13,9 @@ import signal
 import pytest
 from harness.deployment import get_text, start, wait_for, workers_ready
 from harness.greedy_reference import random_prompts
-from pagedserve.shared.protocol.constraints import StructuredOutputs
 
 from pagedserve import LLM, AsyncClient, SamplingParams
+from pagedserve.shared.protocol.constraints import StructuredOutputs
 
 pytestmark = pytest.mark.slow  # two deployments, a few minutes on busy cores
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import zmq
 from harness.deployment import start
+
+from pagedserve import Client
 from pagedserve.ops.cli.keys import create_keys
 from pagedserve.shared.protocol.codec import encode
 from pagedserve.shared.sdk import load_client_keys
-
-from pagedserve import Client
 
 
 def test_client_without_the_curve_key_cannot_submit(tiny_model, tmp_path):

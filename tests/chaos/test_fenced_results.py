@@ -12,14 +12,14 @@ import uuid
 
 import zmq
 from harness.deployment import deployment_config, get_text, workers_ready
+
+from pagedserve import Client
 from pagedserve.ops.deploy.supervisor import Supervisor
 from pagedserve.services.worker.simulated import SimulatedRunner, fake_token
 from pagedserve.shared.protocol.codec import decode
 from pagedserve.shared.protocol.control import Heartbeat, Hello, Register, Reset
 from pagedserve.shared.protocol.messages import encode_message, message_table, read_message
 from pagedserve.shared.protocol.step import ExecuteMessage, StepResult, StepResultMessage
-
-from pagedserve import Client
 
 WORKER = "scripted-0"
 PROMPT = [11, 12, 13, 14, 15]

@@ -9,10 +9,10 @@ import time
 import pytest
 from harness.deployment import assert_no_leak, blocks, start, stream_greedy, wait_for, workers_ready
 from harness.greedy_reference import greedy_outputs, random_prompts
-from pagedserve.ops.deploy.process_group import RestartPolicy
-from pagedserve.shared.sdk import RequestError
 
 from pagedserve import AsyncClient
+from pagedserve.ops.deploy.process_group import RestartPolicy
+from pagedserve.shared.sdk import RequestError
 
 MAX_TOKENS = 120
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from harness.deployment import blocks, get_text, start, stream_greedy, wait_for, workers_ready
 from harness.greedy_reference import greedy_outputs, random_prompts
+
 from pagedserve.ops.deploy.supervisor import Supervisor, config_env
 from pagedserve.services.worker.kv_segment import HEADER_BYTES, KVSegment
 

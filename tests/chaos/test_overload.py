@@ -12,10 +12,10 @@ import time
 import pytest
 from harness.deployment import get_json, start
 from harness.greedy_reference import greedy_outputs, random_prompts
-from pagedserve.ops.deploy import ops_client
-from pagedserve.shared.sdk import RequestError
 
 from pagedserve import AsyncClient
+from pagedserve.ops.deploy import ops_client
+from pagedserve.shared.sdk import RequestError
 
 MAX_TOKENS = 16
 CLIENTS, PER_CLIENT = 20, 50

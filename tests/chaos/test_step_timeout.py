@@ -11,9 +11,9 @@ import time
 import pytest
 from harness.deployment import start, wait_for, workers_ready
 from harness.greedy_reference import greedy_outputs, random_prompts
-from pagedserve.shared.sdk.client import DEFAULT_IDLE_TIMEOUT_S
 
 from pagedserve import AsyncClient
+from pagedserve.shared.sdk.client import DEFAULT_IDLE_TIMEOUT_S
 
 MAX_TOKENS = 60
 HOLD_S = 40.0  # how long worker-0 sits on one step result (its heartbeats go on)

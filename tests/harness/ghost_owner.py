@@ -5,6 +5,7 @@ the shape of a scheduler killed mid-step, made on purpose."""
 from __future__ import annotations
 
 import zmq
+
 from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply, alloc_op
 from pagedserve.shared.protocol.codec import decode
 from pagedserve.shared.transport import make_socket, send

@@ -63,8 +63,9 @@ def dequantized_folder(folder: Path, gguf_file: Path, out: Path) -> Path:
 
     import gguf
     import torch
-    from pagedserve.services.worker.weights.gguf_weights import PERMUTED_QK, hf_name
     from safetensors.torch import load_file, save_file
+
+    from pagedserve.services.worker.weights.gguf_weights import PERMUTED_QK, hf_name
 
     reader = gguf.GGUFReader(gguf_file)
     arch = str(reader.fields["general.architecture"].contents())

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from harness.api_server import ApiServer, with_chat_template
 from harness.deployment import start
+
 from pagedserve.ops.deploy.supervisor import Supervisor
 
 API_KEY = "test-key-123"

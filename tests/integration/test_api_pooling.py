@@ -11,8 +11,9 @@ import httpx
 import pytest
 from harness.api_server import ApiServer
 from harness.pooling_models import cosine, reference_embeddings, reference_rerank_scores
-from pagedserve.services.api.rerank_template import judge_prompt
 from transformers import AutoTokenizer
+
+from pagedserve.services.api.rerank_template import judge_prompt
 
 QUERY = "what is paged attention?"
 DOCS = ["a block table maps tokens to blocks", "yes", "no idea", "paged attention keeps KV in blocks"]

@@ -11,6 +11,7 @@ import time
 
 import httpx
 from harness.deployment import deployment_config, free_ports, wait_for, workers_ready
+
 from pagedserve.ops.deploy.supervisor import Supervisor
 
 STREAMS = 16

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import httpx
 from harness.deployment import deployment_config, free_ports, wait_for, workers_ready
+
 from pagedserve.ops.deploy.supervisor import API_STANDBY, Supervisor
 
 PROMPT = {"prompt": "Hi", "max_tokens": 2, "temperature": 0, "ignore_eos": True}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pagedserve.shared.config import ServeConfig
 
 ROOT = Path(__file__).resolve().parents[2]

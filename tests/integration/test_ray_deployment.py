@@ -28,11 +28,12 @@ import pytest
 import ray
 from harness.deployment import blocks, deployment_config, get_text, stream_greedy, wait_for, workers_ready
 from harness.greedy_reference import greedy_outputs, random_prompts
+from prometheus_client.parser import text_string_to_metric_families
+from ray.cluster_utils import Cluster
+
 from pagedserve.ops.deploy.endpoints import ConfigEndpoints
 from pagedserve.ops.deploy.supervisor import config_env
 from pagedserve.shared.config import ServeConfig
-from prometheus_client.parser import text_string_to_metric_families
-from ray.cluster_utils import Cluster
 
 NAMESPACE = "pagedserve"
 WORKER_RESOURCE = "pagedserve_worker"

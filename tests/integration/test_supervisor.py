@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from pagedserve.ops.deploy.process_group import ChildSpec, ProcessGroup, RestartPolicy
 from pagedserve.ops.deploy.supervisor import DeploymentFailed, Supervisor, config_env
 from pagedserve.shared.config import ServeConfig

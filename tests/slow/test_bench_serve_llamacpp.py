@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from pagedserve.ops.bench.llamacpp_server import (
     llama_server_argv,
     llama_server_binary,

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from harness.bundled_reference import transformers_bundled
+
+from pagedserve import LLM, SamplingParams
 from pagedserve.services import gguf_tokenizer
 from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer
 from pagedserve.services.model_cache import cache_root
 from pagedserve.services.worker.weights.bundled import find_bundled_gguf
-
-from pagedserve import LLM, SamplingParams
 
 pytestmark = pytest.mark.slow
 

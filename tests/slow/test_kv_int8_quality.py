@@ -7,6 +7,7 @@ positions each, 96 free-running greedy tokens.
 from __future__ import annotations
 
 import pytest
+
 from pagedserve.ops.microbench.kv_int8_quality import evaluate, policy_check
 
 pytestmark = pytest.mark.slow

@@ -27,6 +27,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_quantized_vs_llamacpp import LLAMACPP_LOGITS
+from test_quantized_vs_llamacpp import PROMPTS as DENSE_PROMPTS
+
 from pagedserve.ops.bench.llamacpp_server import llamacpp_venv, llamacpp_venv_ready
 from pagedserve.ops.models.random_moe_gguf import Shape, make_folder
 from pagedserve.services.scheduler.model_info import load_tokenizer
@@ -34,8 +37,6 @@ from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.services.worker.weights.gguf_weights import gguf_source
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import Execute, NewRequest, WorkerSampling
-from test_quantized_vs_llamacpp import LLAMACPP_LOGITS
-from test_quantized_vs_llamacpp import PROMPTS as DENSE_PROMPTS
 
 pytestmark = pytest.mark.slow
 

@@ -18,6 +18,7 @@ import subprocess
 
 import pytest
 import torch
+
 from pagedserve.ops.bench.llamacpp_server import llamacpp_venv, llamacpp_venv_ready
 from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.scheduler.model_info import load_tokenizer

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 from harness.bundled_reference import transformers_bundled
+
 from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.frontend import SamplingParams

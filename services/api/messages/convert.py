@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import ValidationError
+
 from pagedserve.services.api.errors import APIError, describe_validation
 from pagedserve.services.api.messages.schemas import CountTokensRequest, MessagesRequest
 from pagedserve.services.api.schemas import (
@@ -25,7 +27,6 @@ from pagedserve.services.api.schemas import (
     Tool,
     ToolCall,
 )
-from pydantic import ValidationError
 
 
 def _bad(field: str, message: str, code: str = "invalid_value") -> APIError:

@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+
 from pagedserve.services.api.chat_plan import ChatPlan, plan_chat
 from pagedserve.services.api.disconnect import ClientGone
 from pagedserve.services.api.errors import APIError, anthropic_error_body, as_api_errors, from_request_error

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from pagedserve.services.api.errors import APIError, describe_validation
 from pagedserve.services.api.schemas import ChatMessage, FunctionCall, NamedToolChoice, Tool, ToolCall
-from pydantic import ValidationError
 
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 ROLES = ("user", "system", "developer", "assistant")

@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from pydantic import ValidationError
+
 from pagedserve.services.api.chat_plan import ChatPlan, plan_chat
 from pagedserve.services.api.disconnect import ClientGone
 from pagedserve.services.api.errors import APIError, as_api_errors
@@ -45,7 +47,6 @@ from pagedserve.services.api.state import (
 )
 from pagedserve.services.api.structured import constraint_errors
 from pagedserve.shared.sdk import Result
-from pydantic import ValidationError
 
 router = APIRouter()
 T = TypeVar("T")

@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
+
 from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata, AttentionRules
 from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, LayerOps
 from pagedserve.services.worker.layers.norm import RMSNorm
-from torch import nn
 
 if TYPE_CHECKING:
     from pagedserve.services.worker.models.registry import ModelConfig

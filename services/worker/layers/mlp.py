@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, LayerOps
 from torch import nn
+
+from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, LayerOps
 
 
 def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

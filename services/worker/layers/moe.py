@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, LayerOps
 from pagedserve.services.worker.layers.mlp import GatedMLP
 from pagedserve.services.worker.layers.quant_linear import QuantTensor, activation_mode, quant_ops
-from torch import nn
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,9 @@ torch ops (with 1 + w kept in float32), not the shared kernels.
 from __future__ import annotations
 
 import torch
-from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, LayerOps
 from torch import nn
+
+from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, LayerOps
 
 
 class RMSNorm(nn.Module):

@@ -13,11 +13,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
+from torch import nn
+
 from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata
 from pagedserve.services.worker.layers.attention import Attention
 from pagedserve.services.worker.layers.norm import RMSNorm
 from pagedserve.services.worker.models.llama import LlamaForCausalLM
-from torch import nn
 
 if TYPE_CHECKING:
     from pagedserve.services.worker.models.registry import ModelConfig

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata
 from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, LayerOps, layer_ops_for
 from pagedserve.services.worker.layers.attention import Attention
@@ -31,7 +33,6 @@ from pagedserve.services.worker.layers.norm import RMSNorm
 from pagedserve.services.worker.layers.packed_linear import pack_linear, prepack_linears
 from pagedserve.services.worker.layers.rope import RotaryEmbedding
 from pagedserve.services.worker.layers.softcap import soft_cap
-from torch import nn
 
 if TYPE_CHECKING:
     from pagedserve.services.worker.layers.quant_linear import QuantEmbedding

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from torch import nn
+
 from pagedserve.services.worker.layers.mlp import GatedMLP
 from pagedserve.services.worker.layers.moe import SparseMoeBlock
 from pagedserve.services.worker.models.llama import LlamaForCausalLM, Rows
-from torch import nn
 
 if TYPE_CHECKING:
     from pagedserve.services.worker.models.registry import ModelConfig

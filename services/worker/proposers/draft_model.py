@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
 from pagedserve.kernels.attention import AttentionBackend
 from pagedserve.services.checkpoint import load_tokenizer, resolve_model
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape

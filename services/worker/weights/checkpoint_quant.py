@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from pagedserve.services.worker.layers.quant_linear import QuantTensor
 
 METHODS = ("gptq", "awq", "compressed-tensors")

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import structlog
 import torch
+
 from pagedserve.services.gguf_file import GGUFModel, TensorInfo, read_model
 from pagedserve.services.worker.layers.quant_linear import QuantTensor, runs_packed
 from pagedserve.services.worker.weights.gguf_types import (

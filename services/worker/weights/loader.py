@@ -11,6 +11,7 @@ from pathlib import Path
 
 import structlog
 import torch
+
 from pagedserve.kernels.attention import AttentionBackend
 from pagedserve.services.checkpoint import read_checkpoint
 from pagedserve.services.worker.auto_dtype import auto_cpu_dtype

@@ -26,8 +26,9 @@ import torch
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from pagedserve.services.worker.layers.lora import LoRALinear
     from torch import nn
+
+    from pagedserve.services.worker.layers.lora import LoRALinear
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

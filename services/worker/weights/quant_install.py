@@ -18,11 +18,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+from torch import nn
+
 from pagedserve.services.worker.layers.moe import ExpertLinear, Experts, QuantExpertLinear
 from pagedserve.services.worker.layers.quant_linear import QuantEmbedding, QuantLinear, QuantTensor, quant_ops
 from pagedserve.services.worker.models.llama import LlamaForCausalLM
 from pagedserve.services.worker.models.moe import MoeForCausalLM
-from torch import nn
 
 
 def install_quantized(

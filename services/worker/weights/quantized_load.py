@@ -16,10 +16,11 @@ from pathlib import Path
 
 import structlog
 import torch
+from safetensors import safe_open
+
 from pagedserve.services.worker.models.llama import LlamaForCausalLM
 from pagedserve.services.worker.weights.checkpoint_files import checkpoint_files, some_names
 from pagedserve.services.worker.weights.checkpoint_quant import METHODS, IntWeight, Scheme
-from safetensors import safe_open
 
 log = structlog.get_logger("pagedserve.loader")
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
+
 from pagedserve.services.api.errors import APIError, as_api_errors, describe_validation, from_request_error
 from pagedserve.services.api.schemas import CompletionRequest
 from pagedserve.shared.sdk import RequestError
-from pydantic import ValidationError
 
 
 def test_the_body_has_openais_four_fields():

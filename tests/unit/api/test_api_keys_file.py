@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from pagedserve.services.api.api_keys import KeysFileError, key_owner, load_api_keys
 
 

@@ -4,6 +4,7 @@ the text streams in, and tool calls read from the answer only."""
 from __future__ import annotations
 
 import pytest
+
 from pagedserve.services.api.output_reader import OutputReader, read_whole
 from pagedserve.services.api.reasoning import ReasoningSplitter, split_reasoning, think_state
 from pagedserve.services.api.tools import ToolMode

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from pagedserve.services.api.errors import APIError
 from pagedserve.services.api.responses.routes import _until_cancelled
 from pagedserve.services.api.responses.store import ResponseStore, StoredResponse

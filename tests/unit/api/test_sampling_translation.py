@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from pagedserve.services.api.errors import APIError
 from pagedserve.services.api.sampling import Prompt, chat_sampling, completion_prompts, completion_sampling
 from pagedserve.services.api.schemas import ChatCompletionRequest, CompletionRequest

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from harness.gguf_models import CHAT_TEMPLATE
 from harness.tiny_models import save_byte_tokenizer
+
 from pagedserve.services.text_tokenizer import load_text_tokenizer
 
 TURNS = [{"role": "user", "content": "Hi"}]

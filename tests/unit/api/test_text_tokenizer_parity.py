@@ -14,6 +14,7 @@ import jinja2
 import pytest
 from harness.gguf_models import write_gguf
 from harness.pooling_models import make_tiny_reranker
+
 from pagedserve.services.checkpoint import load_tokenizer
 from pagedserve.services.scheduler.stopping import CompletionText
 from pagedserve.services.text_tokenizer import TextTokenizer

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from block_views import BLOCK_SIZE, NUM_BLOCKS, TTL
+
 from pagedserve.services.block_manager.manager import BlockManager
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 from block_views import BLOCK_SIZE, NUM_BLOCKS, tokens
+
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.shared.protocol import decode
 from pagedserve.shared.protocol.blocks import (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from block_views import NUM_BLOCKS, TTL, tokens
+
 from pagedserve.services.block_manager.leases import LeaseTable
 from pagedserve.services.block_manager.manager import BlockManager, Reclaimed
 

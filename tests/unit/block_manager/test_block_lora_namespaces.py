@@ -4,6 +4,7 @@ namespace), so KV computed under one adapter's weights never serves another adap
 from __future__ import annotations
 
 from block_views import BLOCK_SIZE, ref_counts, tokens
+
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.shared.protocol.blocks import alloc_op, grow_op
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
 from pagedserve.services.block_manager.manager import BlockManager
 
 TTL = 5.0

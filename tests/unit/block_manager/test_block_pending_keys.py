@@ -5,6 +5,7 @@ vanished owner (reaped) or freed with slots not computed take their keys out of 
 from __future__ import annotations
 
 from block_views import BLOCK_SIZE, TTL, cached_ids, tokens
+
 from pagedserve.services.block_manager.manager import BlockManager
 
 PROMPT = tokens(2 * BLOCK_SIZE + 1)  # two full blocks, then one token

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from block_views import BLOCK_SIZE, NUM_BLOCKS, TTL, tokens
+
 from pagedserve.services.block_manager import pool_view as pv
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.shared.ops_page import decode_states

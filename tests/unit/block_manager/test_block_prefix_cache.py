@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from block_views import BLOCK_SIZE, NUM_BLOCKS, cached_ids, ref_counts, tokens
+
 from pagedserve.services.block_manager.manager import BlockManager
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from block_views import BLOCK_SIZE, NUM_BLOCKS, TTL, tokens
+
 from pagedserve.services.block_manager.manager import BlockManager
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from block_views import BLOCK_SIZE, NUM_BLOCKS, ref_counts, tokens
+
 from pagedserve.services.block_manager.manager import (
     BlockManager,
     BlockManagerError,

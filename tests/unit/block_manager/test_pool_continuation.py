@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from harness.deployment import deployment_config
+
 from pagedserve.services.block_manager.service import BlockManagerService
 from pagedserve.shared.protocol.control import Heartbeat, Register
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from pagedserve.services.checkpoint import load_checkpoint, resolve_model
 from pagedserve.services.worker.weights.bundled import find_bundled_gguf
 

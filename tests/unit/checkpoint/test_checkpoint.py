@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pagedserve.services.checkpoint import context_length, read_checkpoint, resolve_model, rope_switch_at
 from pagedserve.services.scheduler.liveness import WorkerLiveness
 from pagedserve.services.scheduler.step_clock import StepClock

@@ -13,6 +13,7 @@ import gguf
 import pytest
 from harness.gguf_models import CHAT_TEMPLATE, rewrite_gguf, write_gguf
 from harness.tiny_models import make_tiny_model
+
 from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer, resolve_model, served_name
 from pagedserve.services.gguf_config import GGUF_ARCHITECTURES
 from pagedserve.services.gguf_file import GGUFError

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from pagedserve.services.gguf_config import hf_config
 from pagedserve.services.gguf_file import GGUFError, GGUFModel, TensorInfo
 from pagedserve.services.worker.layers.norm import RMSNorm

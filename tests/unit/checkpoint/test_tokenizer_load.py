@@ -8,8 +8,9 @@ import sys
 
 import pytest
 from harness.pooling_models import make_tiny_reranker
-from pagedserve.services.checkpoint import load_tokenizer
 from transformers import AutoTokenizer
+
+from pagedserve.services.checkpoint import load_tokenizer
 
 TEXTS = ["hello", " yes and no", "héllo\n\n  <|im_start|>x", ""]
 TURNS = [{"role": "user", "content": "Hi"}]

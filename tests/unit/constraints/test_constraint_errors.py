@@ -4,10 +4,11 @@ in-process engine's path (the scheduler's admission check)."""
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
+
 from pagedserve.services.scheduler.admission import RequestRejected, check_request
 from pagedserve.shared.protocol.constraints import StructuredOutputs
 from pagedserve.shared.protocol.frontend import SamplingParams
-from pydantic import ValidationError
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import torch
 from harness.tiny_models import EOS_ID, VOCAB_SIZE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from pagedserve.services.constraints.compiler import ConstraintCompiler
 from pagedserve.services.constraints.matcher import SequenceMatcher, apply_mask, build_mask
 from pagedserve.shared.protocol.constraints import StructuredOutputs

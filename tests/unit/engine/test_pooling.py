@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 from harness.pooling_models import cosine, make_tiny_embedding_model, make_tiny_reranker, reference_embeddings
-from pagedserve.shared.protocol.pooling import PoolingParams
 from pydantic import ValidationError
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.shared.protocol.pooling import PoolingParams
 
 TEXTS = ["hello", "a somewhat longer sentence about paged attention and pooling", "x" * 70, "yes or no"]
 

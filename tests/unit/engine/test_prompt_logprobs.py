@@ -11,10 +11,10 @@ import random
 
 import pytest
 import torch
-from pagedserve.shared.protocol.frontend import MAX_LOGPROBS
 from pydantic import ValidationError
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.shared.protocol.frontend import MAX_LOGPROBS
 
 TOP = 3
 _rng = random.Random(7)

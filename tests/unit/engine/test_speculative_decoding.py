@@ -12,9 +12,9 @@ import random
 import pytest
 import torch
 from harness.tiny_models import VOCAB_SIZE
-from pagedserve.shared.protocol.constraints import StructuredOutputs
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.shared.protocol.constraints import StructuredOutputs
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "max_step_rows": 64, "row_cost": 0.0}
 

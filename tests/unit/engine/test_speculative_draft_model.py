@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from pagedserve.services.worker.proposers.draft_model import DraftVocabularyMismatch
-from pagedserve.shared.speculative_config import SpeculativeConfig
 from pydantic import ValidationError
 from safetensors.torch import load_file, save_file
 from test_speculative_decoding import GREEDY, SAMPLED, assert_pool_whole, prompts, run
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.services.worker.proposers.draft_model import DraftVocabularyMismatch
+from pagedserve.shared.speculative_config import SpeculativeConfig
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +133,7 @@ def test_a_gguf_cut_to_its_first_blocks_drafts_for_the_whole_gguf(target, tmp_pa
     """ops/bench/draft_gguf.py: the early-exit draft the bench uses for the bundled model, here cut from
     a tiny Q8_0 GGUF; a GGUF draft keeps its stored types and its tokenizer passes the vocabulary check."""
     from harness.gguf_models import write_gguf
+
     from pagedserve.ops.bench.draft_gguf import cut
 
     # write_gguf rewrites its folder's weights (dequantized): a copy, not the session's tiny model.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from pagedserve.kernels.attention import CAUSAL, AttentionRules
 from pagedserve.kernels.paged_reference import make_paged_batch, reference_attention
 from pagedserve.kernels.torch_backend import TorchAttentionBackend

@@ -18,6 +18,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from pagedserve.kernels.attention import CAUSAL, AttentionRules, get_backend
 from pagedserve.kernels.cpu.backend import CppAttentionBackend
 from pagedserve.kernels.cpu.build import PAGED_ATTENTION, load_extension

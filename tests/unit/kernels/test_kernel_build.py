@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from pagedserve.kernels.cpu.build import (
     EXTENSIONS,
     LAYER_OPS,

@@ -20,6 +20,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, CppLayerOps
 from pagedserve.services.worker.layers.rope import apply_rotary
 

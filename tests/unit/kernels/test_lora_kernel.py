@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pagedserve.kernels.cpu.build import LORA, load_extension
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from harness.gguf_models import quantize
+
 from pagedserve.kernels.cpu.build import QUANT_LINEAR, load_extension
 from pagedserve.services.worker.layers.quant_linear import KERNEL_TYPES
 

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 import torch
 from harness.gguf_models import quantize
+
 from pagedserve.kernels.cpu.build import QUANT_LINEAR, load_extension
 from pagedserve.services.worker.layers.quant_linear import KERNEL_TYPES
 

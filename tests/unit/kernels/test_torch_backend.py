@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+
 from pagedserve.kernels.attention import AttentionMetadata
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 

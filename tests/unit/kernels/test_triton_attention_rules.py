@@ -11,12 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 import triton_env  # noqa: F401  (before any kernels import: selects the Triton interpreter)
+from triton_env import DEVICE
+
 from pagedserve.kernels.attention import AttentionRules
 from pagedserve.kernels.paged_reference import TOLERANCES, make_paged_batch, reference_attention
 from pagedserve.kernels.triton.backend import TritonAttentionBackend
 from pagedserve.kernels.triton.decode_attention import decode_attention
 from pagedserve.kernels.triton.prefill_attention import prefill_attention
-from triton_env import DEVICE
 
 RULES = [
     AttentionRules(window=5),

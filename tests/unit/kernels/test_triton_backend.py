@@ -7,10 +7,11 @@ import torch
 import triton_env  # noqa: F401  (before any kernels import: selects the Triton interpreter)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from triton_env import DEVICE, max_examples
+
 from pagedserve.kernels.attention import get_backend
 from pagedserve.kernels.paged_reference import TOLERANCES, PagedBatch, make_paged_batch, reference_attention
 from pagedserve.kernels.triton.backend import TritonAttentionBackend
-from triton_env import DEVICE, max_examples
 
 
 def _step(backend, batch: PagedBatch, scale: float) -> torch.Tensor:

@@ -6,9 +6,10 @@ import torch
 import triton_env  # noqa: F401  (before any kernels import: selects the Triton interpreter)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from triton_env import DEVICE, max_examples
+
 from pagedserve.kernels.paged_reference import TOLERANCES, make_paged_batch, reference_attention
 from pagedserve.kernels.triton.prefill_attention import prefill_attention
-from triton_env import DEVICE, max_examples
 
 SETTINGS = settings(
     max_examples=max_examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow]

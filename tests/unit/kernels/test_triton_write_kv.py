@@ -6,8 +6,9 @@ import torch
 import triton_env  # noqa: F401  (before any kernels import: selects the Triton interpreter)
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pagedserve.kernels.triton.write_kv import write_kv
 from triton_env import DEVICE, max_examples
+
+from pagedserve.kernels.triton.write_kv import write_kv
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from pagedserve.ops.deploy.apt_sources import mirror_for, source_files
 
 DEB822 = """\

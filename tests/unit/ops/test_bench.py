@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from pagedserve.ops.bench.command import main, parse_args
 from pagedserve.ops.bench.peers import PathResult
 from pagedserve.ops.bench.report import build_report
@@ -88,8 +89,9 @@ def test_speedup_target_compares_against_the_best_transformers_path() -> None:
 
 
 def test_worker_idle_and_step_counters_are_read_from_the_metrics_page() -> None:
-    from pagedserve.services.scheduler.metrics import SchedulerMetrics
     from prometheus_client import generate_latest
+
+    from pagedserve.services.scheduler.metrics import SchedulerMetrics
 
     m = SchedulerMetrics()
     m.worker_idle.labels("worker-0").inc(0.25)

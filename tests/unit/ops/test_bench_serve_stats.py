@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from pagedserve.ops.bench.serve import parse_args, rate_workloads, workload
 from pagedserve.ops.bench.serve_load import RequestRecord, arrival_gaps
 from pagedserve.ops.bench.serve_stats import summarize

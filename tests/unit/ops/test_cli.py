@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 import zmq.auth
+from rich.console import Console
+
 from pagedserve.ops.cli import command as cli
 from pagedserve.ops.cli.health_view import render_blocks
 from pagedserve.ops.deploy.worker_identity import container_worker_id
 from pagedserve.shared.config import ServeConfig, config_from_args
-from rich.console import Console
 
 # ---------------------------------------------------------------- argument wiring
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from pagedserve.ops.bench.llamacpp_server import (
     compare,
     llama_server_argv,

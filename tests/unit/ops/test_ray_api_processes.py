@@ -4,6 +4,7 @@ naming the setting, instead of serving with fewer than asked (no cluster needed)
 from __future__ import annotations
 
 import pytest
+
 from pagedserve.ops.deploy.ray_deployment import RayDeployment
 from pagedserve.ops.deploy.ray_placement import RayPlacement
 from pagedserve.shared.config import ServeConfig

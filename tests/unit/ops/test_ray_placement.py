@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from pagedserve.ops.cli import command as cli
 from pagedserve.ops.deploy.ray_placement import (
     ActorResources,

@@ -9,8 +9,9 @@ from pathlib import Path
 import gguf
 from harness.gguf_models import quantize_checkpoint
 from harness.tiny_models import make_tiny_model
-from pagedserve.ops.models.requantize_gguf import dequantized_checkpoint, requantize
 from safetensors.torch import load_file
+
+from pagedserve.ops.models.requantize_gguf import dequantized_checkpoint, requantize
 
 
 def test_requantized_gguf_holds_the_same_weights_in_the_new_type(tmp_path: Path) -> None:

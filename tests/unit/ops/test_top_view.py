@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from rich.console import Console
+
 from pagedserve.ops.cli.top import render_top, sparkline
 from pagedserve.services.block_manager.manager import BlockManager
-from rich.console import Console
 
 
 def frame(pool: dict, sched: dict | None = None, width: int = 100) -> Console:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+
 from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply, alloc_op, free_op, grow_op
 from pagedserve.shared.protocol.codec import ProtocolError, decode
 from pagedserve.shared.protocol.constraints import StructuredOutputs

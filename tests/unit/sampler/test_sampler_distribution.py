@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from pagedserve.services.worker.sampler import Sampler, SamplingRequest
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import WorkerSampling

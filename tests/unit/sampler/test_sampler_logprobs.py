@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-from pagedserve.services.worker.sampler import Sampler
 from sampling_requests import make_request
+
+from pagedserve.services.worker.sampler import Sampler
 
 VOCAB = 50
 

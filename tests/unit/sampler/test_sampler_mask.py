@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 import xgrammar as xgr
+from sampling_requests import make_request
+
 from pagedserve.services.constraints.matcher import TokenMask
 from pagedserve.services.worker.sampler import Sampler
-from sampling_requests import make_request
 
 VOCAB = 300
 

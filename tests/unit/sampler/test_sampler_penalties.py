@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
+from sampling_requests import make_request
+
 from pagedserve.services.worker.penalties import apply_penalties
 from pagedserve.services.worker.sampler import Sampler
-from sampling_requests import make_request
 
 VOCAB = 12
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from pagedserve.services.worker.sampler import Sampler, SamplingRequest
 from sampling_requests import make_request
+
+from pagedserve.services.worker.sampler import Sampler, SamplingRequest
 
 DRAWS = 2000
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from pagedserve.kernels.cpu.build import SAMPLING, KernelBuildError, load_extension
 from pagedserve.kernels.cpu.isa import ISA_ENV
 from pagedserve.services.worker import sampler

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.scheduler.admission import RequestRejected
 from pagedserve.services.scheduler.clients import ClientBook

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from harness.tiny_models import save_byte_tokenizer
+
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.checkpoint import load_tokenizer
 from pagedserve.services.scheduler.outputs import OutputEvent, RequestDone

@@ -9,6 +9,7 @@ token than the fault-free run, and a slot never written raises.
 from __future__ import annotations
 
 import pytest
+
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.scheduler.request import Status
 from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
+
 from pagedserve.shared.protocol.codec import decode, encode
 
 

@@ -8,8 +8,9 @@ from typing import TypeVar
 
 import pydantic
 import pytest
-from pagedserve.shared.sdk import AsyncClient, RequestError
 from scripted_scheduler import ScriptedScheduler, expected_text, expected_tokens
+
+from pagedserve.shared.sdk import AsyncClient, RequestError
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import pydantic
 import pytest
 import zmq.auth
-from pagedserve.shared.sdk import Client, RequestError, Result, StreamDelta, load_client_keys
 from scripted_scheduler import ScriptedScheduler, expected_text, expected_tokens
+
+from pagedserve.shared.sdk import Client, RequestError, Result, StreamDelta, load_client_keys
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from pagedserve.shared.sdk import AsyncClient, Client
 from scripted_scheduler import ScriptedScheduler, expected_text, expected_tokens
+
+from pagedserve.shared.sdk import AsyncClient, Client
 
 pytestmark = pytest.mark.timeout(20)
 

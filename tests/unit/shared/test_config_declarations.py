@@ -9,11 +9,11 @@ import inspect
 from pathlib import Path
 
 import pytest
-from pagedserve.shared import config as config_module
-from pagedserve.shared.config import SECTIONS, ServeConfig, command_fields, config_of
 from pydantic import ValidationError
 
 from pagedserve import LLM
+from pagedserve.shared import config as config_module
+from pagedserve.shared.config import SECTIONS, ServeConfig, command_fields, config_of
 
 
 def test_no_field_is_declared_twice_in_serve_config():

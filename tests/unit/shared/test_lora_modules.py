@@ -7,6 +7,7 @@ import argparse
 import json
 
 import pytest
+
 from pagedserve.ops.deploy.supervisor import config_env
 from pagedserve.shared.config import ServeConfig, add_config_args, config_from_args
 from pagedserve.shared.lora_modules import LoRARegistry, parse_lora_modules

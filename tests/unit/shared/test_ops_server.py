@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+
 from pagedserve.shared.ops_server import TOKEN_COOKIE, OpsServer, json_response
 
 TOKEN = "ops-test-token"

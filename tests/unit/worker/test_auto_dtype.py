@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from pagedserve.kernels.cpu.isa import ISA_ENV
 from pagedserve.services.worker import auto_dtype
 from pagedserve.services.worker.auto_dtype import BF16_MARGIN, GemmProbe, choose_cpu_dtype

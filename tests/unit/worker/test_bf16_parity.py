@@ -12,9 +12,10 @@ import random
 
 import pytest
 import torch
+from worker_driver import GREEDY
+
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest
-from worker_driver import GREEDY
 
 PROMPT_LENGTHS = (1, 7, 16, 33, 64, 100)
 # Slack over transformers' own bf16 distance: rounding differs per op order, not in size.

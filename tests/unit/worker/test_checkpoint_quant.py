@@ -37,6 +37,8 @@ from harness.quantized_checkpoints import (
     rtn,
 )
 from harness.tiny_models import make_tiny_model
+
+from pagedserve import LLM, SamplingParams
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 from pagedserve.services.worker.layers.quant_linear import QuantLinear, quant_ops
 from pagedserve.services.worker.weights.checkpoint_quant import (
@@ -47,8 +49,6 @@ from pagedserve.services.worker.weights.checkpoint_quant import (
     to_blocks,
 )
 from pagedserve.services.worker.weights.loader import load_model
-
-from pagedserve import LLM, SamplingParams
 
 # (id, scheme, quantizer args, writer, expected kernel type)
 LINEAR_CASES = [

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+
 from pagedserve.services.worker.cpu_dtype import UnsupportedDtype, check_cpu_dtype, onednn_supports
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.services.worker.weights.loader import resolve_dtype

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from pagedserve.services.worker.layers.rope import RotaryEmbedding
 from pagedserve.services.worker.models.registry import parse_config
 

@@ -7,12 +7,13 @@ import random
 
 import pytest
 import torch
+from worker_driver import GREEDY
+
 from pagedserve.kernels import layer_ops
 from pagedserve.kernels.cpu import build, dispatch
 from pagedserve.kernels.cpu.isa import ISA_ENV, runnable_isas
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.step import Execute, NewRequest
-from worker_driver import GREEDY
 
 PROMPT_LENGTHS = (1, 5, 16, 33)
 

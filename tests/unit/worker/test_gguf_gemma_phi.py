@@ -28,13 +28,13 @@ import pytest
 import torch
 from harness.llamacpp_convert import convert_all, dequantized_folder, find_converter
 from harness.tiny_models import make_tiny_model
+
+from pagedserve import LLM, SamplingParams
 from pagedserve.ops.bench.llamacpp_server import llamacpp_venv
 from pagedserve.ops.models.requantize_gguf import requantize
 from pagedserve.services.checkpoint import load_checkpoint
 from pagedserve.services.worker.layers.rope import RopeConfig
 from pagedserve.services.worker.models.registry import parse_config
-
-from pagedserve import LLM, SamplingParams
 
 MAX_TOKENS = 16
 _rng = random.Random(5)

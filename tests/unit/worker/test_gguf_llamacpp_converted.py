@@ -16,11 +16,11 @@ from harness.gguf_models import CHAT_TEMPLATE
 from harness.greedy_reference import random_prompts
 from harness.llamacpp_convert import convert, find_converter
 from harness.tiny_models import ARCHITECTURES, make_tiny_model
+
+from pagedserve import LLM, SamplingParams
 from pagedserve.ops.bench.llamacpp_server import llamacpp_venv
 from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer
 from pagedserve.services.gguf_config import END_OF_GENERATION_TEXTS
-
-from pagedserve import LLM, SamplingParams
 
 PROMPTS = random_prompts(6, seed=11, max_len=40)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

@@ -16,11 +16,11 @@ import pytest
 from harness.gguf_models import rewrite_gguf, write_gguf
 from harness.greedy_reference import random_prompts
 from harness.tiny_models import make_tiny_model
+
+from pagedserve import LLM, SamplingParams
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 from pagedserve.services.model_cache import cache_root
 from pagedserve.services.worker.weights.loader import load_model
-
-from pagedserve import LLM, SamplingParams
 
 PROMPTS = random_prompts(12, seed=5, max_len=40)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

@@ -14,6 +14,7 @@ import gguf
 import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
 from pagedserve.services.worker.layers.quant_linear import KERNEL_TYPES
 from pagedserve.services.worker.weights.gguf_types import unpacked_matrices
 from pagedserve.services.worker.weights.gguf_weights import map_gguf, quantized_tensors
@@ -106,6 +107,7 @@ def test_a_model_load_names_them_and_auto_loads_the_rest_dense(tmp_path: Path) -
     the hidden state is dequantized (auto) or refused (gguf); ffn_down (rows of 128) stays packed."""
     from harness.gguf_models import quantize_checkpoint
     from harness.tiny_models import make_tiny_model
+
     from pagedserve.kernels.torch_backend import TorchAttentionBackend
     from pagedserve.services.worker.layers.quant_linear import QuantLinear
     from pagedserve.services.worker.weights.loader import load_model

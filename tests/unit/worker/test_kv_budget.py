@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic import ValidationError
+
 from pagedserve.services.worker.kv_budget import (
     MemoryReading,
     PoolTooSmall,
@@ -17,7 +19,6 @@ from pagedserve.services.worker.kv_budget import (
 )
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape
 from pagedserve.shared.config import ServeConfig, parse_bytes
-from pydantic import ValidationError
 
 GiB = 1024**3
 # SmolLM2-135M in float32: 30 layers x K,V x 3 heads x 64 dims x 4 bytes = 46,080 bytes per token.

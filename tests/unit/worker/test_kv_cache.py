@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, num_blocks_for_budget
 
 SHAPE = KVCacheShape(num_layers=2, block_size=8, num_kv_heads=2, head_dim=4, dtype=torch.float32)

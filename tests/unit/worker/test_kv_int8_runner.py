@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagedserve.services.worker.runner import ModelRunner
-from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest
 from worker_driver import GREEDY
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.services.worker.runner import ModelRunner
+from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape
 from pagedserve.services.worker.kv_segment import HEADER_BYTES, KVSegment, NameHeld
 

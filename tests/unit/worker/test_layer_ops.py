@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pagedserve.kernels.layer_ops import apply_rotary_
 from pagedserve.services.worker.layers.norm import RMSNorm
 from pagedserve.services.worker.layers.rope import apply_rotary

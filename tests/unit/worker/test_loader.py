@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
+
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 from pagedserve.services.worker.layers.rope import RopeConfig
 from pagedserve.services.worker.models.registry import parse_config
 from pagedserve.services.worker.weights.loader import checkpoint_files, load_model
-from safetensors.torch import load_file, save_file
 
 
 def _copy(src: Path, dst: Path) -> Path:

@@ -13,11 +13,12 @@ import torch
 from harness.gguf_models import quantize_checkpoint
 from harness.lora_adapters import make_peft_adapter, merged_model
 from harness.tiny_models import ARCHITECTURES, make_tiny_model
+from worker_driver import GREEDY, StepDriver
+
 from pagedserve.services.worker.layers.lora import LoRALinear
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.services.worker.weights.lora_adapter import AdapterError, PackedLoRA
 from pagedserve.shared.protocol.step import Execute, NewRequest
-from worker_driver import GREEDY, StepDriver
 
 PROMPTS = [[5, 9, 77, 31, 8], [100, 3, 45], [7, 7, 7, 200, 13, 250, 4], [60, 61], [33, 90, 12, 4, 150, 2]]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, layer_ops_for
 from pagedserve.services.worker.layers.moe import MoeConfig, SparseMoeBlock
 from pagedserve.services.worker.models.registry import parse_config
@@ -146,9 +147,10 @@ def test_a_layers_experts_load_from_one_3d_tensor_per_projection(tiny_model, tmp
     fills every expert, as the per-expert tensors do."""
     import shutil
 
+    from safetensors.torch import load_file, save_file
+
     from pagedserve.kernels.torch_backend import TorchAttentionBackend
     from pagedserve.services.worker.weights.loader import load_model
-    from safetensors.torch import load_file, save_file
 
     source = tiny_model("mixtral")
     folder = tmp_path / "stacked"

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 from harness.tiny_models import MOE_ARCHITECTURES
-from pagedserve.services.worker.layers.moe import SparseMoeBlock
-from pagedserve.services.worker.runner import ModelRunner
-from pagedserve.shared.protocol.step import Execute, NewRequest
 from worker_driver import GREEDY, StepDriver
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.services.worker.layers.moe import SparseMoeBlock
+from pagedserve.services.worker.runner import ModelRunner
+from pagedserve.shared.protocol.step import Execute, NewRequest
 
 MAX_TOKENS = 12
 PROMPT_LENGTHS = (1, 3, 7, 17, 33, 64, 5, 90)

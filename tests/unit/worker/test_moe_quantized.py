@@ -12,12 +12,12 @@ import pytest
 import torch
 from harness.gguf_models import quantize_checkpoint
 from harness.greedy_reference import random_prompts
+
+from pagedserve import LLM, SamplingParams
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 from pagedserve.services.worker.layers.moe import QuantExpertLinear, Router, SparseMoeBlock
 from pagedserve.services.worker.layers.quant_linear import QuantLinear
 from pagedserve.services.worker.weights.loader import load_model
-
-from pagedserve import LLM, SamplingParams
 
 CASES = [
     ("qwen2_moe", "Q8_0", {}),  # shared expert quantized beside the routed ones; its gate stays float32

@@ -9,6 +9,9 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
+from worker_driver import GREEDY, StepDriver
+
 from pagedserve.services.worker.layers.packed_linear import (
     PackedLinear,
     pack_linear,
@@ -18,8 +21,6 @@ from pagedserve.services.worker.layers.packed_linear import (
 )
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.step import Execute, NewRequest
-from torch import nn
-from worker_driver import GREEDY, StepDriver
 
 CPU = torch.device("cpu")
 BF16_PACKING = packing_available(torch.bfloat16, CPU)

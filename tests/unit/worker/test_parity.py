@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 from harness.tiny_models import ARCHITECTURES
+from worker_driver import GREEDY, StepDriver
+
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.step import Execute, NewRequest
-from worker_driver import GREEDY, StepDriver
 
 MAX_TOKENS = 32
 PROMPT_LENGTHS = (1, 2, 7, 13, 16, 33, 64, 100, 17)

@@ -15,6 +15,7 @@ import gguf
 import torch
 from harness.gguf_models import quantize_checkpoint
 from harness.tiny_models import make_tiny_model
+
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 from pagedserve.ops.microbench.weights_rss import (
     gguf_step_read_bytes,

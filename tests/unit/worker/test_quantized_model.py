@@ -17,11 +17,11 @@ import torch
 from harness.gguf_models import quantize_checkpoint
 from harness.greedy_reference import random_prompts
 from harness.tiny_models import make_tiny_model
+
+from pagedserve import LLM, SamplingParams
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 from pagedserve.services.worker.layers.quant_linear import QuantEmbedding, QuantLinear
 from pagedserve.services.worker.weights.loader import load_model
-
-from pagedserve import LLM, SamplingParams
 
 WIDE = {"hidden_size": 256, "intermediate_size": 512}  # the K-quants' super-blocks are 256 weights
 CASES = [

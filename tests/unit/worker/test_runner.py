@@ -6,9 +6,10 @@ import random
 
 import pytest
 import torch
+from worker_driver import GREEDY, StepDriver, sampling
+
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.step import CachedRequest, Execute, Fork, NewRequest
-from worker_driver import GREEDY, StepDriver, sampling
 
 
 def _prompts(seed: int = 3) -> list[list[int]]:

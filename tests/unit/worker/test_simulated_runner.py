@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from worker_driver import GREEDY
+
 from pagedserve.services.worker import simulated
 from pagedserve.services.worker.simulated import FIRST_TOKEN, SimulatedRunner
 from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest
-from worker_driver import GREEDY
 
 
 def runner(tmp_path, step_ms: float = 1.0) -> SimulatedRunner:
