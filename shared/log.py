@@ -6,6 +6,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
+from typing import TextIO, cast
 
 import structlog
 
@@ -41,7 +42,8 @@ def configure_logging(service: str, fmt: str = "auto", level: str = "info") -> s
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.WriteLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
+        # write and flush are all WriteLogger calls: the stand-in is a TextIO as far as it goes
+        logger_factory=structlog.WriteLoggerFactory(file=cast("TextIO", _CurrentStderr())),
         cache_logger_on_first_use=False,
     )
     return structlog.get_logger().bind(service=service)

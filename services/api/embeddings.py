@@ -86,7 +86,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[st
             "invalid_value",
         )
     normalize = kind.normalize if body.normalize is None else body.normalize
-    pooling = PoolingParams(pooling=kind.pooling, normalize=normalize, dimensions=body.dimensions)  # type: ignore[arg-type]
+    pooling = PoolingParams(pooling=kind.pooling, normalize=normalize, dimensions=body.dimensions)
     try:
         results = await pooled(
             request,

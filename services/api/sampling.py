@@ -104,9 +104,13 @@ def completion_prompts(req: CompletionRequest) -> list[Prompt]:
     if isinstance(p, str):
         prompts = [Prompt(text=p)]
     elif p and all(isinstance(x, int) for x in p):
-        prompts = [Prompt(token_ids=list(p))]  # type: ignore[arg-type]
+        prompts = [Prompt(token_ids=[x for x in p if isinstance(x, int)])]  # all of them: checked above
     else:
-        prompts = [Prompt(text=x) if isinstance(x, str) else Prompt(token_ids=list(x)) for x in p]  # type: ignore[union-attr]
+        prompts = [
+            Prompt(text=x) if isinstance(x, str) else Prompt(token_ids=list(x))
+            for x in p
+            if not isinstance(x, int)  # (none is: a mix of ids and lists fails the schema)
+        ]
     if not prompts:
         raise APIError(400, "prompt: must not be empty", "prompt", "invalid_value")
     for i, one in enumerate(prompts):

@@ -90,7 +90,7 @@ async def score_pairs(
         scores = [judged_score(*r.vector) for r in results]
         return scores, sum(r.num_prompt_tokens for r in results)
     texts = list(dict.fromkeys(t for pair in pairs for t in pair))  # each distinct text embedded once
-    pooling = PoolingParams(pooling=kind.pooling, normalize=True)  # type: ignore[arg-type]
+    pooling = PoolingParams(pooling=kind.pooling, normalize=True)
     results = await pooled(
         request, state, [Prompt(text=t) for t in texts], pooling, rid, user, priority, field
     )

@@ -21,9 +21,10 @@ from typing import Any
 
 from pagedserve.services.api.errors import APIError
 from pagedserve.shared.config import ServeConfig
+from pagedserve.shared.protocol.pooling import PoolingKind
 
 # sentence-transformers' 1_Pooling modes -> ours (the others, max and weighted mean, are not served).
-_POOLING_MODES = {
+_POOLING_MODES: dict[str, PoolingKind] = {
     "pooling_mode_lasttoken": "last",
     "pooling_mode_mean_tokens": "mean",
     "pooling_mode_cls_token": "cls",
@@ -34,7 +35,7 @@ _FLAG = {"generate": "--runner generate", "embed": "--runner embed", "rerank": "
 @dataclass(frozen=True, slots=True)
 class ServedKind:
     runner: str  # generate, embed or rerank
-    pooling: str = "last"  # embed: last, mean or cls
+    pooling: PoolingKind = "last"  # embed
     normalize: bool = True  # embed: L2-normalise
     judge_token_ids: tuple[int, int] | None = None  # rerank: the ids of "no" and "yes"
 
@@ -52,7 +53,7 @@ class ServedKind:
         )
 
 
-def sentence_transformers_pooling(folder: Path) -> tuple[str, bool] | None:
+def sentence_transformers_pooling(folder: Path) -> tuple[PoolingKind, bool] | None:
     """(pooling, normalize) from a sentence-transformers checkpoint's modules, or None if it has none."""
     modules_file = folder / "modules.json"
     if not modules_file.is_file():
@@ -62,7 +63,7 @@ def sentence_transformers_pooling(folder: Path) -> tuple[str, bool] | None:
     if pooling_module is None:
         return None
     pool_config = json.loads((folder / pooling_module.get("path", "1_Pooling") / "config.json").read_text())
-    modes = [ours for key, ours in _POOLING_MODES.items() if pool_config.get(key)]
+    modes: list[PoolingKind] = [ours for key, ours in _POOLING_MODES.items() if pool_config.get(key)]
     others = [
         k for k, v in pool_config.items() if k.startswith("pooling_mode_") and v and k not in _POOLING_MODES
     ]

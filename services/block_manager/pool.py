@@ -94,7 +94,8 @@ class BlockPool:
 
     def uncache(self, block: Block) -> None:
         """Drop the block's key: its content may never have been written (or it is evicted)."""
-        del self.cached[block.cache_key]  # type: ignore[arg-type]
+        assert block.cache_key is not None, f"block {block.id} is not cached"
+        del self.cached[block.cache_key]
         block.cache_key = None
         block.pending = None
 

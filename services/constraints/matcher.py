@@ -94,12 +94,13 @@ class TokenMask:
 
 def build_mask(matchers: Sequence[SequenceMatcher | None], vocab_size: int) -> TokenMask | None:
     """The packed mask of the rows whose matcher is live; None when no row is constrained."""
-    rows = [i for i, m in enumerate(matchers) if m is not None and not m.finished]
-    if not rows:
+    live = [(i, m) for i, m in enumerate(matchers) if m is not None and not m.finished]
+    if not live:
         return None
-    bitmask = xgr.allocate_token_bitmask(len(rows), vocab_size)
-    for j, row in enumerate(rows):
-        matchers[row].fill(bitmask, j)  # type: ignore[union-attr]
+    bitmask = xgr.allocate_token_bitmask(len(live), vocab_size)
+    for j, (_, matcher) in enumerate(live):
+        matcher.fill(bitmask, j)
+    rows = [i for i, _ in live]
     return TokenMask(rows, bitmask)
 
 

@@ -23,14 +23,21 @@ from pagedserve.shared import failpoints
 
 if TYPE_CHECKING:
     import torch
-    from torch import nn
+
+    from pagedserve.services.worker.models.llama import LlamaForCausalLM
 
 log = structlog.get_logger("pagedserve.lora")
 
 
 class LoRASlots:
     def __init__(
-        self, model: nn.Module, *, max_loras: int, max_lora_rank: int, max_cpu_loras: int, dtype: torch.dtype
+        self,
+        model: LlamaForCausalLM,
+        *,
+        max_loras: int,
+        max_lora_rank: int,
+        max_cpu_loras: int,
+        dtype: torch.dtype,
     ) -> None:
         self.model = model
         self.max_loras = max_loras

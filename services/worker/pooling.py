@@ -44,7 +44,7 @@ def collect(
         if tally is not None:
             if state.num_computed_tokens != tally.count:
                 raise ValueError(
-                    f"request {state.request_id!r} pools {state.sampling.pooling.pooling!r} "  # type: ignore[union-attr]
+                    f"request {state.request_id!r} pools {getattr(state.sampling.pooling, 'pooling', None)!r} "
                     f"over its whole prompt, but this step computes from position "
                     f"{state.num_computed_tokens}, not {tally.count}: its prompt must be computed whole"
                 )

@@ -11,6 +11,7 @@ import functools
 import mmap
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -422,7 +423,8 @@ class ModelRunner:
             [(item.state, item.proposed) for item in scored] + [(c, []) for c, _ in children]
         )
         tokens, logprobs = self.sampler.sample(rows, requests, mask)
-        result = StepResult(step.step, logprobs=None if logprobs is None else [])
+        step_logprobs: list[Any] | None = None if logprobs is None else []  # the result's, built below
+        result = StepResult(step.step, logprobs=step_logprobs)
         for item in scored:
             state, at, p = item.state, item.first_row, len(item.proposed)
             m = accepted_run(tokens[at : at + 1 + p], item.proposed) if p else 0
@@ -430,8 +432,8 @@ class ModelRunner:
             state.num_computed_tokens += m  # the accepted proposals' KV was written in this forward
             result.request_ids.append(state.request_id)
             result.token_ids.append(tokens[at])
-            if logprobs is not None:
-                result.logprobs.append(logprobs[at])  # type: ignore[union-attr]
+            if step_logprobs is not None and logprobs is not None:
+                step_logprobs.append(logprobs[at])
             if p:
                 more_lps = logprobs[at + 1 : at + m + 1] if logprobs is not None and logprobs[at] else None
                 result.speculation.append(
@@ -442,8 +444,8 @@ class ModelRunner:
             self.requests[child.request_id] = child
             result.request_ids.append(child.request_id)
             result.token_ids.append(tokens[at])
-            if logprobs is not None:
-                result.logprobs.append(logprobs[at])  # type: ignore[union-attr]
+            if step_logprobs is not None and logprobs is not None:
+                step_logprobs.append(logprobs[at])
         if self.prompt_tallies:
             result.prompt_logprobs = prompt_logprobs.take_finished(
                 self.prompt_tallies, [item.state for item in scored]

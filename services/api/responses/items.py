@@ -16,7 +16,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from pagedserve.services.api.errors import APIError, describe_validation
-from pagedserve.services.api.schemas import ChatMessage, FunctionCall, NamedToolChoice, Tool, ToolCall
+from pagedserve.services.api.schemas import (
+    ChatMessage,
+    FunctionCall,
+    NamedFunction,
+    NamedToolChoice,
+    Tool,
+    ToolCall,
+)
 
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 ROLES = ("user", "system", "developer", "assistant")
@@ -136,7 +143,7 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> Any:
         return choice
     if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
         raise _unsupported("tool_choice", str(choice.get("type")), "tool_choice type")
-    return NamedToolChoice(type="function", function={"name": choice["name"]})  # type: ignore[arg-type]
+    return NamedToolChoice(type="function", function=NamedFunction(name=choice["name"]))
 
 
 def output_as_items(output: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -178,7 +178,8 @@ class IntWeight:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.codes.shape)  # type: ignore[return-value]
+        out_features, in_features = self.codes.shape  # 2-D: [out, in]
+        return out_features, in_features
 
     def dequantize(self) -> torch.Tensor:
         """The float32 [out, in] weight, exactly as the format defines it."""

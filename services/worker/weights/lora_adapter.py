@@ -26,9 +26,8 @@ import torch
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from torch import nn
-
     from pagedserve.services.worker.layers.lora import LoRALinear
+    from pagedserve.services.worker.models.llama import LlamaForCausalLM
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -113,7 +112,7 @@ def _pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
 def load_lora_adapter(
     name: str,
     path: str | Path,
-    model: nn.Module,
+    model: LlamaForCausalLM,
     targets: Mapping[str, LoRALinear],
     *,
     max_rank: int,
@@ -148,7 +147,7 @@ def load_lora_adapter(
             raise AdapterError(
                 f"LoRA adapter {folder}: module {module} lacks lora_{'B' if 'A' in ab else 'A'}"
             )
-        target = model.checkpoint_target(module + ".weight")  # type: ignore[operator]
+        target = model.checkpoint_target(module + ".weight")
         ours = None if target is None else target[0].removesuffix(".weight")
         if target is None or ours is None or ours not in targets:
             raise AdapterError(
@@ -158,10 +157,10 @@ def load_lora_adapter(
         linear = targets[ours]
         rows = target[1] or slice(0, linear.out_features)
         layout = getattr(linear, "parts", [slice(0, linear.out_features)])
-        if rows not in layout:
+        if not isinstance(rows, slice) or rows not in layout:  # a tuple: an expert's slice of a stack
+            where = f"rows {rows.start}:{rows.stop}" if isinstance(rows, slice) else f"the part {rows}"
             raise AdapterError(
-                f"LoRA adapter {folder}: module {module} fills rows {rows.start}:{rows.stop} of {ours}, "
-                "which is not one of its parts"
+                f"LoRA adapter {folder}: module {module} fills {where} of {ours}, which is not one of its parts"
             )
         a, b = ab["A"], ab["B"]
         rank = a.shape[0]
