@@ -121,6 +121,11 @@ class NamedToolChoice(_Body):
     type: Literal["function"]
     function: NamedFunction
 
+    @classmethod
+    def of(cls, name: str) -> NamedToolChoice:
+        """The choice of the function `name` (what the Responses and Messages shapes name by a string)."""
+        return cls(type="function", function=NamedFunction(name=name))
+
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)

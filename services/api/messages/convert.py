@@ -23,7 +23,6 @@ from pagedserve.services.api.schemas import (
     ChatCompletionRequest,
     ChatMessage,
     FunctionCall,
-    NamedFunction,
     NamedToolChoice,
     Tool,
     ToolCall,
@@ -150,7 +149,7 @@ def chat_tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
     if kind == "any":
         return "required", parallel
     if kind == "tool" and isinstance(choice.get("name"), str):
-        return NamedToolChoice(type="function", function=NamedFunction(name=choice["name"])), parallel
+        return NamedToolChoice.of(choice["name"]), parallel
     raise _bad("tool_choice.type", f"must be auto, any, tool (with a name) or none; got {kind!r}")
 
 

@@ -19,7 +19,6 @@ from pagedserve.services.api.errors import APIError, describe_validation
 from pagedserve.services.api.schemas import (
     ChatMessage,
     FunctionCall,
-    NamedFunction,
     NamedToolChoice,
     Tool,
     ToolCall,
@@ -143,7 +142,7 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> Any:
         return choice
     if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
         raise _unsupported("tool_choice", str(choice.get("type")), "tool_choice type")
-    return NamedToolChoice(type="function", function=NamedFunction(name=choice["name"]))
+    return NamedToolChoice.of(choice["name"])
 
 
 def output_as_items(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
