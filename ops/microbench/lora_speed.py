@@ -22,15 +22,7 @@ from typing import Any
 
 import torch
 
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+from pagedserve.kernels.cpu.isa import cpu_model
 
 
 def make_adapters(config: dict[str, Any], root: Path, count: int, rank: int) -> dict[str, str]:
@@ -155,7 +147,7 @@ def main() -> None:
     cases = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",")]
     most = max(a for _, a in cases)
     results: dict[str, object] = {
-        "cpu": _cpu_name(),
+        "cpu": cpu_model(platform.processor()),
         "threads": args.threads,
         "rank": args.rank,
         "max_tokens": args.max_tokens,

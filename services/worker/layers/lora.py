@@ -27,6 +27,7 @@ MoE expert weights are not adapted.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,20 +45,14 @@ MASKED_MAX_ROW_SLOTS = 128
 CPP_MAX_ROWS = 128
 
 
+@functools.cache
 def _cpp_lora_delta():
     """The C++ kernel's op on this CPU's best path, or None where it does not build (logged once)."""
-    global _cpp_op, _cpp_tried
-    if not _cpp_tried:
-        from pagedserve.kernels.cpu.build import LORA
-        from pagedserve.kernels.cpu.dispatch import try_load_ops
+    from pagedserve.kernels.cpu.build import LORA
+    from pagedserve.kernels.cpu.dispatch import try_load_ops
 
-        ops = try_load_ops(LORA)
-        _cpp_op, _cpp_tried = (ops.lora_delta_.default if ops is not None else None), True
-    return _cpp_op
-
-
-_cpp_op = None
-_cpp_tried = False
+    ops = try_load_ops(LORA)
+    return None if ops is None else ops.lora_delta_.default
 
 
 @dataclass(slots=True)
