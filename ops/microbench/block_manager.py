@@ -23,7 +23,7 @@ from typing import Any
 
 from pagedserve.ops.results import write_json
 from pagedserve.services.block_manager.manager import BlockManager
-from pagedserve.shared.protocol.blocks import grow_op
+from pagedserve.shared.protocol.blocks import Grow, OpError
 
 TARGET_BLOCK_OPS_PER_S = 200_000
 
@@ -124,9 +124,9 @@ def bench_apply(batch_size: int, num_steps: int, block_size: int) -> dict[str, A
     ids = [f"r{i}" for i in range(batch_size)]
     t0 = time.process_time()
     for step in range(num_steps):
-        reply = manager.apply([grow_op(rid, 1, [step]) for rid in ids], float(step))
+        reply = manager.apply([Grow(rid, 1, [step]) for rid in ids], float(step))
     elapsed = time.process_time() - t0
-    assert not any(type(r) is dict for r in reply.results)
+    assert not any(type(r) is OpError for r in reply.results)
     return {
         "ops_per_batch": batch_size,
         "batches": num_steps,

@@ -8,8 +8,9 @@ block-manager batch of `grow` ops with its reply. Each is timed as encode (decla
 bytes) and decode (bytes -> declared message) two ways:
 
 - `codec`: the codec as it stands (shared/protocol: `encode_message`, `decode` + `read_message`).
-  Up to commit db67631 every type had a hand-written `to_wire` / `from_wire` over msgpack; since
-  then the step messages are msgspec Structs inside the frame's map, the block frames are unchanged;
+  every internal message is a msgspec Struct whose msgpack is the `body` of the frame's map (up to
+  commit db67631 every type had a hand-written codec over msgpack, and the block frames kept theirs
+  until the wave's typed block ops);
 - `msgspec`: every frame as one `msgspec.Struct(array_like=True)` tagged by `type`, encoded and
   decoded by msgspec.msgpack in one pass (what a codec with no map envelope at all would cost).
 
@@ -30,7 +31,7 @@ import msgspec
 
 from pagedserve.kernels.cpu.isa import cpu_model
 from pagedserve.ops.results import write_json
-from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply, grow_op
+from pagedserve.shared.protocol.blocks import BlockBatch, BlockOp, BlockReply, BlockResult, Grow, Growth
 from pagedserve.shared.protocol.codec import decode
 from pagedserve.shared.protocol.messages import encode_message, read_message
 from pagedserve.shared.protocol.step import (
@@ -47,7 +48,7 @@ from pagedserve.shared.protocol.step import (
 def declared_messages(rows: int) -> dict[str, Any]:
     cached = [CachedRequest(f"req-{i:06d}", 1, [1000 + i] if i % 8 == 0 else [], []) for i in range(rows)]
     ids = [c.request_id for c in cached]
-    grow_results: list[Any] = [[[1000 + i], [], []] if i % 8 == 0 else [[], [], []] for i in range(rows)]
+    grow_results: list[BlockResult] = [Growth((1000 + i,)) if i % 8 == 0 else Growth() for i in range(rows)]
     return {
         "execute": ExecuteMessage(Execute(step=4242, cached_requests=cached, finished_ids=["req-done"])),
         "step_result": StepResultMessage(
@@ -57,7 +58,7 @@ def declared_messages(rows: int) -> dict[str, Any]:
             ),
             generation=3,
         ),
-        "block_ops": BlockBatch(77, [grow_op(rid, 1, (17,)) for rid in ids]),
+        "block_ops": BlockBatch(77, [Grow(rid, 1, [17]) for rid in ids]),
         "block_reply": BlockReply(77, grow_results, {"worker-0": 4000}, "bm-1a2b3c"),
     }
 
@@ -113,12 +114,12 @@ class MStepResult(_Frame, tag="step_result"):
 
 class MBlockBatch(_Frame, tag="block_ops"):
     seq: int = 0
-    ops: list[list[Any]] = []
+    ops: list[BlockOp] = []
 
 
 class MBlockReply(_Frame, tag="block_reply"):
     seq: int = 0
-    results: list[Any] = []
+    results: list[BlockResult] = []
     free_blocks: dict[str, int] = {}
     instance: str = ""
 

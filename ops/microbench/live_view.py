@@ -143,7 +143,7 @@ def deployment_cost(num_blocks: int, seconds: float, browser: bool) -> dict[str,
 def ghost_fill(endpoint: str, prompts: list[list[int]]) -> None:
     import zmq
 
-    from pagedserve.shared.protocol.blocks import BlockBatch, alloc_op
+    from pagedserve.shared.protocol.blocks import Alloc, BlockBatch
     from pagedserve.shared.transport import make_socket, send
 
     ctx = zmq.Context()
@@ -151,7 +151,7 @@ def ghost_fill(endpoint: str, prompts: list[list[int]]) -> None:
     sock.connect(endpoint)
     for start in range(0, len(prompts), 100):
         ops = [
-            alloc_op("worker-0", f"fill-{i}", "bench-fill", prompts[i], len(prompts[i]))
+            Alloc("worker-0", f"fill-{i}", "bench-fill", prompts[i], len(prompts[i]))
             for i in range(start, min(start + 100, len(prompts)))
         ]
         send(sock, BlockBatch(start + 1, ops))

@@ -17,7 +17,7 @@ from pagedserve.services.block_manager.block_ops import apply_ops
 from pagedserve.services.block_manager.leases import LeaseTable
 from pagedserve.services.block_manager.pool import NO_PREFIX, Block, BlockPool
 from pagedserve.services.block_manager.table import NEVER, BlockTable
-from pagedserve.shared.protocol.blocks import UNCHANGED, Allocation, BlockAnswers, Growth
+from pagedserve.shared.protocol.blocks import UNCHANGED, Allocation, BlockAnswers, BlockOp, Growth
 
 __all__ = [
     "Allocation",
@@ -371,7 +371,7 @@ class BlockManager:
     def check_invariants(self) -> list[str]:
         return health.violations(self._pools, self._tables, self._leases)
 
-    def apply(self, ops: list[list[Any]], now: float) -> BlockAnswers:
+    def apply(self, ops: Sequence[BlockOp], now: float) -> BlockAnswers:
         return apply_ops(self, ops, now)
 
     def _pool(self, pool_id: str) -> BlockPool:

@@ -11,11 +11,10 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import zmq
 
-from pagedserve.shared.protocol.blocks import BlockAnswers, BlockBatch, BlockReply
+from pagedserve.shared.protocol.blocks import BlockAnswers, BlockBatch, BlockOp, BlockReply
 from pagedserve.shared.protocol.codec import decode
 from pagedserve.shared.protocol.control import Pools, PoolsReply, RenewOwner
 from pagedserve.shared.protocol.frontend import Error
@@ -60,7 +59,7 @@ class BlockManagerClient:
         sock.connect(self.endpoint)
         return sock
 
-    def rpc(self, ops: list[list[Any]]) -> BlockAnswers | None:
+    def rpc(self, ops: list[BlockOp]) -> BlockAnswers | None:
         """One batched RPC; None if the block manager did not answer in time (it is then down)."""
         self.seq += 1
         seq = self.seq

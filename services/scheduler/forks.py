@@ -8,10 +8,8 @@ prompt never completed) end with their parent.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pagedserve.services.scheduler.request import Request, Status
-from pagedserve.shared.protocol.blocks import BlockOpError, fork_op, fork_result
+from pagedserve.shared.protocol.blocks import BlockOp, BlockResult, Fork, Forked
 
 _SEED_MASK = (1 << 63) - 1
 _GOLDEN = 0x9E3779B97F4A7C15  # spreads child seeds apart: seed, seed+1 must not give close streams
@@ -21,7 +19,7 @@ def child_seed(seed: int | None, index: int) -> int | None:
     return None if seed is None else (seed + index * _GOLDEN) & _SEED_MASK
 
 
-def plan_forks(parent: Request, owner: str, ops: list[list[Any]]) -> list[tuple[int, Request]]:
+def plan_forks(parent: Request, owner: str, ops: list[BlockOp]) -> list[tuple[int, Request]]:
     """Fork ops for the children still to come; returns (op index, child) for each."""
     forks: list[tuple[int, Request]] = []
     for i in range(1, parent.fork_children + 1):
@@ -39,16 +37,13 @@ def plan_forks(parent: Request, owner: str, ops: list[list[Any]]) -> list[tuple[
             deadline=parent.deadline,
         )
         forks.append((len(ops), child))
-        ops.append(fork_op(parent.request_id, child.request_id, owner))
+        ops.append(Fork(parent.request_id, child.request_id, owner))
     return forks
 
 
-def forked(result: Any) -> bool:
+def forked(result: BlockResult) -> bool:
     """Did the block manager fork the child's table? (A refused fork is simply no child this step.)"""
-    try:
-        return fork_result(result)
-    except BlockOpError:
-        return False
+    return type(result) is Forked
 
 
 def adopt_child(parent: Request, child: Request) -> None:

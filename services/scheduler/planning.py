@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from pagedserve.services.scheduler.forks import plan_forks
 from pagedserve.services.scheduler.limits import SchedulerLimits, SchedulerStats
@@ -25,7 +24,7 @@ from pagedserve.services.scheduler.placement import WorkerState
 from pagedserve.services.scheduler.request import Request, Status
 from pagedserve.services.scheduler.speculation import SpeculationPolicy
 from pagedserve.shared.paging import blocks_for
-from pagedserve.shared.protocol.blocks import OP_FREE, alloc_op, free_op, grow_op, resume_op
+from pagedserve.shared.protocol.blocks import Alloc, BlockOp, Free, Grow, Resume
 
 LONG_ROPE_SALT = "longrope-long"  # the prefix-cache namespace of requests rotated with the long factors
 
@@ -44,7 +43,7 @@ class PlanEntry:
 @dataclass(slots=True)
 class StepPlan:
     worker_id: str
-    block_ops: list[list[Any]]
+    block_ops: list[BlockOp]
     entries: list[PlanEntry]
     forget: list[str]  # ids the worker drops before this step
 
@@ -55,7 +54,7 @@ class StepPlan:
     @property
     def only_frees(self) -> bool:
         """Nothing to run, memory to give back: planning again may find room."""
-        return not self.entries and all(op[0] == OP_FREE for op in self.block_ops)
+        return not self.entries and all(type(op) is Free for op in self.block_ops)
 
 
 def schedulable(req: Request) -> bool:
@@ -76,14 +75,14 @@ def schedulable(req: Request) -> bool:
     )
 
 
-def free_ops(req: Request) -> list[list[Any]]:
+def free_ops(req: Request) -> list[BlockOp]:
     """Free a table whose slots are all computed (no step in flight names it). Tokens it computed that
     the block manager was never told (accepted proposals of its last step) go first, so the blocks they
     fill are cached like any other; the free then confirms exactly the computed slots."""
-    ops = []
+    ops: list[BlockOp] = []
     if req.num_known_sent < min(req.num_slots_used, req.num_known):
-        ops.append(grow_op(req.request_id, 0, req.known_since(req.num_known_sent)))
-    ops.append(free_op(req.request_id, req.num_slots_used))
+        ops.append(Grow(req.request_id, 0, req.known_since(req.num_known_sent)))
+    ops.append(Free(req.request_id, req.num_slots_used))
     return ops
 
 
@@ -118,7 +117,7 @@ class _Draft:
     owner: str
     tokens: int  # token budget left
     blocks: int  # free blocks left (as far as the mirror knows)
-    ops: list[list[Any]] = field(default_factory=list)
+    ops: list[BlockOp] = field(default_factory=list)
     entries: list[PlanEntry] = field(default_factory=list)
 
 
@@ -145,7 +144,7 @@ class Planner:
             self._after_free(req, state)
         state.to_free.clear()
         # Forked for a step that never ran: none of it is known to be written.
-        draft.ops.extend(free_op(rid, 0) for rid in state.stray)
+        draft.ops.extend(Free(rid, 0) for rid in state.stray)
         state.stray.clear()
         state.starving = False
         self._plan_running(draft)
@@ -191,11 +190,11 @@ class Planner:
                 new_known = req.known_since(req.num_known_sent) if req.num_known_sent < req.num_known else []
                 entry = PlanEntry(req, len(draft.ops), n, new=False, lookahead=ahead, resume=req.resume)
                 if req.resume:  # back to its committed slots, the whole table answered for the worker
-                    draft.ops.append(resume_op(req.request_id, req.num_slots_used, n, new_known))
+                    draft.ops.append(Resume(req.request_id, req.num_slots_used, n, new_known))
                 else:
                     # The table grows only past the slots it was given (rejected proposals' slots are reused).
                     grow = max(0, req.num_slots_used + n + ahead - req.num_slots_given)
-                    draft.ops.append(grow_op(req.request_id, grow, new_known))
+                    draft.ops.append(Grow(req.request_id, grow, new_known))
                 if want_prefill and req.num_slots_used + n == req.num_known:
                     entry.forks = plan_forks(req, draft.owner, draft.ops)
                 draft.entries.append(entry)
@@ -238,7 +237,7 @@ class Planner:
             req.rope_long = switch is not None and len(tokens) > switch
             entry = PlanEntry(req, len(draft.ops), max_new, new=True)
             draft.ops.append(
-                alloc_op(
+                Alloc(
                     state.worker_id,
                     req.request_id,
                     draft.owner,

@@ -18,10 +18,10 @@ chunks, and that tally died).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pagedserve.services.scheduler.request import Request, Status
-from pagedserve.shared.protocol.blocks import free_op
+from pagedserve.shared.protocol.blocks import BlockOp, Free
 
 if TYPE_CHECKING:
     from pagedserve.services.scheduler.placement import WorkerState
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class Suspension:
-    frees: list[list[Any]] = field(default_factory=list)  # ops to send the block manager now
+    frees: list[BlockOp] = field(default_factory=list)  # ops to send the block manager now
     parked: list[Request] = field(default_factory=list)  # waiting for the worker, to resume
     moved: list[Request] = field(default_factory=list)  # to recompute (or start) on another worker
     released: list[Request] = field(default_factory=list)  # finished: the scheduler forgets them
@@ -47,7 +47,7 @@ def suspend(
     state.suspended_at, state.pool_epoch, state.incarnation = now, epoch, incarnation
     # Nothing of this list reached the worker that is gone, nor will a restarted one know them.
     state.forget.clear()
-    out.frees.extend(free_op(rid, 0) for rid in state.stray)
+    out.frees.extend(Free(rid, 0) for rid in state.stray)
     state.stray.clear()
     state.to_free.clear()
     for req in requests:
@@ -60,16 +60,14 @@ def suspend(
         req.num_slots_given = req.num_committed  # the resume op takes the table back there
         req.lookahead_in_flight = 0  # the proposals of lost steps are lost with them
         if req.status is Status.FINISHED:
-            out.frees.append(free_op(req.request_id, req.num_slots_used))
+            out.frees.append(Free(req.request_id, req.num_slots_used))
             out.released.append(req)
         elif req.status is Status.RUNNING and resumable(req, unsafe):
             req.on_worker = False
             req.resume = True
             out.parked.append(req)
         else:  # preempted on its way out, or it cannot resume: it recomputes elsewhere
-            out.frees.append(
-                free_op(req.request_id, 0 if req.status is Status.RUNNING else req.num_slots_used)
-            )
+            out.frees.append(Free(req.request_id, 0 if req.status is Status.RUNNING else req.num_slots_used))
             req.lost_committed = req.num_committed if req.status is Status.RUNNING else 0
             req.reset_to_waiting()
             out.moved.append(req)

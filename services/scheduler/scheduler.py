@@ -34,16 +34,7 @@ from pagedserve.services.scheduler.resumption import Suspension, can_resume, sus
 from pagedserve.services.scheduler.speculation import SpeculationPolicy
 from pagedserve.services.scheduler.stopping import Tokenizer
 from pagedserve.shared.lora_modules import LoRAModule, LoRARegistry
-from pagedserve.shared.protocol.blocks import (
-    Allocation,
-    BlockAnswers,
-    BlockOpError,
-    Growth,
-    Resumption,
-    alloc_result,
-    grow_result,
-    resume_result,
-)
+from pagedserve.shared.protocol.blocks import Allocation, BlockAnswers, BlockOp, Growth, Resumption
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 from pagedserve.shared.protocol.step import (
@@ -301,7 +292,7 @@ class Scheduler:
         return self.planner.plan(self.placement.workers[worker_id], self.owner, now)
 
     def step_once(
-        self, worker_id: str, now: float, apply: Callable[[list[list[Any]]], BlockAnswers | None]
+        self, worker_id: str, now: float, apply: Callable[[list[BlockOp]], BlockAnswers | None]
     ) -> StepOutcome:
         """schedule -> apply (the block manager, over a socket or in-process) -> commit."""
         plan = self.schedule(worker_id, now)
@@ -333,12 +324,9 @@ class Scheduler:
         lookahead: dict[str, int] = {}
         for entry in plan.entries:
             req = entry.request
-            try:
-                read = alloc_result if entry.new else resume_result if entry.resume else grow_result
-                res = read(results[entry.op_index])
-            except BlockOpError:
-                res = None  # refused like a full pool: the same recovery
-            if res is None:
+            res = results[entry.op_index]
+            # None is a full pool; an OpError (a refused op) takes the same recovery.
+            if type(res) is not (Allocation if entry.new else Resumption if entry.resume else Growth):
                 if entry.new:  # no room after all (prefix hits pulled cached blocks): wait in front
                     state.waiting.push_front(req)
                 else:
@@ -349,7 +337,7 @@ class Scheduler:
             if req.status is not Status.RUNNING and not entry.new:
                 continue  # aborted between plan and commit
             if entry.new:
-                assert isinstance(res, Allocation)  # read by alloc_result: entry.new chose it above
+                assert isinstance(res, Allocation)  # entry.new chose the type above
                 req.status = Status.RUNNING
                 req.on_worker = True
                 req.num_slots_used = req.num_slots_given = res.num_cached_tokens + res.num_new_tokens
@@ -374,11 +362,11 @@ class Scheduler:
                     )
                 )
             elif entry.resume:
-                assert isinstance(res, Resumption)  # read by resume_result: entry.resume chose it
+                assert isinstance(res, Resumption)  # entry.resume chose it
                 execute.new_requests.append(self._resumed(req, entry.num_tokens, res))
                 execute.copies.extend(res.copies)
             else:
-                assert isinstance(res, Growth)  # read by grow_result
+                assert isinstance(res, Growth)
                 req.num_slots_used += entry.num_tokens + entry.lookahead
                 req.num_slots_given = max(req.num_slots_given, req.num_slots_used)
                 req.num_known_sent = req.num_known

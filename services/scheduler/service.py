@@ -45,7 +45,7 @@ from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
 from pagedserve.shared.lora_modules import check_adapter, parse_lora_modules
 from pagedserve.shared.ops_server import OpsServer, json_response
-from pagedserve.shared.protocol.blocks import free_op
+from pagedserve.shared.protocol.blocks import Free
 from pagedserve.shared.protocol.codec import ProtocolError
 from pagedserve.shared.protocol.control import DumpStacks, Heartbeat, Hello, Reset
 from pagedserve.shared.protocol.frontend import Error
@@ -416,7 +416,7 @@ class SchedulerService:
         held = self.core.live_request_ids(wid)
         moved = self.core.remove_worker(wid)
         if held and not self.bm.down:
-            self.bm.rpc([free_op(rid, 0) for rid in held])
+            self.bm.rpc([Free(rid, 0) for rid in held])
         self.metrics.workers_lost.inc()
         if self.watch.lost(wid, reason, time.monotonic()):
             self.metrics.step_timeouts.inc()
@@ -455,7 +455,7 @@ class SchedulerService:
         held = self.core.live_request_ids(wid)
         moved = self.core.remove_worker(wid)
         if held and not self.bm.down:
-            self.bm.rpc([free_op(rid, 0) for rid in held])
+            self.bm.rpc([Free(rid, 0) for rid in held])
         self.log.warning("suspended_worker_given_up", worker_id=wid, reason=why, requeued=len(moved))
 
     def on_step_result(self, wid: str, result: StepResult, now: float) -> None:

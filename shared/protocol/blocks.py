@@ -1,63 +1,111 @@
 """Scheduler <-> block manager: one batch of ops per engine step, one reply.
 
-Hot path, so plain lists (no field names, no per-field validation beyond the frame's version):
-
-    op                                                          result (None: not enough free blocks)
-    ["alloc", pool_id, request_id, owner, token_ids, max_new, use_prefix_cache]
-                                                                [block_ids, num_cached_tokens, num_new_tokens] | None
-    ["grow", request_id, num_new_tokens, new_token_ids]         [new_block_ids, [[idx, id]...], [[src, dst]...]] | None
-    ["fork", parent_id, child_id, owner]                        True | None
-    ["free", request_id, num_computed]                          blocks whose ref count hit 0
-    ["resume", request_id, num_slots, num_new_tokens, new_token_ids]
-                                                                [block_ids, [[src, dst]...]] | None
+    op (BlockOp)                                                result (BlockResult; None: too few free blocks)
+    Alloc(pool_id, request_id, owner, token_ids, max_new_tokens, use_prefix_cache, cache_namespace)
+                                                                Allocation | None
+    Grow(request_id, num_new_tokens, new_token_ids)             Growth | None
+    Fork(parent_id, child_id, owner)                            Forked | None
+    Free(request_id, num_computed)                              Freed (blocks whose ref count hit 0)
+    Resume(request_id, num_slots, num_new_tokens, new_token_ids)
+                                                                Resumption | None
+    any op the block manager refuses                            OpError (unknown pool or request, ...)
 
     frames: BlockBatch {seq, ops} -> BlockReply {seq, results: [one per op, in order],
             free_blocks: {pool_id: n}, instance}
 
+Ops and results are tagged array-like Structs (on the wire `["grow", "req-1", 1, [17]]`): one runs
+per running request per step, so no field names cross, and msgspec checks every type while it reads.
+The in-process engine hands the block manager the same Structs.
+
 `use_prefix_cache` false: no prefix-cache hits, every slot is computed (a request that wants its
 prompt's logprobs needs a hidden state at every position). Its full blocks are still offered to the
-cache for others.
+cache for others. `cache_namespace`: the request's LoRA adapter; its blocks hit only within it.
 
-`num_computed` of a free is how many of the table's slots the owner saw computed (nil: all of
+`num_computed` of a free is how many of the table's slots the owner saw computed (None: all of
 them): the prefix cache keeps only blocks it knows were written (services/block_manager/pool.py).
 
 `resume` takes a table whose worker died and came back with its pool intact (a shared-memory segment)
 back to the `num_slots` its owner saw committed, then grows it like `grow`; it answers the whole
 table, which the restarted worker needs, and the copies to make first.
 
-An op naming an unknown pool or request, or with malformed arguments, has `{"error": message}`
-as its result; the other ops of the batch still run. Frames carry a `seq` so a caller that timed
-out can tell a late reply from the one it waits for.
+An op with more arguments than declared is read without the extra ones (msgspec's rule for array-like
+Structs): a newer peer may append an optional argument. One bad op never costs its neighbours: an op the reader cannot read becomes `Unreadable` in its slot
+(`read_batch`), the block manager answers it with an OpError, and the other ops of the batch still
+run (a free that did not run would hold its blocks until the lease reaper came). Frames carry a
+`seq` so a caller that timed out can tell a late reply from the one it waits for.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, ClassVar, Union
 
-from pagedserve.shared.protocol.codec import ProtocolError
+import msgspec
+from msgspec import Meta
 
-BLOCK_OPS = "block_ops"  # frame type: scheduler -> block manager
-BLOCK_REPLY = "block_reply"  # frame type: block manager -> scheduler
+from pagedserve.shared.protocol.structs import decoder
 
-OP_ALLOC = "alloc"
-OP_GROW = "grow"
-OP_FORK = "fork"
-OP_FREE = "free"
-OP_RESUME = "resume"
-OP_ARITY = {OP_ALLOC: 7, OP_GROW: 4, OP_FORK: 4, OP_FREE: 3, OP_RESUME: 5}  # list length, name included
-# Trailing arguments an op may add, sent only when set (older peers keep working):
-# alloc's cache namespace (the request's LoRA adapter).
-OP_OPTIONAL = {OP_ALLOC: 1}
+Name = Annotated[str, Meta(min_length=1)]
+Count = Annotated[int, Meta(ge=0)]
 
 
-class BlockOpError(Exception):
-    """The block manager refused one op (unknown pool or request, malformed arguments)."""
+class _Op(msgspec.Struct, array_like=True, frozen=True):
+    pass
 
 
-@dataclass(slots=True)
-class Allocation:
+class Alloc(_Op, tag="alloc", frozen=True):
+    pool_id: Name
+    request_id: Name
+    owner: Name
+    token_ids: Sequence[int]
+    max_new_tokens: Count
+    use_prefix_cache: bool = True
+    cache_namespace: Name | None = None
+
+
+class Grow(_Op, tag="grow", frozen=True):
+    request_id: Name
+    num_new_tokens: Count
+    new_token_ids: Sequence[int] = ()
+
+
+class Fork(_Op, tag="fork", frozen=True):
+    parent_id: Name
+    child_id: Name
+    owner: Name
+
+
+class Free(_Op, tag="free", frozen=True):
+    """Free a table; `num_computed` below its slots says the rest may never have been written."""
+
+    request_id: Name
+    num_computed: Count | None = None
+
+
+class Resume(_Op, tag="resume", frozen=True):
+    request_id: Name
+    num_slots: Count
+    num_new_tokens: Count
+    new_token_ids: Sequence[int] = ()
+
+
+class Unreadable(_Op, tag="unreadable", frozen=True):
+    """Not an op: the slot of one the reader could not read (`read_batch`), answered by its OpError."""
+
+    reason: str
+
+
+BlockOp = Union[Alloc, Grow, Fork, Free, Resume, Unreadable]  # noqa: UP007 (msgspec reads a Union)
+
+
+# ---------------------------------------------------------------- results
+
+
+class _Result(msgspec.Struct, array_like=True, frozen=True):
+    pass
+
+
+class Allocation(_Result, tag="allocation", frozen=True):
     """A new block table: the first num_cached_tokens slots are prefix-cache hits (already
     computed); the next num_new_tokens slots are this step's to compute."""
 
@@ -65,128 +113,80 @@ class Allocation:
     num_cached_tokens: int
     num_new_tokens: int
 
-    def to_wire(self) -> list[Any]:
-        return [self.block_ids, self.num_cached_tokens, self.num_new_tokens]
 
-    @classmethod
-    def from_wire(cls, w: list[Any]) -> Allocation:
-        return cls(w[0], w[1], w[2])
-
-
-@dataclass(slots=True)
-class Growth:
+class Growth(_Result, tag="growth", frozen=True):
     """What one grow changed: blocks appended to the table, blocks replaced in it by
     copy-on-write (logical index, new id), and the copies the worker must make (src, dst)
     before it writes.
 
-    A read-only value (tuples): most decode steps change no block, and they all share one
-    UNCHANGED instance instead of building three fresh lists per request per step.
+    Read-only (tuples, frozen): most decode steps change no block, and in-process they all share
+    one UNCHANGED instance instead of building three fresh lists per request per step.
     """
 
     new_block_ids: tuple[int, ...] = ()
     replaced: tuple[tuple[int, int], ...] = ()
     copies: tuple[tuple[int, int], ...] = ()
 
-    def to_wire(self) -> list[Any]:
-        return [list(self.new_block_ids), [list(p) for p in self.replaced], [list(c) for c in self.copies]]
-
-    @classmethod
-    def from_wire(cls, w: list[Any]) -> Growth:
-        if not (w[0] or w[1] or w[2]):
-            return UNCHANGED
-        return cls(
-            tuple(w[0]), tuple((int(i), int(b)) for i, b in w[1]), tuple((int(s), int(d)) for s, d in w[2])
-        )
-
 
 UNCHANGED = Growth()
 
 
-# ---------------------------------------------------------------- building a batch
+class Resumption(_Result, tag="resumption", frozen=True):
+    """A table taken back to its committed slots and grown: all of it, and the copies to make first."""
+
+    block_ids: list[int]
+    copies: list[tuple[int, int]]
 
 
-def alloc_op(
-    pool_id: str,
-    request_id: str,
-    owner: str,
-    token_ids: Sequence[int],
-    max_new_tokens: int,
-    use_prefix_cache: bool = True,
-    cache_namespace: str | None = None,
-) -> list[Any]:
-    op = [OP_ALLOC, pool_id, request_id, owner, list(token_ids), max_new_tokens, use_prefix_cache]
-    if cache_namespace is not None:
-        op.append(cache_namespace)
-    return op
+class Forked(_Result, tag="forked", frozen=True):
+    pass
 
 
-def grow_op(request_id: str, num_new_tokens: int, new_token_ids: Sequence[int] = ()) -> list[Any]:
-    return [OP_GROW, request_id, num_new_tokens, list(new_token_ids)]
+FORKED = Forked()
 
 
-def fork_op(parent_id: str, child_id: str, owner: str) -> list[Any]:
-    return [OP_FORK, parent_id, child_id, owner]
+class Freed(_Result, tag="freed", frozen=True):
+    num_blocks: int  # how many of the table's blocks became free (the rest are shared or cached)
 
 
-def resume_op(
-    request_id: str, num_slots: int, num_new_tokens: int, new_token_ids: Sequence[int] = ()
-) -> list[Any]:
-    return [OP_RESUME, request_id, num_slots, num_new_tokens, list(new_token_ids)]
+class OpError(_Result, tag="error", frozen=True):
+    """The block manager refused the op: unknown pool or request, bad arguments, a broken rule."""
+
+    message: str
 
 
-def free_op(request_id: str, num_computed: int | None = None) -> list[Any]:
-    """Free a table; `num_computed` below its slots says the rest may never have been written."""
-    return [OP_FREE, request_id, num_computed]
+BlockResult = Union[Allocation, Growth, Resumption, Forked, Freed, OpError, None]  # noqa: UP007
 
 
 # ---------------------------------------------------------------- frames
 
 
-@dataclass(slots=True)
-class BlockBatch:
-    """scheduler -> block manager: the ops of one step. Each op is checked later, one by one."""
+class BlockBatch(msgspec.Struct):
+    """scheduler -> block manager: the ops of one step."""
 
-    TYPE: ClassVar[str] = BLOCK_OPS
+    TYPE: ClassVar[str] = "block_ops"
 
     seq: int
-    ops: list[list[Any]]
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"seq": self.seq, "ops": self.ops}
-
-    @classmethod
-    def from_wire(cls, body: dict[str, Any]) -> BlockBatch:
-        seq, ops = body.get("seq"), body.get("ops")
-        if type(seq) is not int:
-            raise ProtocolError(
-                "bad_frame", f"field 'seq' of {BLOCK_OPS} must be an int, got {type(seq).__name__}"
-            )
-        if type(ops) is not list:
-            raise ProtocolError(
-                "bad_frame", f"field 'ops' of {BLOCK_OPS} must be a list, got {type(ops).__name__}"
-            )
-        return cls(seq, ops)
+    ops: list[BlockOp]
 
 
-@dataclass(slots=True)
-class BlockAnswers:
+class BlockAnswers(msgspec.Struct):
     """The block manager's answer to one batch, in-process (`BlockManager.apply`) or off a BlockReply:
     one result per op, in order, and every pool's free blocks after the batch."""
 
-    results: list[Any]
+    results: list[BlockResult]
     free_blocks: dict[str, int]
 
 
-@dataclass(slots=True)
-class BlockReply:
+class BlockReply(msgspec.Struct):
     """block manager -> scheduler: one result per op, in order, and every pool's free blocks.
 
     `instance` changes on every start of the block manager: a new one means every table is gone."""
 
-    TYPE: ClassVar[str] = BLOCK_REPLY
+    TYPE: ClassVar[str] = "block_reply"
 
     seq: int
-    results: list[Any]
+    results: list[BlockResult]
     free_blocks: dict[str, int]
     instance: str = ""
 
@@ -195,69 +195,26 @@ class BlockReply:
         """The reply as `BlockManager.apply` answers in-process."""
         return BlockAnswers(self.results, self.free_blocks)
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "seq": self.seq,
-            "results": self.results,
-            "free_blocks": self.free_blocks,
-            "instance": self.instance,
-        }
 
-    @classmethod
-    def from_wire(cls, body: dict[str, Any]) -> BlockReply:
-        seq, results, free_blocks = body.get("seq"), body.get("results"), body.get("free_blocks")
-        instance = body.get("instance", "")
-        if (
-            type(seq) is not int
-            or type(results) is not list
-            or type(free_blocks) is not dict
-            or type(instance) is not str
-        ):
-            raise ProtocolError(
-                "bad_frame",
-                f"{BLOCK_REPLY} needs 'seq' (int), 'results' (list), 'free_blocks' (map), 'instance' (str)",
-            )
-        return cls(seq, results, free_blocks, instance)
+class _LooseBatch(msgspec.Struct):
+    seq: int
+    ops: list[msgspec.Raw]
 
 
-# ---------------------------------------------------------------- reading results
-
-
-def error_result(message: str) -> dict[str, str]:
-    return {"error": message}
-
-
-def _raise_if_error(result: Any) -> None:
-    if type(result) is dict:
-        raise BlockOpError(str(result.get("error", result)))
-
-
-def alloc_result(result: Any) -> Allocation | None:
-    """The Allocation, or None when the pool had too few free blocks; raises BlockOpError."""
-    _raise_if_error(result)
-    return None if result is None else Allocation.from_wire(result)
-
-
-def grow_result(result: Any) -> Growth | None:
-    _raise_if_error(result)
-    return None if result is None else Growth.from_wire(result)
-
-
-@dataclass(slots=True)
-class Resumption:
-    """A table taken back to its committed slots and grown: all of it, and the copies to make first."""
-
-    block_ids: list[int]
-    copies: list[tuple[int, int]]
-
-
-def resume_result(result: Any) -> Resumption | None:
-    _raise_if_error(result)
-    if result is None:
-        return None
-    return Resumption(list(result[0]), [(int(s), int(d)) for s, d in result[1]])
-
-
-def fork_result(result: Any) -> bool:
-    _raise_if_error(result)
-    return result is True
+def read_batch(body: bytes) -> BlockBatch:
+    """A BlockBatch off the wire. A batch with a bad op is read again op by op, so that only that op
+    is refused (as `Unreadable`, naming its path); a bad `seq` or `ops` still refuses the frame."""
+    try:
+        return decoder(BlockBatch).decode(body)
+    except msgspec.ValidationError:
+        loose = decoder(_LooseBatch).decode(body)
+    read_op = decoder(BlockOp).decode
+    ops: list[BlockOp] = []
+    for index, raw in enumerate(loose.ops):
+        try:
+            ops.append(read_op(raw))
+        except msgspec.ValidationError as exc:
+            where = f"`$.ops[{index}]"
+            reason = str(exc).replace("`$", where) if "`$" in str(exc) else f"{exc} - at {where}`"
+            ops.append(Unreadable(reason))
+    return BlockBatch(loose.seq, ops)

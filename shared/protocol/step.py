@@ -1,8 +1,8 @@
 """Scheduler <-> worker hot path: `Execute` carries deltas, `StepResult` carries sampled tokens.
 
-Declared as `msgspec.Struct(array_like=True)`: the declarations are the codec. On the wire each is
-a flat msgpack list (no field names) inside the frame's map; msgspec builds and checks the types in
-one pass in C, since these are built and read once per step for hundreds of requests
+Declared as `msgspec.Struct(array_like=True)`: the declarations are the codec (structs.py). On the
+wire each is a flat msgpack list (no field names) in the frame's body; msgspec builds and checks the
+types in one pass in C, since these are built and read once per step for hundreds of requests
 (ops/microbench/codec.py measures it, docs/design-notes.md has the numbers).
 
 Worker semantics of one Execute (the order matters):
@@ -177,32 +177,6 @@ class StepResult(msgspec.Struct, array_like=True):
     pooled: list[PooledOutput] = []
 
 
-# ---------------------------------------------------------------- the codec of the bodies above
-
-
-def _encode_custom(value: Any) -> Any:
-    if isinstance(value, StructuredOutputs):
-        return value.model_dump()
-    raise NotImplementedError(f"no wire form for {type(value).__name__}")
-
-
-def _decode_custom(kind: type, value: Any) -> Any:
-    if kind is StructuredOutputs:
-        return StructuredOutputs.model_validate(value)  # a pydantic error becomes msgspec's, naming the path
-    raise NotImplementedError(f"no wire form for {kind.__name__}")
-
-
-_ENCODER = msgspec.msgpack.Encoder(enc_hook=_encode_custom)
-_EXECUTE = msgspec.msgpack.Decoder(Execute, dec_hook=_decode_custom)
-_STEP_RESULT = msgspec.msgpack.Decoder(StepResult)
-
-
-def _body(raw: Any, decoder: msgspec.msgpack.Decoder, of: str) -> Any:
-    if type(raw) is not bytes:
-        raise TypeError(f"{of} must be msgpack bytes, got {type(raw).__name__}")
-    return decoder.decode(raw)  # msgspec.ValidationError (a ValueError) names the bad field's path
-
-
 # ---------------------------------------------------------------- frames
 
 
@@ -212,13 +186,6 @@ class ExecuteMessage(msgspec.Struct):
     TYPE: ClassVar[str] = "execute"
 
     execute: Execute
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"execute": _ENCODER.encode(self.execute)}
-
-    @classmethod
-    def from_wire(cls, body: dict[str, Any]) -> ExecuteMessage:
-        return cls(_body(body["execute"], _EXECUTE, "execute"))
 
 
 class StepResultMessage(msgspec.Struct):
@@ -232,15 +199,3 @@ class StepResultMessage(msgspec.Struct):
     # result only from the generation it activated the worker with: anything a worker computed
     # before it was declared lost and reset (a hang, a late reply) is fenced off by this number.
     generation: int = 0
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "worker_id": self.worker_id,
-            "result": _ENCODER.encode(self.result),
-            "generation": self.generation,
-        }
-
-    @classmethod
-    def from_wire(cls, body: dict[str, Any]) -> StepResultMessage:
-        result = _body(body["result"], _STEP_RESULT, "result")
-        return cls(body["worker_id"], result, int(body.get("generation", 0)))

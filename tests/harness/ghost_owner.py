@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import zmq
 
-from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply, alloc_op
+from pagedserve.shared.protocol.blocks import Alloc, Allocation, BlockBatch, BlockReply
 from pagedserve.shared.protocol.codec import decode
+from pagedserve.shared.protocol.messages import message_table, read_message
 from pagedserve.shared.transport import make_socket, send
 
 
@@ -18,12 +19,13 @@ def ghost_allocate(endpoint: str, pool_id: str, prompts: list[list[int]], owner:
     sock = make_socket(ctx, zmq.DEALER, max_message_bytes=1 << 20)
     try:
         sock.connect(endpoint)
-        ops = [alloc_op(pool_id, f"{owner}-{i}", owner, p, len(p)) for i, p in enumerate(prompts)]
+        ops = [Alloc(pool_id, f"{owner}-{i}", owner, p, len(p)) for i, p in enumerate(prompts)]
         send(sock, BlockBatch(1, ops))
         assert sock.poll(10_000), "the block manager did not answer the ghost's batch"
-        reply = BlockReply.from_wire(decode(sock.recv(), 1 << 20))
-        assert all(type(r) is list for r in reply.results), reply.results
-        return [r[0] for r in reply.results]
+        reply = read_message(decode(sock.recv(), 1 << 20), message_table(BlockReply))
+        tables = [r.block_ids for r in reply.results if isinstance(r, Allocation)]
+        assert len(tables) == len(prompts), reply.results
+        return tables
     finally:
         sock.close(0)
         ctx.term()

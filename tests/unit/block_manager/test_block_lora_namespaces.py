@@ -3,10 +3,11 @@ namespace), so KV computed under one adapter's weights never serves another adap
 
 from __future__ import annotations
 
+import msgspec
 from block_views import BLOCK_SIZE, ref_counts, tokens
 
 from pagedserve.services.block_manager.manager import BlockManager
-from pagedserve.shared.protocol.blocks import alloc_op, grow_op
+from pagedserve.shared.protocol.blocks import Allocation, OpError, read_batch
 
 
 def test_equal_prompts_under_different_adapters_share_nothing(manager: BlockManager) -> None:
@@ -41,18 +42,24 @@ def test_blocks_cached_later_by_growth_stay_in_their_namespace(manager: BlockMan
 
 def test_the_namespace_travels_as_an_optional_trailing_alloc_argument(manager: BlockManager) -> None:
     prompt = tokens(2 * BLOCK_SIZE + 1)
-    answers = manager.apply(
-        [
-            alloc_op("w0", "a", "s", prompt, 100, True, "sql@1"),
-            alloc_op("w0", "b", "s", prompt, 100, True),  # the base: the 7-element op older peers send
-            alloc_op("w0", "c", "s", prompt, 100, True, "sql@1"),
-            ["alloc", "w0", "d", "s", prompt, 100, True, 7],
-            ["alloc", "w0", "e", "s", prompt, 100, True, "x", "extra"],
-            grow_op("a", 1),
-        ],
-        0.0,
+    batch = read_batch(
+        msgspec.msgpack.encode(
+            {
+                "seq": 1,
+                "ops": [
+                    ["alloc", "w0", "a", "s", prompt, 100, True, "sql@1"],
+                    ["alloc", "w0", "b", "s", prompt, 100, True],  # the base: the namespace left out
+                    ["alloc", "w0", "c", "s", prompt, 100, True, "sql@1"],
+                    ["alloc", "w0", "d", "s", prompt, 100, True, 7],
+                    ["alloc", "w0", "e", "s", prompt, 100, True, ""],
+                    ["grow", "a", 1],
+                ],
+            }
+        )
     )
-    a, b, c, bad_type, too_long, _grow = answers.results
-    assert b[1] == 0 and c[1] == 2 * BLOCK_SIZE and c[0][:2] == a[0][:2]
-    assert bad_type == {"error": "alloc: cache_namespace must be a non-empty string, got 7"}
-    assert too_long == {"error": "alloc: expected 6 to 7 arguments, got 8"}
+    a, b, c, bad_type, empty, _grow = manager.apply(batch.ops, 0.0).results
+    assert isinstance(a, Allocation) and isinstance(b, Allocation) and isinstance(c, Allocation)
+    assert b.num_cached_tokens == 0 and c.num_cached_tokens == 2 * BLOCK_SIZE
+    assert c.block_ids[:2] == a.block_ids[:2]
+    assert bad_type == OpError("Expected `str | null`, got `int` - at `$.ops[3][7]`")
+    assert empty == OpError("Expected `str` of length >= 1 - at `$.ops[4][7]`")

@@ -4,9 +4,11 @@ vanished owner (reaped) or freed with slots not computed take their keys out of 
 
 from __future__ import annotations
 
+import msgspec
 from block_views import BLOCK_SIZE, TTL, cached_ids, tokens
 
 from pagedserve.services.block_manager.manager import BlockManager
+from pagedserve.shared.protocol.blocks import Freed, OpError, read_batch
 
 PROMPT = tokens(2 * BLOCK_SIZE + 1)  # two full blocks, then one token
 
@@ -71,6 +73,12 @@ def test_the_same_content_written_by_another_owner_takes_the_key_over(manager: B
 
 def test_a_free_op_names_a_bad_num_computed(manager: BlockManager) -> None:
     assert manager.allocate("w0", "a", "s", PROMPT, 100, 0.0) is not None
-    results = manager.apply([["free", "a", -1], ["free", "a", "all"], ["free", "a", None]], 0.0).results
-    assert "num_computed" in results[0]["error"] and "num_computed" in results[1]["error"]
-    assert results[2] == 3 and manager.num_requests() == 0
+    batch = read_batch(
+        msgspec.msgpack.encode(
+            {"seq": 1, "ops": [["free", "a", -1], ["free", "a", "all"], ["free", "a", None]]}
+        )
+    )
+    results = manager.apply(batch.ops, 0.0).results
+    assert [type(r) for r in results] == [OpError, OpError, Freed]
+    assert "$.ops[0][2]" in results[0].message and "$.ops[1][2]" in results[1].message  # num_computed
+    assert results[2] == Freed(3) and manager.num_requests() == 0

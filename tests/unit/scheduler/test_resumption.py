@@ -13,6 +13,7 @@ import pytest
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.scheduler.request import Status
 from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
+from pagedserve.shared.protocol.blocks import Free, Resume, Resumption
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import Execute, Speculated, StepResult
 from pagedserve.shared.speculative_config import SpeculativeConfig
@@ -232,7 +233,7 @@ def test_back_without_its_pool_the_requests_recompute_and_that_is_counted(refere
     assert sched.resume_worker(W, "other-epoch", "i2", continued=False) is None
     held = sched.live_request_ids(W)
     sched.remove_worker(W)
-    bm.apply([["free", rid, 0] for rid in held], 1.0)
+    bm.apply([Free(rid, 0) for rid in held], 1.0)
     bm.remove_pool(W)
     bm.add_pool(W, 96, BS)
     sched.add_worker(W, 96, BS)
@@ -271,5 +272,5 @@ def test_resume_op_rewinds_the_table_and_drops_pending_keys_past_the_committed_s
     assert bm.num_cached_blocks() == 1  # block 1's key was pending on us and its KV may be unwritten
     with pytest.raises(ValueError, match="cannot resume at 20 slots"):
         bm.resume("a", 20, 0, [], 1.0)
-    assert bm.apply([["resume", "a", 10, 1, [77]]], 1.0).results == [[alloc.block_ids, []]]
+    assert bm.apply([Resume("a", 10, 1, [77])], 1.0).results == [Resumption(alloc.block_ids, [])]
     assert bm.free("a") == 3 and bm.check_invariants() == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.scheduler.request import Status
 from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
+from pagedserve.shared.protocol.blocks import Free
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import Execute, StepResult
 
@@ -167,7 +168,7 @@ def test_tokens_past_a_stop_are_dropped_and_blocks_freed_only_after_the_last_ste
     assert done and len(done[0].completions[0].output_token_ids) == 2
     assert bm.table("a") is not None  # the free goes out with the next plan
     plan = sched.schedule(W, 0.0)
-    assert ["free", "a", 4] in plan.block_ops  # its computed slots: 3 prompt tokens + 1 decode input
+    assert Free("a", 4) in plan.block_ops  # its computed slots: 3 prompt tokens + 1 decode input
 
 
 def test_stop_token_ends_request_and_pipelined_extra_token_is_dropped():
