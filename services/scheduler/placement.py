@@ -8,10 +8,14 @@ pipeline window and a mirror of its pool's free blocks (from every batch reply).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pagedserve.services.scheduler.pipeline import PipelineWindow
 from pagedserve.services.scheduler.request import Request
 from pagedserve.services.scheduler.waiting import WaitingQueue
+
+if TYPE_CHECKING:
+    from pagedserve.services.scheduler.planning import StepPlan
 
 
 @dataclass(slots=True)
@@ -27,6 +31,9 @@ class WorkerState:
     forget: list[str] = field(default_factory=list)  # the worker may drop these
     stray: list[str] = field(default_factory=list)  # tables forked for a step that then could not run
     starving: bool = False  # a running request could not grow: admit nobody until it can
+    # A step planned whose block-manager answer is still out (the service sends the batch and goes on
+    # reading its sockets): the worker gets no other plan until `commit` takes this one.
+    planned: StepPlan | None = None
     # Lost with its pool in shared memory: its running requests wait for it (resumption.py).
     suspended_at: float | None = None
     pool_epoch: str = ""  # of the pool they wait for

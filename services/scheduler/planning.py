@@ -24,7 +24,7 @@ from pagedserve.services.scheduler.placement import WorkerState
 from pagedserve.services.scheduler.request import Request, Status
 from pagedserve.services.scheduler.speculation import SpeculationPolicy
 from pagedserve.shared.paging import blocks_for
-from pagedserve.shared.protocol.blocks import Alloc, BlockOp, Free, Grow, Resume
+from pagedserve.shared.protocol.blocks import Alloc, BlockOp, Fork, Free, Grow, Resume
 
 LONG_ROPE_SALT = "longrope-long"  # the prefix-cache namespace of requests rotated with the long factors
 
@@ -55,6 +55,17 @@ class StepPlan:
     def only_frees(self) -> bool:
         """Nothing to run, memory to give back: planning again may find room."""
         return not self.entries and all(type(op) is Free for op in self.block_ops)
+
+    def new_table_ids(self) -> list[str]:
+        """The tables this batch creates where the block manager has room (allocs, forked children):
+        a plan abandoned before its answer (its worker lost) must free them."""
+        ids: list[str] = []
+        for op in self.block_ops:
+            if isinstance(op, Alloc):
+                ids.append(op.request_id)
+            elif isinstance(op, Fork):
+                ids.append(op.child_id)
+        return ids
 
 
 def schedulable(req: Request) -> bool:

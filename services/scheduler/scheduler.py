@@ -8,7 +8,11 @@ No sockets and no clock of its own (`now` is passed in). One step for one worker
     ... later ...
     events = scheduler.on_step_result(worker_id, step_result, now)
 
-`step_once` is those first three lines, shared by the in-process engine and the service.
+The service sends the batch and goes on reading its sockets: results of the worker's steps in
+flight, aborts and deadlines may all land before the answer, and `commit` takes each entry as it
+finds it then. Until then the plan is the worker's `planned` one and it gets no other.
+`begin_step` / `finish_step` are the two halves as the service uses them; `step_once` runs both
+around a direct call (the in-process engine).
 
 Up to `pipeline_depth` steps per worker are in flight: step N+1 is planned before N's tokens are
 known (the worker feeds a decode its own last sampled token). Blocks of a finished or preempted
@@ -27,14 +31,14 @@ from typing import Any
 from pagedserve.services.scheduler.forks import adopt_child, all_completions, forked
 from pagedserve.services.scheduler.limits import SchedulerLimits, SchedulerStats
 from pagedserve.services.scheduler.outputs import OutputEvent, Outputs, RequestDone
-from pagedserve.services.scheduler.placement import Placement
+from pagedserve.services.scheduler.placement import Placement, WorkerState
 from pagedserve.services.scheduler.planning import Planner, StepPlan, schedulable
 from pagedserve.services.scheduler.request import Request, Status
 from pagedserve.services.scheduler.resumption import Suspension, can_resume, suspend
 from pagedserve.services.scheduler.speculation import SpeculationPolicy
 from pagedserve.services.scheduler.stopping import Tokenizer
 from pagedserve.shared.lora_modules import LoRAModule, LoRARegistry
-from pagedserve.shared.protocol.blocks import Allocation, BlockAnswers, BlockOp, Growth, Resumption
+from pagedserve.shared.protocol.blocks import Allocation, BlockAnswers, BlockOp, Free, Growth, Resumption
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 from pagedserve.shared.protocol.step import (
@@ -58,7 +62,6 @@ class StepOutcome:
     execute: Execute | None
     events: list[Event] = field(default_factory=list)
     again: bool = False  # another step may be planned right away
-    no_reply: bool = False  # the block manager did not answer: stop planning
 
 
 class Scheduler:
@@ -115,7 +118,9 @@ class Scheduler:
         to come back and resume (resumption.py); the rest move now. Returns the frees to send."""
         state = self.placement.workers[worker_id]
         held = [r for r in self.requests.values() if r.worker_id == worker_id]
+        abandoned = self._abandon_plan(state)
         out = suspend(state, held, now, pool_epoch, incarnation)
+        out.frees.extend(Free(rid, 0) for rid in abandoned)
         for req in out.released:
             self._release(req)
         self._requeue(out.moved)
@@ -139,6 +144,14 @@ class Scheduler:
         state.window = self.placement.new_window()
         self.placement.place_orphans()
         return len(state.running)
+
+    @staticmethod
+    def _abandon_plan(state: WorkerState) -> list[str]:
+        """The worker is lost while its plan's batch is out: the answer will be ignored (its requests
+        are still waiting, as far as the book knows), and the tables it may create are returned, to
+        be freed by ops sent after that batch."""
+        plan, state.planned = state.planned, None
+        return [] if plan is None else plan.new_table_ids()
 
     def _requeue(self, moved: list[Request]) -> None:
         # They arrived before anyone still waiting: back in front, oldest first.
@@ -271,12 +284,17 @@ class Scheduler:
         return iter(list(self.requests.values()))
 
     def live_request_ids(self, worker_id: str | None = None) -> list[str]:
-        """Ids whose blocks the block manager holds (for lease renewal, or freeing a lost worker's)."""
-        return [
+        """Ids whose blocks the block manager holds, or will once the batch out is applied (for
+        freeing a lost worker's: ops sent after that batch are applied after it)."""
+        ids = [
             r.request_id
             for r in self.requests.values()
             if r.num_slots_used > 0 and (worker_id is None or r.worker_id == worker_id)
         ]
+        for wid, state in self.placement.workers.items():
+            if state.planned is not None and (worker_id is None or wid == worker_id):
+                ids.extend(state.planned.new_table_ids())
+        return ids
 
     # ------------------------------------------------------------------ one step
 
@@ -284,39 +302,58 @@ class Scheduler:
         state = self.placement.workers.get(worker_id)
         if state is None or state.suspended_at is not None or not state.window.has_room():
             return False
-        if state.to_free or len(state.waiting):
+        if state.planned is not None:
+            return False  # its batch is out: the answer commits it first
+        if state.to_free or state.stray or len(state.waiting):
             return True
         return any(schedulable(r) for r in state.running)
 
     def schedule(self, worker_id: str, now: float) -> StepPlan:
-        return self.planner.plan(self.placement.workers[worker_id], self.owner, now)
+        """Plan the worker's next step. A plan with block ops stays the worker's `planned` one, and
+        the worker gets no other, until `commit` takes the block manager's answer to it."""
+        state = self.placement.workers[worker_id]
+        plan = self.planner.plan(state, self.owner, now)
+        if plan.block_ops:
+            state.planned = plan
+        return plan
 
-    def step_once(
-        self, worker_id: str, now: float, apply: Callable[[list[BlockOp]], BlockAnswers | None]
-    ) -> StepOutcome:
-        """schedule -> apply (the block manager, over a socket or in-process) -> commit."""
+    def begin_step(self, worker_id: str, now: float) -> tuple[StepPlan | None, list[Event]]:
+        """Plan a step: the plan whose ops go to the block manager (None: nothing to run or free)
+        and what clients should see now (requests that can never fit)."""
         plan = self.schedule(worker_id, now)
-        outcome = StepOutcome(None, self.take_rejected())
+        events: list[Event] = list(self.take_rejected())
         if not plan.block_ops:
             # Nothing to run or free: the worker hears of the requests to forget with the next step
             # (dropping them here left their state on the worker for good).
             self.placement.workers[worker_id].forget[:0] = plan.forget
-            return outcome
-        reply = apply(plan.block_ops)
-        if reply is None:
-            outcome.no_reply = True
-            return outcome
-        outcome.execute = self.commit(plan, reply, now)
+            return None, events
+        return plan, events
+
+    def finish_step(self, plan: StepPlan, reply: BlockAnswers, now: float) -> StepOutcome:
+        """The block manager answered the plan's batch: the step to send, if any can run."""
+        execute = self.commit(plan, reply, now)
         # Nothing ran but memory came back: plan again with it.
-        outcome.again = outcome.execute is not None or plan.only_frees
+        return StepOutcome(execute, again=execute is not None or plan.only_frees)
+
+    def step_once(
+        self, worker_id: str, now: float, apply: Callable[[list[BlockOp]], BlockAnswers]
+    ) -> StepOutcome:
+        """begin -> apply (the block manager, in-process) -> finish, in one call."""
+        plan, events = self.begin_step(worker_id, now)
+        if plan is None:
+            return StepOutcome(None, events)
+        outcome = self.finish_step(plan, apply(plan.block_ops), now)
+        outcome.events[:0] = events
         return outcome
 
     def commit(self, plan: StepPlan, reply: BlockAnswers, now: float) -> Execute | None:
         """Apply the block manager's answers (over a socket or in-process); build the Execute (None
-        if nothing could run)."""
+        if nothing could run). A plan its worker no longer waits for (lost and perhaps back since)
+        is dropped: whatever tables its batch made were freed by ops sent after it."""
         state = self.placement.workers.get(plan.worker_id)
-        if state is None:
+        if state is None or state.planned is not plan:
             return None
+        state.planned = None
         results = reply.results
         state.free_blocks = reply.free_blocks.get(plan.worker_id, state.free_blocks)
         execute = Execute(step=-1, finished_ids=plan.forget)
@@ -325,8 +362,18 @@ class Scheduler:
         for entry in plan.entries:
             req = entry.request
             res = results[entry.op_index]
+            ok = type(res) is (Allocation if entry.new else Resumption if entry.resume else Growth)
+            if req.status is Status.FINISHED:
+                # Ended (an abort, a deadline, a stop) while the batch was out. A table made for it
+                # alone now has no owner in the book; a running one's is freed with it as usual.
+                if entry.new and ok:
+                    state.stray.append(req.request_id)
+                state.stray.extend(c.request_id for i, c in entry.forks if forked(results[i]))
+                continue
+            if req.status is not Status.RUNNING and not entry.new:
+                continue  # preempted: its free is planned once no step names it
             # None is a full pool; an OpError (a refused op) takes the same recovery.
-            if type(res) is not (Allocation if entry.new else Resumption if entry.resume else Growth):
+            if not ok:
                 if entry.new:  # no room after all (prefix hits pulled cached blocks): wait in front
                     state.waiting.push_front(req)
                 else:
@@ -334,8 +381,6 @@ class Scheduler:
                 # A fork of a parent that cannot run this step holds blocks nobody will use.
                 state.stray.extend(c.request_id for i, c in entry.forks if forked(results[i]))
                 continue
-            if req.status is not Status.RUNNING and not entry.new:
-                continue  # aborted between plan and commit
             if entry.new:
                 assert isinstance(res, Allocation)  # entry.new chose the type above
                 req.status = Status.RUNNING

@@ -2,7 +2,8 @@
 
     clients  --Submit/Abort/Ping-->  front ROUTER   --Accepted/Delta/Finished/Error/Pong-->
     workers  --hello/heartbeat/step_result-->  worker ROUTER  --execute/reset-->
-    block manager  <--block_ops / renew_owner / pools--  DEALER (one batched RPC per step)
+    block manager  <--block_ops / renew_owner / pools--  DEALER (one batch per planned step, its
+                                                          answer read like any other frame)
 
 The parts: frontdoor.py (the clients), liveness.py (which workers are alive), block_client.py (the
 block-manager RPC, its seq / instance / lease-owner epoch). This loop wires them to the core.
@@ -38,6 +39,7 @@ from pagedserve.services.scheduler.liveness import STEP_UNANSWERED, WorkerLink, 
 from pagedserve.services.scheduler.metrics import SchedulerMetrics
 from pagedserve.services.scheduler.model_info import ModelInfo, load_model_info
 from pagedserve.services.scheduler.ops_view import SchedulerWatch
+from pagedserve.services.scheduler.planning import StepPlan
 from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.services.scheduler.step_clock import StepClock
 from pagedserve.shared import ops_page
@@ -45,9 +47,9 @@ from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
 from pagedserve.shared.lora_modules import check_adapter, parse_lora_modules
 from pagedserve.shared.ops_server import OpsServer, json_response
-from pagedserve.shared.protocol.blocks import Free
+from pagedserve.shared.protocol.blocks import BlockAnswers, Free
 from pagedserve.shared.protocol.codec import ProtocolError
-from pagedserve.shared.protocol.control import DumpStacks, Heartbeat, Hello, Reset
+from pagedserve.shared.protocol.control import DumpStacks, Heartbeat, Hello, PoolsReply, Reset
 from pagedserve.shared.protocol.frontend import Error
 from pagedserve.shared.protocol.messages import encode_message, message_table, read_message
 from pagedserve.shared.protocol.step import ExecuteMessage, StepResult, StepResultMessage
@@ -267,13 +269,20 @@ class SchedulerService:
         poller.register(self.front.sock, zmq.POLLIN)
         poller.register(self.workers_sock, zmq.POLLIN)
         poller.register(self.worker_monitor, zmq.POLLIN)
+        polled_bm = self.bm.sock
+        poller.register(polled_bm, zmq.POLLIN)
         self.next_tick = 0.0
         next_renew = 0.0
-        sent = False
         while not self.stopping:
-            # Sockets wake the poll; a short timeout only serves the timers. Never spin: on two
-            # cores a busy scheduler steals the worker's CPU.
-            ready = dict(poller.poll(timeout=0 if sent else 10))
+            if self.bm.sock is not polled_bm:  # a lost block manager gets a fresh socket
+                poller.unregister(polled_bm)
+                polled_bm = self.bm.sock
+                poller.register(polled_bm, zmq.POLLIN)
+            # Sockets wake the poll (block-manager answers among them); a short timeout only serves
+            # the timers. Never spin: on two cores a busy scheduler steals the worker's CPU.
+            ready = dict(poller.poll(timeout=10))
+            if polled_bm in ready:
+                self._drain_block_manager()
             if self.workers_sock in ready:
                 self._drain(self.workers_sock, self.on_worker_message)
             if self.front.sock in ready:
@@ -283,13 +292,15 @@ class SchedulerService:
             if self.worker_monitor in ready:
                 self._drain_monitor()
             now = time.monotonic()
+            if self.bm.overdue(now):
+                self.bm.lost("timeout")
             if now >= next_renew:
                 next_renew = now + self.config.lease_renew_interval_s
                 self.bm.renew_owner()
             if now >= self.next_tick:
                 self.next_tick = now + 0.1
                 self.tick(now)
-            sent = self.schedule_all()
+            self.schedule_all()
         self.close()
 
     def _drain_monitor(self) -> None:
@@ -316,6 +327,24 @@ class SchedulerService:
                 send(sock, Error(code=code, message=str(exc.error)), to=exc.identity)
                 continue
             handler(identity, msg)
+
+    def _drain_block_manager(self) -> None:
+        for _ in range(512):
+            try:
+                frame = self.bm.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                answer = self.bm.take(frame)
+            except ProtocolError as exc:
+                self.log.warning("bad_block_manager_reply", code=exc.code, error=exc.message)
+                continue
+            if isinstance(answer, PoolsReply):
+                self.block_manager_back(answer)
+            elif answer is not None:
+                self.finish_step(*answer)
+            if self.bm.sock.closed:
+                return  # lost (a restart): the loop polls the new socket
 
     # ------------------------------------------------------------------ workers
 
@@ -416,7 +445,7 @@ class SchedulerService:
         held = self.core.live_request_ids(wid)
         moved = self.core.remove_worker(wid)
         if held and not self.bm.down:
-            self.bm.rpc([Free(rid, 0) for rid in held])
+            self.bm.send([Free(rid, 0) for rid in held], time.monotonic())
         self.metrics.workers_lost.inc()
         if self.watch.lost(wid, reason, time.monotonic()):
             self.metrics.step_timeouts.inc()
@@ -435,7 +464,7 @@ class SchedulerService:
         wid = link.worker_id
         out = self.core.suspend_worker(wid, time.monotonic(), link.pool_epoch, link.incarnation)
         if out.frees:
-            self.bm.rpc(out.frees)
+            self.bm.send(out.frees, time.monotonic())
         self.metrics.workers_lost.inc()
         if self.watch.lost(wid, reason, time.monotonic()):
             self.metrics.step_timeouts.inc()
@@ -455,7 +484,7 @@ class SchedulerService:
         held = self.core.live_request_ids(wid)
         moved = self.core.remove_worker(wid)
         if held and not self.bm.down:
-            self.bm.rpc([Free(rid, 0) for rid in held])
+            self.bm.send([Free(rid, 0) for rid in held], time.monotonic())
         self.log.warning("suspended_worker_given_up", worker_id=wid, reason=why, requeued=len(moved))
 
     def on_step_result(self, wid: str, result: StepResult, now: float) -> None:
@@ -504,10 +533,7 @@ class SchedulerService:
             link.active = False
         self.log.error("block_manager_lost", reason=reason, new_owner=self.bm.owner)
 
-    def probe_block_manager(self) -> None:
-        reply = self.bm.probe()
-        if reply is None:
-            return
+    def block_manager_back(self, reply: PoolsReply) -> None:
         self.log.info("block_manager_back", instance=reply.instance, pools=sorted(reply.pools))
         for link in self.liveness.links.values():
             if link.worker_id in reply.pools and not link.active and link.routable:
@@ -534,7 +560,7 @@ class SchedulerService:
         self.front.abort_lapsed_clients(now, self.config.client_timeout_s)
         self.front.dispatch(self.core.expire(now), now)
         if self.bm.down:
-            self.probe_block_manager()
+            self.bm.probe()
         self.metrics.waiting.set(self.core.num_waiting)
         self.metrics.running.set(self.core.num_running)
         if self.watch.history.due(now):
@@ -566,27 +592,28 @@ class SchedulerService:
         except zmq.ZMQError as exc:  # unroutable: the heartbeat socket is gone too
             self.log.warning("dump_stacks_unroutable", worker_id=wid, error=str(exc))
 
-    def schedule_all(self) -> bool:
-        """Fill every worker's pipeline window; True if any step was sent."""
-        sent = False
+    def schedule_all(self) -> None:
+        """Plan a step for every worker with room in its pipeline window and no plan out: each plan's
+        batch goes to the block manager, whose answer (`finish_step`) sends the step."""
         if self.bm.down:
-            return sent
+            return
         for wid in self.core.worker_ids():
-            while self.core.can_schedule(wid):
-                now = time.monotonic()
-                before = self.core.stats.preemptions  # planning preempts too, not only results
-                outcome = self.core.step_once(wid, now, self.bm.rpc)
-                self.metrics.preemptions.inc(self.core.stats.preemptions - before)
-                self.front.dispatch(outcome.events, now)
-                if outcome.no_reply:
-                    return sent
-                if outcome.execute is not None:
-                    if not self.send_to_worker(wid, ExecuteMessage(outcome.execute)):
-                        break
-                    sent = True
-                if not outcome.again:
-                    break
-        return sent
+            if not self.core.can_schedule(wid):
+                continue
+            now = time.monotonic()
+            before = self.core.stats.preemptions  # planning preempts too, not only results
+            plan, events = self.core.begin_step(wid, now)
+            self.metrics.preemptions.inc(self.core.stats.preemptions - before)
+            self.front.dispatch(events, now)
+            if plan is not None:
+                self.bm.send(plan.block_ops, now, plan)
+
+    def finish_step(self, plan: StepPlan, answers: BlockAnswers) -> None:
+        now = time.monotonic()
+        outcome = self.core.finish_step(plan, answers, now)
+        self.front.dispatch(outcome.events, now)
+        if outcome.execute is not None:
+            self.send_to_worker(plan.worker_id, ExecuteMessage(outcome.execute))
 
     def close(self) -> None:
         if self.ops:
