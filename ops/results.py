@@ -49,6 +49,9 @@ def portable(value: Any) -> Any:
     return value
 
 
-def write_json(out: str | Path, report: Any) -> None:
-    """Write a result file: indented JSON, paths made portable (anything else json cannot hold: str)."""
+def write_json(out: str | Path, report: Any, *, echo: bool = False) -> None:
+    """Write a result file: indented JSON, paths made portable (anything else json cannot hold: str).
+    `echo` prints the report first as it is: the run's own paths kept, to open its logs."""
+    if echo:
+        print(json.dumps(report, indent=2, default=str))
     Path(out).write_text(json.dumps(portable(report), indent=2, default=str) + "\n")

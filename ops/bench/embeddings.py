@@ -31,8 +31,7 @@ import httpx
 
 from pagedserve.kernels.cpu.isa import cpu_model
 from pagedserve.ops.bench.llamacpp_server import llama_server_binary, llamacpp_venv, running_server
-from pagedserve.ops.chaos.deployment import free_ports
-from pagedserve.ops.deploy.local_api import serving_api
+from pagedserve.ops.deploy.local_api import free_ports, serving_api
 from pagedserve.ops.results import write_json
 from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer
 

@@ -154,21 +154,14 @@ def simulated_model(folder: Path) -> Path:
 
 
 def fleet_config(model: Path, args: argparse.Namespace) -> ServeConfig:
-    from pagedserve.ops.chaos.deployment import free_ports
+    from pagedserve.ops.deploy.local_api import local_config
 
-    front, workers, bm, sched_ops, bm_ops = free_ports(5)
-    return ServeConfig(
-        model=str(model),
+    return local_config(
+        str(model),
         simulate_step_ms=args.step_ms,
         num_blocks=4096,
         pipeline_depth=args.pipeline_depth,
-        front_endpoint=f"tcp://127.0.0.1:{front}",
-        worker_endpoint=f"tcp://127.0.0.1:{workers}",
-        block_manager_endpoint=f"tcp://127.0.0.1:{bm}",
-        scheduler_ops_port=sched_ops,
-        block_manager_ops_port=bm_ops,
         max_inflight_per_client=100_000,
-        log_format="json",
         log_level="warning",
     )
 

@@ -265,31 +265,22 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_files_limit(args.clients * 2 + 256)
     sup = None
     if args.start is not None:
-        from pagedserve.ops.chaos.deployment import free_ports
+        from pagedserve.ops.deploy.local_api import local_config
         from pagedserve.ops.deploy.supervisor import Supervisor, resolve_model_first
-        from pagedserve.shared.config import ServeConfig
 
-        front, workers, bm, sched_ops, bm_ops, api_port = free_ports(6)
         config = resolve_model_first(
-            ServeConfig(
-                model=args.model,
-                front_endpoint=f"tcp://127.0.0.1:{front}",
-                worker_endpoint=f"tcp://127.0.0.1:{workers}",
-                block_manager_endpoint=f"tcp://127.0.0.1:{bm}",
-                scheduler_ops_port=sched_ops,
-                block_manager_ops_port=bm_ops,
-                api_port=api_port,
+            local_config(
+                args.model,
                 api_processes=args.api_processes,
                 **({} if args.api_keep_alive_s is None else {"api_keep_alive_s": args.api_keep_alive_s}),
                 num_threads=args.threads,
-                log_format="json",
             )
         )
         log_dir = args.out.with_suffix("").with_name(args.out.stem + "-logs")
         sup = Supervisor(config, workers=args.start, log_dir=log_dir, api=True).start()
         sup.wait_ready(timeout_s=600)
-        base_url = f"http://127.0.0.1:{api_port}/v1"
-        scheduler_ops, bm_ops_url = f"http://127.0.0.1:{sched_ops}", f"http://127.0.0.1:{bm_ops}"
+        base_url = sup.api_base_url
+        scheduler_ops, bm_ops_url = sup.scheduler_ops_url, sup.block_manager_ops_url
         pids = lambda: {n: p for n in sup.group.names() if (p := sup.pid(n)) is not None}  # noqa: E731
     else:
         base_url, scheduler_ops, bm_ops_url = args.base_url, args.scheduler_ops, args.block_manager_ops

@@ -23,13 +23,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
+from pagedserve.ops.deploy.ops_client import wait_ok
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,22 +90,14 @@ def running_server(argv: list[str], base_url: str, log_path: Path, timeout_s: fl
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def exited() -> None:
+            if proc.poll() is not None:
+                tail = log_path.read_text()[-1500:]
+                raise RuntimeError(f"{argv[2:4]} exited {proc.returncode} before serving:\n{tail}")
+
         try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                if proc.poll() is not None:
-                    tail = log_path.read_text()[-1500:]
-                    raise RuntimeError(f"{argv[2:4]} exited {proc.returncode} before serving:\n{tail}")
-                try:
-                    if httpx.get(f"{base_url}/models", timeout=5).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"no answer at {base_url}/models after {timeout_s:.0f} s (log: {log_path})"
-                    )
-                time.sleep(1)
+            wait_ok(f"{base_url}/models", timeout_s, poll_s=1, check=exited, hint=f" (log: {log_path})")
             yield
         finally:
             if proc.poll() is None:

@@ -8,7 +8,6 @@ with --docker a running `docker compose` project, whose worker containers are th
 from __future__ import annotations
 
 import contextlib
-import socket
 import tempfile
 import time
 import urllib.parse
@@ -20,6 +19,7 @@ from typing import Any
 from pagedserve.ops.chaos.targets import ContainerWorkers, ProcessWorkers, SupervisedWorkers, WorkerTarget
 from pagedserve.ops.chaos.watch import ready_workers
 from pagedserve.ops.deploy.endpoints import ops_url, reachable_host
+from pagedserve.ops.deploy.local_api import local_config
 from pagedserve.ops.deploy.process_group import RestartPolicy
 from pagedserve.ops.deploy.supervisor import Supervisor, resolve_model_first
 from pagedserve.shared.config import ServeConfig
@@ -70,17 +70,6 @@ def api_health_url(config: ServeConfig) -> str:
     return f"http://{reachable_host(config.api_host)}:{config.api_port}/health"
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def wait_for_workers(scheduler_ops: str, count: int, timeout_s: float) -> list[str]:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -100,21 +89,7 @@ def started(
     api: bool = True,
     api_processes: int = 1,
 ) -> Iterator[Deployment]:
-    front, worker_port, bm, sched_ops, bm_ops, api_port = free_ports(6)
-    config = ServeConfig(
-        model=model,
-        num_threads=threads,
-        num_blocks=num_blocks,
-        front_endpoint=f"tcp://127.0.0.1:{front}",
-        worker_endpoint=f"tcp://127.0.0.1:{worker_port}",
-        block_manager_endpoint=f"tcp://127.0.0.1:{bm}",
-        ops_host="127.0.0.1",
-        scheduler_ops_port=sched_ops,
-        block_manager_ops_port=bm_ops,
-        api_port=api_port,
-        api_processes=api_processes,
-        log_format="json",
-    )
+    config = local_config(model, num_threads=threads, num_blocks=num_blocks, api_processes=api_processes)
     try:
         config = resolve_model_first(config)
     except ValueError as e:

@@ -36,8 +36,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from pagedserve.ops.chaos.deployment import DeploymentError, free_ports
+from pagedserve.ops.chaos.deployment import DeploymentError
 from pagedserve.ops.deploy import ops_client
+from pagedserve.ops.deploy.local_api import local_config
 from pagedserve.ops.deploy.supervisor import Supervisor, resolve_model_first
 from pagedserve.ops.results import write_json
 from pagedserve.shared.config import ServeConfig
@@ -244,22 +245,15 @@ async def settle(sup: Supervisor, client: Any, timeout_s: float) -> float | None
 
 
 def soak_config(model: str, dtype: str = "float32") -> ServeConfig:
-    front, workers, bm, sched_ops, bm_ops = free_ports(5)
-    return ServeConfig(
-        model=model,
+    return local_config(
+        model,
         dtype=dtype,
         num_threads=1,
         num_blocks=256,
-        front_endpoint=f"tcp://127.0.0.1:{front}",
-        worker_endpoint=f"tcp://127.0.0.1:{workers}",
-        block_manager_endpoint=f"tcp://127.0.0.1:{bm}",
-        scheduler_ops_port=sched_ops,
-        block_manager_ops_port=bm_ops,
         client_timeout_s=2.0,  # a vanished client is noticed in seconds, not the default 10
         # The retry store is bounded by design; kept smaller than the first checkpoint it is already
         # full there, so growth between checkpoints is per-request state that should not be left.
         finished_results_kept=FINISHED_RESULTS_KEPT,
-        log_format="json",
         log_level="warning",
     )
 

@@ -16,11 +16,10 @@ max_output_tokens (status incomplete, as OpenAI's) for an error:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
-import traceback
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 from agents import (
     Agent,
@@ -31,6 +30,7 @@ from agents import (
     set_default_openai_client,
     set_tracing_disabled,
 )
+from client_checks import parse_args, report
 from openai import AsyncOpenAI
 from pydantic import BaseModel
 
@@ -113,25 +113,13 @@ CHECKS: dict[str, Callable[[str], Awaitable[str]]] = {
 
 
 async def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    ap.add_argument("--api-key", default="none")
-    ap.add_argument("--model", default=None, help="default: the first of /v1/models")
-    args = ap.parse_args(argv)
+    args = parse_args(__doc__, argv, model=None)
     client = AsyncOpenAI(base_url=args.base_url, api_key=args.api_key)
     set_default_openai_client(client, use_for_tracing=False)
     set_default_openai_api("responses")  # the SDK's default, said out loud
     set_tracing_disabled(True)
     model = args.model or (await client.models.list()).data[0].id
-    failures = 0
-    for name, check in CHECKS.items():
-        try:
-            print(f"PASS {name}: {await check(model)}", flush=True)
-        except Exception as exc:  # each check reports and the next one runs
-            failures += 1
-            print(f"FAIL {name}: {exc!r}", flush=True)
-            traceback.print_exc(file=sys.stderr)
-    return failures
+    return await report({name: partial(check, model) for name, check in CHECKS.items()})
 
 
 if __name__ == "__main__":

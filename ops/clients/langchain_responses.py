@@ -10,11 +10,12 @@ tool_choice, and with_structured_output (a JSON schema in text.format).
 
 from __future__ import annotations
 
-import argparse
+import asyncio
 import sys
-import traceback
 from collections.abc import Callable
+from functools import partial
 
+from client_checks import parse_args, report
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
@@ -65,24 +66,15 @@ CHECKS: dict[str, Callable[[ChatOpenAI], str]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    ap.add_argument("--api-key", default="none")
-    ap.add_argument("--model", default="smollm2-135m")
-    args = ap.parse_args(argv)
+    args = parse_args(__doc__, argv, model="smollm2-135m")
     llm = ChatOpenAI(
         model=args.model, base_url=args.base_url, api_key=args.api_key, use_responses_api=True,
         temperature=0, max_tokens=48,
     )  # fmt: skip
-    failures = 0
-    for name, check in CHECKS.items():
-        try:
-            print(f"PASS {name}: {check(llm)}", flush=True)
-        except Exception as exc:  # each check reports and the next one runs
-            failures += 1
-            print(f"FAIL {name}: {exc!r}", flush=True)
-            traceback.print_exc(file=sys.stderr)
-    return failures
+    # The checks are synchronous calls: each runs in a thread, so the report is the async scripts' own.
+    return asyncio.run(
+        report({name: partial(asyncio.to_thread, check, llm) for name, check in CHECKS.items()})
+    )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def debian_mirror(suite: str) -> int:
 
 
 def free_ports(n: int) -> int:
-    from pagedserve.ops.chaos.deployment import free_ports as pick
+    from pagedserve.ops.deploy.local_api import free_ports as pick
 
     print(" ".join(str(p) for p in pick(n)))
     return 0

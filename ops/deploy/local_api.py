@@ -1,4 +1,5 @@
-"""A whole local deployment with its API on free loopback ports, for benchmarks and client checks.
+"""A whole local deployment on free loopback ports, for benchmarks, chaos runs and client checks: its
+config (`local_config`), and the deployment with its API started and stopped around a block.
 
 with serving_api("smollm2-135m", runner="embed") as base:   # base: http://127.0.0.1:PORT
     httpx.post(f"{base}/v1/embeddings", ...)
@@ -6,49 +7,43 @@ with serving_api("smollm2-135m", runner="embed") as base:   # base: http://127.0
 
 from __future__ import annotations
 
+import socket
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from pagedserve.ops.chaos.deployment import free_ports
 from pagedserve.ops.deploy.process_group import RestartPolicy
 from pagedserve.ops.deploy.supervisor import Supervisor
 from pagedserve.shared.config import ServeConfig
 
 
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def local_config(model: str, **settings: Any) -> ServeConfig:
-    """`model` served on free loopback ports, JSON logs; `settings` are any other ServeConfig fields."""
+    """`model` served on free loopback ports (the API's too, used or not), JSON logs; `settings` are
+    any other ServeConfig fields, and override those."""
     front, workers, bm, sched_ops, bm_ops, api_port = free_ports(6)
-    return ServeConfig(
-        model=model,
-        front_endpoint=f"tcp://127.0.0.1:{front}",
-        worker_endpoint=f"tcp://127.0.0.1:{workers}",
-        block_manager_endpoint=f"tcp://127.0.0.1:{bm}",
-        scheduler_ops_port=sched_ops,
-        block_manager_ops_port=bm_ops,
-        api_port=api_port,
-        log_format="json",
-        **settings,
-    )
-
-
-def wait_healthy(base: str, timeout_s: float) -> None:
-    """Until `base`/health answers 200 (the scheduler answers and has a ready worker)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{base}/health did not answer 200 within {timeout_s:.0f} s")
-        time.sleep(0.2)
+    loopback = {
+        "front_endpoint": f"tcp://127.0.0.1:{front}",
+        "worker_endpoint": f"tcp://127.0.0.1:{workers}",
+        "block_manager_endpoint": f"tcp://127.0.0.1:{bm}",
+        "scheduler_ops_port": sched_ops,
+        "block_manager_ops_port": bm_ops,
+        "api_port": api_port,
+        "log_format": "json",
+    }
+    return ServeConfig(model=model, **(loopback | settings))
 
 
 @contextmanager
@@ -60,15 +55,14 @@ def serving_api(
     ready_timeout_s: float = 600,
     **settings: Any,
 ) -> Iterator[str]:
-    """Start the deployment, yield its API's base URL once healthy, stop every process after."""
+    """Start the deployment, yield its API's base URL once healthy (the Supervisor's readiness waits
+    for the API's /health too), stop every process after."""
     config = local_config(model, **settings)
     log_dir = Path(tempfile.mkdtemp(prefix="pagedserve-local-"))
     sup = Supervisor(config, workers=workers, log_dir=log_dir, policy=policy, api=True)
     sup.start()
     try:
         sup.wait_ready(timeout_s=ready_timeout_s)
-        base = f"http://127.0.0.1:{config.api_port}"
-        wait_healthy(base, ready_timeout_s)
-        yield base
+        yield f"http://127.0.0.1:{config.api_port}"
     finally:
         sup.stop()

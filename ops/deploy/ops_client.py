@@ -1,11 +1,14 @@
-"""GET from a pagedserve ops endpoint (the read-only HTTP side of the scheduler and block manager)."""
+"""GET from a pagedserve ops endpoint (the read-only HTTP side of the scheduler and block manager),
+or wait until any loopback HTTP server answers (an API's /health, a peer server's /v1/models)."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 # Proxies off: ops endpoints are on loopback or the cluster network, and an http_proxy variable
@@ -37,3 +40,24 @@ def is_ok(url: str, timeout_s: float = 1.0) -> bool:
         return get(url, timeout_s)[0] == 200
     except (OSError, ValueError):
         return False
+
+
+def wait_ok(
+    url: str,
+    timeout_s: float,
+    *,
+    poll_s: float = 0.2,
+    check: Callable[[], None] | None = None,
+    hint: str = "",
+) -> None:
+    """Until a GET of `url` answers 200. `check` runs before each try and raises to give up early (the
+    server's process exited); TimeoutError after `timeout_s`, `hint` (where its log is) appended."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if check is not None:
+            check()
+        if is_ok(url, timeout_s=5.0):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no 200 from {url} within {timeout_s:.0f} s{hint}")
+        time.sleep(poll_s)

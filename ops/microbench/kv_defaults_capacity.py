@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import tempfile
 import threading
@@ -23,12 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pagedserve.ops.chaos.deployment import free_ports
 from pagedserve.ops.chaos.watch import metric_values
+from pagedserve.ops.deploy.json_logs import log_events
+from pagedserve.ops.deploy.local_api import local_config
 from pagedserve.ops.deploy.supervisor import Supervisor, resolve_model_first
-from pagedserve.ops.microbench.worker_restart import log_lines
 from pagedserve.ops.results import write_json
-from pagedserve.shared.config import ServeConfig
 
 WATCHED = ("pagedserve_requests_running", "pagedserve_requests_waiting", "pagedserve_preemptions_total")
 
@@ -60,18 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--out", type=Path, default=Path("bench/results/kv-defaults-capacity.json"))
     args = ap.parse_args(argv)
-    front, worker_port, bm, sched_ops, bm_ops = free_ports(5)
-    config = resolve_model_first(
-        ServeConfig(
-            model=args.model,
-            front_endpoint=f"tcp://127.0.0.1:{front}",
-            worker_endpoint=f"tcp://127.0.0.1:{worker_port}",
-            block_manager_endpoint=f"tcp://127.0.0.1:{bm}",
-            scheduler_ops_port=sched_ops,
-            block_manager_ops_port=bm_ops,
-            log_format="json",
-        )
-    )
+    config = resolve_model_first(local_config(args.model))
     logs = Path(tempfile.mkdtemp(prefix="kv-defaults-"))
     samples: list[dict[str, float]] = []
     stop = threading.Event()
@@ -93,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
         watcher.join()
         final = metric_values(sup.scheduler_ops_url, WATCHED) or {}
-    start = log_lines(logs / "worker-0.log", "worker_started")[0]
+    start = log_events(logs / "worker-0.log", "worker_started")[0]
     pool = {k: v for k, v in start.items() if k.startswith(("kv_", "memory_"))}
     result: dict[str, Any] = {
         "bench": "kv_defaults_capacity",
@@ -108,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": round(elapsed, 1),
         "logs": str(logs),
     }
-    print(json.dumps(result, indent=2))
-    write_json(args.out, result)
+    write_json(args.out, result, echo=True)
     return 0
 
 

@@ -30,7 +30,6 @@ from typing import Any
 from pagedserve.ops.results import write_json
 from pagedserve.services.block_manager import pool_view
 from pagedserve.services.block_manager.manager import BlockManager
-from pagedserve.shared.config import ServeConfig
 
 BLOCK_SIZE = 16
 TABLE_BLOCKS = 40
@@ -86,25 +85,18 @@ def core_cost(num_blocks: int, repeats: int = 15) -> dict[str, Any]:
 
 def deployment_cost(num_blocks: int, seconds: float, browser: bool) -> dict[str, Any]:
     from pagedserve.ops.bench.fleet import keep_busy, simulated_model
-    from pagedserve.ops.chaos.deployment import free_ports
+    from pagedserve.ops.deploy.local_api import local_config
     from pagedserve.ops.deploy.supervisor import Supervisor
 
     work = Path(tempfile.mkdtemp(prefix="live-view-bench-"))
-    front, workers, bm, sched_ops, bm_ops = free_ports(5)
-    config = ServeConfig(
-        model=str(simulated_model(work / "model")),
+    config = local_config(
+        str(simulated_model(work / "model")),
         simulate_step_ms=20.0,
         num_blocks=num_blocks,
         block_size=BLOCK_SIZE,
-        front_endpoint=f"tcp://127.0.0.1:{front}",
-        worker_endpoint=f"tcp://127.0.0.1:{workers}",
-        block_manager_endpoint=f"tcp://127.0.0.1:{bm}",
-        scheduler_ops_port=sched_ops,
-        block_manager_ops_port=bm_ops,
         lease_ttl_s=600.0,  # the ghost's fill stays for the run
         max_message_bytes=64 << 20,
         max_inflight_per_client=100_000,
-        log_format="json",
         log_level="warning",
     )
     with Supervisor(config, workers=1, log_dir=work) as sup:

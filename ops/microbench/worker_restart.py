@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import tempfile
@@ -27,24 +26,13 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-from pagedserve.ops.chaos.deployment import CHAOS_RESTARTS, free_ports
+from pagedserve.ops.chaos.deployment import CHAOS_RESTARTS
 from pagedserve.ops.chaos.watch import metric_values
+from pagedserve.ops.deploy.json_logs import log_events
+from pagedserve.ops.deploy.local_api import local_config
 from pagedserve.ops.deploy.supervisor import Supervisor, resolve_model_first
 from pagedserve.ops.results import write_json
-from pagedserve.shared.config import ServeConfig
-
-
-def log_lines(path: Path, event: str) -> list[dict[str, Any]]:
-    found = []
-    for line in path.read_text(errors="replace").splitlines():
-        if f'"event": "{event}"' in line:
-            try:
-                found.append(json.loads(line))
-            except ValueError:
-                continue
-    return found
 
 
 def load_forever(endpoint: str, stop: threading.Event) -> None:
@@ -74,20 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--standby", type=int, choices=(0, 1), default=1)
     ap.add_argument("--out", type=Path, default=Path("bench/results/worker-restart.json"))
     args = ap.parse_args(argv)
-    front, worker_port, bm, sched_ops, bm_ops = free_ports(5)
-    config = resolve_model_first(
-        ServeConfig(
-            model=args.model,
-            num_threads=1,
-            standby_workers=args.standby,
-            front_endpoint=f"tcp://127.0.0.1:{front}",
-            worker_endpoint=f"tcp://127.0.0.1:{worker_port}",
-            block_manager_endpoint=f"tcp://127.0.0.1:{bm}",
-            scheduler_ops_port=sched_ops,
-            block_manager_ops_port=bm_ops,
-            log_format="json",
-        )
-    )
+    config = resolve_model_first(local_config(args.model, num_threads=1, standby_workers=args.standby))
     logs = Path(tempfile.mkdtemp(prefix="worker-restart-"))
     sup = Supervisor(config, workers=2, log_dir=logs, policy=CHAOS_RESTARTS)
     stop = threading.Event()
@@ -111,14 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     back = sorted(
         datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
         for event in ("worker_resumed", "worker_joined")
-        for e in log_lines(logs / "scheduler.log", event)
+        for e in log_events(logs / "scheduler.log", event)
         if e.get("worker_id") == "worker-0"
     )
     serve_again = []
     for at in kills:
         later = [t for t in back if t > at]
         serve_again.append(round(later[0] - at, 3) if later else None)
-    starts = [e for e in log_lines(logs / "worker-0.log", "worker_started")][1:]  # the restarts
+    starts = [e for e in log_events(logs / "worker-0.log", "worker_started")][1:]  # the restarts
     phases = {
         k: [s["startup"].get(k) for s in starts] for k in ("process_s", "load_s", "pool_s", "register_s")
     }
@@ -138,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         else counters["pagedserve_prefill_recomputed_tokens_total"],
         "logs": str(logs),
     }
-    print(json.dumps(result, indent=2))
-    write_json(args.out, result)
+    write_json(args.out, result, echo=True)
     return 0
 
 

@@ -11,18 +11,17 @@ the segment lives, a segment of another layout, a second process with a held nam
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from harness.deployment import blocks, get_text, start, stream_greedy, wait_for, workers_ready
 from harness.greedy_reference import greedy_outputs, random_prompts
 
+from pagedserve.ops.deploy.json_logs import log_events
 from pagedserve.ops.deploy.supervisor import Supervisor, config_env
 from pagedserve.services.worker.kv_segment import HEADER_BYTES, KVSegment
 
@@ -78,17 +77,6 @@ def assert_whole(sup: Supervisor) -> None:
     snap = wait_for(settled, 15) or blocks(sup)
     assert snap["totals"]["leaked"] == 0 and snap["invariants"]["ok"], snap["totals"]
     assert all(p["totals"]["free"] == p["totals"]["total"] for p in snap["pools"]), snap["totals"]
-
-
-def log_events(path: Path, event: str) -> list[dict]:
-    found = []
-    for line in path.read_text(errors="replace").splitlines():
-        if f'"{event}"' in line:
-            try:
-                found.append(json.loads(line))
-            except ValueError:
-                continue
-    return found
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import openai
 from harness.api_server import with_chat_template
 from harness.deployment import free_ports
+
+from pagedserve.ops.deploy.ops_client import wait_ok
 
 
 def api_pid(parent: int) -> int:
@@ -23,18 +24,6 @@ def api_pid(parent: int) -> int:
             if f.read().split(b"\0")[-2:-1] == [b"api"]:
                 return int(pid)
     raise AssertionError("no api child")
-
-
-def wait_healthy(base: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the API did not come back"
-        time.sleep(0.2)
 
 
 def test_serve_starts_the_api_prints_its_url_and_restarts_it_after_a_crash(tiny_model, tmp_path):
@@ -72,7 +61,7 @@ def test_serve_starts_the_api_prints_its_url_and_restarts_it_after_a_crash(tiny_
 
         os.kill(api_pid(up.pid), signal.SIGKILL)
         time.sleep(0.5)
-        wait_healthy(base_url.removesuffix("/v1"))
+        wait_ok(base_url.removesuffix("/v1") + "/health", 60)  # the API came back
         assert client.chat.completions.create(**ask).choices[0].message.content == before
 
         up.send_signal(signal.SIGTERM)
