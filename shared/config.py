@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from pagedserve.shared.speculative_config import SpeculativeConfig, parse_speculative_config
@@ -428,3 +428,31 @@ def config_default(name: str) -> Any:
     """A field's default as declared here, never the environment's value: for signatures (LLM, the
     model runner, the scheduler's limits) that must default the way a deployment does."""
     return ServeConfig.model_fields[name].default
+
+
+class _FieldValue:
+    """A flag's value read as the field reads it (its type, units and checks), for argparse."""
+
+    def __init__(self, name: str) -> None:
+        self.__name__ = name  # argparse names the field in its error: "invalid block_size value: '7'"
+
+    def __call__(self, text: str) -> Any:
+        try:
+            return getattr(config_of(**{self.__name__: text}), self.__name__)
+        except ValidationError as exc:  # the field's own words: "must be a power of two from 8 to 128"
+            raise argparse.ArgumentTypeError(f"{text!r}: {exc.errors()[0]['msg']}") from None
+
+
+def add_config_flag(parser: argparse.ArgumentParser, name: str, default: Any = None, **kwargs: Any) -> None:
+    """One field's flag for a tool that runs no service itself (a bench, a microbench): its name, help
+    and parsing (units included) come from the declaration; `default` is the tool's own (None: the
+    field's declared default)."""
+    info = ServeConfig.model_fields[name]
+    parser.add_argument(
+        "--" + name.replace("_", "-"),
+        dest=name,
+        type=_FieldValue(name),
+        default=info.default if default is None else default,
+        help=kwargs.pop("help", info.description),
+        **kwargs,
+    )

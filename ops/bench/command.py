@@ -23,10 +23,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from pagedserve.ops.results import write_json
-from pagedserve.shared.config import ServeConfig
+from pagedserve.shared.config import add_config_flag
 
 PEERS = ("pagedserve", "hf-static", "hf-continuous", "vllm", "llamacpp")
 # vLLM and llama.cpp need their own venvs (ops/peers/setup_vllm.sh, ops/peers/setup_llamacpp.sh), so
@@ -52,25 +52,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="pagedserve bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument(
-        "--model",
-        default="smollm2-135m",
-        help="checkpoint folder, .gguf file (or a folder holding one), or the bundled 'smollm2-135m'",
-    )
-    ap.add_argument(
-        "--dtype",
-        default="float32",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="auto = the faster on this CPU: bfloat16 with AMX, by a cached probe with AVX512-BF16, else float32",
-    )
-    ap.add_argument(
-        "--quantization",
-        default="none",
-        choices=get_args(ServeConfig.model_fields["quantization"].annotation),  # the workers' own list
-        help="pagedserve's weights: gguf/auto keep the checkpoint's GGUF types (the bundled model: Q4_1), "
-        "gptq/awq/compressed-tensors/auto keep such a checkpoint's int4/int8 linears quantized "
-        "(repacked to Q4_0/Q4_1/Q8_0), none dequantizes to --dtype",
-    )
+    add_config_flag(ap, "model")
+    # The flags that are deployment settings read as the settings do (shared/config.py); the defaults are
+    # the bench's own where they differ (every peer gets the same, concrete dtype and pool).
+    add_config_flag(ap, "dtype", "float32")
+    add_config_flag(ap, "quantization", "none")
     ap.add_argument(
         "--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: all cores)"
     )
@@ -88,16 +74,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"comma list of {', '.join(PEERS)}, or all",
     )
     ap.add_argument("--hf-batch-sizes", type=_int_list, default=None, help="default 8,16,32,64 (8,16 quick)")
-    ap.add_argument(
-        "--kv-cache-memory-mib",
-        type=int,
-        default=1024,
-        help="KV pool of pagedserve and of transformers' continuous batching, MiB",
+    add_config_flag(
+        ap, "kv_cache_memory", "1GiB", help="KV pool of pagedserve and of transformers' continuous batching"
     )
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    ap.add_argument("--pipeline-depth", type=int, default=2, help="of the in-process engine")
+    add_config_flag(ap, "block_size", 16)
+    add_config_flag(ap, "max_num_seqs", 64)
+    add_config_flag(ap, "max_num_batched_tokens", 2048)
+    add_config_flag(ap, "pipeline_depth", 2, help="of the in-process engine")
     ap.add_argument("--services", action="store_true", help="also run through the real services (supervisor)")
     ap.add_argument("--depths", type=_int_list, default=[1, 2, 3], help="pipeline depths for --services")
     ap.add_argument("--quick", action="store_true", help="16 requests, lengths 16-64, batch sizes 8,16")
@@ -176,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         model_path=resolve_model(args.model),
         dtype=args.dtype,
         block_size=args.block_size,
-        kv_cache_memory=args.kv_cache_memory_mib * 1024**2,
+        kv_cache_memory=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         pipeline_depth=args.pipeline_depth,

@@ -34,6 +34,7 @@ from pagedserve.ops.bench.llamacpp_server import llama_server_binary, llamacpp_v
 from pagedserve.ops.deploy.local_api import free_ports, serving_api
 from pagedserve.ops.results import write_json
 from pagedserve.services.checkpoint import load_checkpoint, load_tokenizer
+from pagedserve.shared.config import add_config_flag
 
 WORDS = [
     "paged",
@@ -139,9 +140,7 @@ def run_llamacpp(
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument(
-        "--model", default="smollm2-135m", help="checkpoint folder with a GGUF, or the bundled name"
-    )
+    add_config_flag(ap, "model")
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--requests", type=int, default=128, help="requests per concurrency")
     ap.add_argument("--tokens", type=int, default=128, help="tokens per text")

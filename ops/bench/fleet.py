@@ -37,7 +37,7 @@ from typing import Any
 from pagedserve.ops.deploy.process_group import RestartPolicy
 from pagedserve.ops.deploy.supervisor import Supervisor
 from pagedserve.ops.results import write_json
-from pagedserve.shared.config import ServeConfig
+from pagedserve.shared.config import ServeConfig, add_config_flag
 
 IDLE_TARGET = 0.05
 VOCAB_SIZE = 32000
@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default: 128)")
     ap.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring (default: 2)")
     ap.add_argument("--measure", type=float, default=8.0, help="seconds measured per size (default: 8)")
-    ap.add_argument("--pipeline-depth", type=int, default=2)
+    add_config_flag(ap, "pipeline_depth", 2)
     ap.add_argument("--ready-timeout", type=float, default=180.0)
     ap.add_argument("--out", type=Path, default=Path("bench/results/fleet.json"))
     args = ap.parse_args(argv)

@@ -33,6 +33,7 @@ import httpx
 import numpy as np
 
 from pagedserve.kernels.cpu.isa import cpu_model
+from pagedserve.shared.config import add_config_flag
 
 OPS_LIMIT_S = 1.0
 
@@ -56,12 +57,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     where.add_argument(
         "--start", type=int, default=None, metavar="N", help="start N workers and the API here"
     )
-    where.add_argument("--model", default="smollm2-135m", help="with --start")
-    where.add_argument("--api-processes", type=int, default=1, help="with --start")
+    add_config_flag(where, "model", help="with --start")
+    add_config_flag(where, "api_processes", 1, help="with --start")
     where.add_argument("--threads", type=int, default=1, help="with --start: torch threads per worker")
-    where.add_argument(
-        "--api-keep-alive-s", type=float, default=None, help="with --start: the API's idle-connection timeout"
-    )
+    add_config_flag(where, "api_keep_alive_s", help="with --start: the API's idle-connection timeout")
     where.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="without --start")
     where.add_argument("--scheduler-ops", default="http://127.0.0.1:8080", help="without --start")
     where.add_argument("--block-manager-ops", default="http://127.0.0.1:8081", help="without --start")

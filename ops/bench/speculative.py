@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedserve.ops.results import write_json
+from pagedserve.shared.config import add_config_flag
 
 ONE_USER_CHATS = 4  # concurrency 1: this many chats, one after another
 DEFAULT_SPEC = (
@@ -35,14 +36,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from pagedserve.ops.bench.spec_workloads import WORKLOADS
 
     ap = argparse.ArgumentParser(prog="pagedserve bench speculative", description=__doc__)
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--quantization", default="auto", help="auto: the bundled GGUF's Q4_1 kept quantized")
+    add_config_flag(ap, "model")
+    add_config_flag(ap, "quantization", "auto")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {', '.join(WORKLOADS)}")
     ap.add_argument("--concurrency", default="1,4,16", help="comma list: conversations submitted at once")
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--speculative-config", default=DEFAULT_SPEC, help="JSON, vLLM's shape")
-    ap.add_argument("--pipeline-depth", type=int, default=2)
+    add_config_flag(ap, "pipeline_depth", 2)
     ap.add_argument(
         "--llamacpp",
         action="store_true",

@@ -43,6 +43,7 @@ from pagedserve.ops.chaos.timeline import write_timeline
 from pagedserve.ops.chaos.watch import DeploymentWatch, blocks, ready_workers
 from pagedserve.ops.deploy.supervisor import DeploymentFailed
 from pagedserve.ops.results import write_json
+from pagedserve.shared.config import add_config_flag
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -51,11 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     where = ap.add_argument_group("deployment (default: attach to a running one)")
     where.add_argument("--start", type=int, metavar="N", default=None, help="start N workers of our own")
-    where.add_argument(
-        "--model", default="smollm2-135m", help="with --start: checkpoint folder or 'smollm2-135m'"
-    )
+    add_config_flag(where, "model", help="with --start: checkpoint folder or 'smollm2-135m'")
     where.add_argument("--threads", type=int, default=1, help="with --start: torch threads per worker")
-    where.add_argument("--num-blocks", type=int, default=None, help="with --start: KV blocks per worker")
+    add_config_flag(where, "num_blocks", help="with --start: KV blocks per worker")
     where.add_argument("--ready-timeout", type=float, default=600.0, help="with --start: seconds to come up")
     where.add_argument(
         "--api",
@@ -63,10 +62,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=True,
         help="with --start: run the OpenAI-compatible API server too, as `pagedserve up` does (default: on)",
     )
-    where.add_argument(
-        "--api-processes",
-        type=int,
-        default=1,
+    add_config_flag(
+        where,
+        "api_processes",
+        1,
         help="with --start: API processes on one port (api_kill hits the first: streams on the others go on)",
     )
     where.add_argument("--endpoint", default=None, help="scheduler front endpoint (default: config)")

@@ -41,7 +41,7 @@ from pagedserve.ops.deploy import ops_client
 from pagedserve.ops.deploy.local_api import local_config
 from pagedserve.ops.deploy.supervisor import Supervisor, resolve_model_first
 from pagedserve.ops.results import write_json
-from pagedserve.shared.config import ServeConfig
+from pagedserve.shared.config import ServeConfig, add_config_flag
 
 KINDS = ("ok", "abort", "timeout", "disconnect")
 FINISHED_RESULTS_KEPT = 100
@@ -53,14 +53,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument(
-        "--model", required=True, help="checkpoint folder (a tiny model: the soak is about state)"
+    add_config_flag(
+        ap, "model", required=True, help="checkpoint folder (a tiny model: the soak is about state)"
     )
     ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument(
-        "--dtype",
-        default="float32",
-        choices=["float32", "bfloat16"],
+    add_config_flag(
+        ap,
+        "dtype",
+        "float32",
         help="the workers' dtype: each has its own linears (float32 few-rows kernel, bf16 oneDNN-packed)",
     )
     ap.add_argument("--requests", type=int, default=10_000)

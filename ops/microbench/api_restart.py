@@ -28,6 +28,7 @@ from pagedserve.ops.chaos.deployment import CHAOS_RESTARTS
 from pagedserve.ops.deploy.local_api import local_config
 from pagedserve.ops.deploy.supervisor import Supervisor
 from pagedserve.ops.results import write_json
+from pagedserve.shared.config import add_config_flag
 
 
 def _until(check: Any, timeout_s: float) -> float:
@@ -53,7 +54,7 @@ def _phases(log: Path) -> list[dict[str, float]]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
+    add_config_flag(ap, "model")
     ap.add_argument("--kills", type=int, default=10)
     ap.add_argument("--out", type=Path, default=Path("bench/results/api_restart.json"))
     args = ap.parse_args(argv)

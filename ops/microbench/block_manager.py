@@ -23,6 +23,7 @@ from typing import Any
 
 from pagedserve.ops.results import write_json
 from pagedserve.services.block_manager.manager import BlockManager
+from pagedserve.shared.config import add_config_flag
 from pagedserve.shared.protocol.blocks import Grow, OpError
 
 TARGET_BLOCK_OPS_PER_S = 200_000
@@ -143,7 +144,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--max-tokens", type=int, default=1_000)
     parser.add_argument("--prompt-tokens", type=int, default=32)
-    parser.add_argument("--block-size", type=int, default=16)
+    add_config_flag(parser, "block_size", 16)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--out", default="bench/results/block_manager.json")
     args = parser.parse_args()

@@ -32,6 +32,7 @@ from pagedserve.ops.results import write_json
 from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.constraints.compiler import ConstraintCompiler
 from pagedserve.services.worker.runner import ModelRunner
+from pagedserve.shared.config import add_config_flag
 from pagedserve.shared.protocol.constraints import StructuredOutputs
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest, WorkerSampling
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="constrained_step", description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--model", default="smollm2-135m")
+    add_config_flag(parser, "model")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)

@@ -27,6 +27,7 @@ from pagedserve.ops.deploy.json_logs import log_events
 from pagedserve.ops.deploy.local_api import local_config
 from pagedserve.ops.deploy.supervisor import Supervisor, resolve_model_first
 from pagedserve.ops.results import write_json
+from pagedserve.shared.config import add_config_flag
 
 WATCHED = ("pagedserve_requests_running", "pagedserve_requests_waiting", "pagedserve_preemptions_total")
 
@@ -52,7 +53,7 @@ def send_all(endpoint: str, requests: int, prompt_tokens: int, max_tokens: int) 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
+    add_config_flag(ap, "model")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=16)

@@ -29,6 +29,7 @@ import torch
 
 from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.runner import ModelRunner
+from pagedserve.shared.config import add_config_flag
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest, WorkerSampling
 
@@ -68,7 +69,7 @@ def decode_ms(runner: ModelRunner, batch: int, context: int, steps: int, seed: i
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
+    add_config_flag(ap, "model")
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--steps", type=int, default=32)

@@ -24,6 +24,7 @@ import torch
 
 from pagedserve.services.checkpoint import load_tokenizer, resolve_model
 from pagedserve.services.worker.runner import ModelRunner
+from pagedserve.shared.config import add_config_flag
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest, WorkerSampling
 
@@ -188,7 +189,7 @@ def policy_check(result: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
+    add_config_flag(ap, "model")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--forced-tokens", type=int, default=128)
     ap.add_argument("--greedy-tokens", type=int, default=256)

@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pagedserve.shared.config import add_config_flag
+
 
 def free_ports(n: int) -> list[int]:
     sockets = [socket.socket() for _ in range(n)]
@@ -115,7 +117,7 @@ class Deployment:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
+    add_config_flag(parser, "model")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--restarts", type=int, default=3)
     parser.add_argument("--kernels", type=Path, default=Path("~/.cache/pagedserve/kernels").expanduser())

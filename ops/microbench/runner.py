@@ -27,6 +27,7 @@ import torch
 from pagedserve.ops.results import write_json
 from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.runner import ModelRunner
+from pagedserve.shared.config import add_config_flag
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest, WorkerSampling
 
@@ -99,11 +100,11 @@ def format_row(row: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
+    add_config_flag(ap, "model")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--decode-steps", type=int, default=64)
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    add_config_flag(ap, "dtype", "float32")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--out", default="bench/results/runner.json")

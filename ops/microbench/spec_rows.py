@@ -16,6 +16,8 @@ import os
 import statistics
 import time
 
+from pagedserve.shared.config import add_config_flag
+
 
 class _Constant:
     name = "constant"
@@ -32,8 +34,8 @@ class _Constant:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--quantization", default="auto")
+    add_config_flag(ap, "model")
+    add_config_flag(ap, "quantization", "auto")
     ap.add_argument("--requests", default="1,4,16")
     ap.add_argument("--proposals", default="0,1,3,5,7")
     ap.add_argument("--context", type=int, default=256)

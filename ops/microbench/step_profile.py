@@ -35,6 +35,7 @@ from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.layers.packed_linear import PackedLinear
 from pagedserve.services.worker.layers.quant_linear import QuantLinear
 from pagedserve.services.worker.runner import ModelRunner
+from pagedserve.shared.config import add_config_flag
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest, WorkerSampling
 
@@ -218,7 +219,7 @@ def main() -> None:
     ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--backend", nargs="+", default=["torch"])
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--block-size", type=int, default=16)
+    add_config_flag(ap, "block_size", 16)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--prepack", nargs="+", choices=["on", "off"], default=["on"])
     ap.add_argument("--fused-ops", nargs="+", choices=["on", "off"], default=["on"])
@@ -228,9 +229,7 @@ def main() -> None:
     ap.add_argument("--no-breakdown", action="store_true", help="step times only, no profiled pass")
     ap.add_argument("--out", type=Path, default=None, help="write the step times and breakdowns as JSON")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument(
-        "--model", default="smollm2-135m", help="a checkpoint folder (default: the bundled model)"
-    )
+    add_config_flag(ap, "model")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()

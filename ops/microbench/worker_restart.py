@@ -33,6 +33,7 @@ from pagedserve.ops.deploy.json_logs import log_events
 from pagedserve.ops.deploy.local_api import local_config
 from pagedserve.ops.deploy.supervisor import Supervisor, resolve_model_first
 from pagedserve.ops.results import write_json
+from pagedserve.shared.config import add_config_flag
 
 
 def load_forever(endpoint: str, stop: threading.Event) -> None:
@@ -56,7 +57,7 @@ def load_forever(endpoint: str, stop: threading.Event) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
+    add_config_flag(ap, "model")
     ap.add_argument("--kills", type=int, default=8)
     ap.add_argument("--every", type=float, default=6.0, help="seconds between kills")
     ap.add_argument("--standby", type=int, choices=(0, 1), default=1)

@@ -120,8 +120,8 @@ def test_quick_run_on_a_tiny_model_writes_json_with_every_path_and_a_chart(
             "24",
             "--threads",
             "1",
-            "--kv-cache-memory-mib",
-            "4",
+            "--kv-cache-memory",
+            "4MiB",
             "--out",
             str(out),
         ]
@@ -148,7 +148,7 @@ def test_services_run_on_a_tiny_model_reports_throughput_and_worker_idle(
 ) -> None:
     out = tmp_path / "bench.json"
     argv = ["--model", str(tiny_model("llama")), "--quick", "--num-requests", "2", "--max-len", "16"]
-    argv += ["--threads", "1", "--kv-cache-memory-mib", "4", "--peers", "pagedserve", "--services"]
+    argv += ["--threads", "1", "--kv-cache-memory", "4MiB", "--peers", "pagedserve", "--services"]
     assert main([*argv, "--depths", "2", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["services"]
     assert row["error"] is None and row["pipeline_depth"] == 2
@@ -167,7 +167,7 @@ def test_emulated_avx2_run_tells_every_library_and_says_it_is_emulation(
 
     out = tmp_path / "bench.json"
     argv = ["--model", str(tiny_model("llama")), "--quick", "--num-requests", "2", "--max-len", "16"]
-    argv += ["--threads", "1", "--kv-cache-memory-mib", "4", "--peers", "pagedserve", "--emulate-isa", "avx2"]
+    argv += ["--threads", "1", "--kv-cache-memory", "4MiB", "--peers", "pagedserve", "--emulate-isa", "avx2"]
     env = {k: v for k, v in os.environ.items() if k not in ("PAGEDSERVE_CPU_ISA", "ATEN_CPU_CAPABILITY")}
     code = "import sys; from pagedserve.ops.bench.command import main; sys.exit(main(sys.argv[1:]))"
     done = subprocess.run(

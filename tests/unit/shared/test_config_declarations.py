@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from pagedserve import LLM
 from pagedserve.shared import config as config_module
-from pagedserve.shared.config import SECTIONS, ServeConfig, command_fields, config_of
+from pagedserve.shared.config import SECTIONS, ServeConfig, add_config_flag, command_fields, config_of
 
 
 def test_no_field_is_declared_twice_in_serve_config():
@@ -112,3 +112,46 @@ def test_a_service_command_lists_only_its_sections_flags(command):
     assert flags - {"--help", "--failpoints", "--standby"} == want
     if command == "block-manager":
         assert "--model" not in flags and "--api-port" not in flags
+
+
+def test_a_tools_flag_reads_as_its_field_does_units_and_limits_included(capsys):
+    parser = argparse.ArgumentParser(prog="tool")
+    add_config_flag(parser, "kv_cache_memory", "1GiB")
+    add_config_flag(parser, "block_size", 16)
+    add_config_flag(parser, "dtype")
+    assert vars(parser.parse_args([])) == {"kv_cache_memory": 1 << 30, "block_size": 16, "dtype": "float32"}
+    assert parser.parse_args(["--kv-cache-memory", "512MiB"]).kv_cache_memory == 512 << 20
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--block-size", "7"])
+    assert "power of two from 8 to 128" in capsys.readouterr().err
+
+
+def test_no_tool_in_ops_declares_a_settings_flag_by_hand():
+    """A bench's --block-size is the deployment's block_size: declared once, read the same way."""
+    hand_made = []
+    for path in sorted(Path(config_module.__file__).parents[1].joinpath("ops").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", None) == "add_argument"
+                and node.args
+            ):
+                flag = node.args[0]
+                if isinstance(flag, ast.Constant) and str(flag.value).startswith("--"):
+                    name = flag.value.removeprefix("--").replace("-", "_")
+                    if name in ServeConfig.model_fields and name not in _SAME_NAME_OTHER_MEANING.get(
+                        path.name, ()
+                    ):
+                        hand_made.append(f"{path.name}: {flag.value}")
+    assert hand_made == []
+
+
+# Flags that share a field's name but not its meaning: a client's model name and key, a sweep of dtypes.
+_SAME_NAME_OTHER_MEANING = {
+    "serve.py": ("model", "api_key"),
+    "drive.py": ("model",),
+    "client_checks.py": ("model", "api_key"),
+    "speculative.py": ("speculative_config",),  # the bench's JSON text, written into each run's config
+    "moe_ab.py": ("model",),  # a path to a generated checkpoint, made if missing
+    "step_profile.py": ("dtype", "quantization"),  # sweeps: each value is a run
+}
