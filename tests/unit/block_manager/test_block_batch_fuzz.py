@@ -19,7 +19,9 @@ anything = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4), max_
 
 # Ops near the valid ones (so that many run), and lists of anything (so that many do not).
 ops = st.one_of(
-    st.tuples(st.just("alloc"), st.sampled_from(["w0", "w9"]), names, names, token_lists, counts, st.booleans()),
+    st.tuples(
+        st.just("alloc"), st.sampled_from(["w0", "w9"]), names, names, token_lists, counts, st.booleans()
+    ),
     st.tuples(st.just("grow"), names, counts, token_lists),
     st.tuples(st.just("fork"), names, names, names),
     st.tuples(st.just("free"), names, st.one_of(st.none(), counts)),
