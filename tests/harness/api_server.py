@@ -74,6 +74,16 @@ class ApiServer:
         self._log.close()
 
 
+# The arguments of the one tool the API tests offer (each API wraps it in its own shape: OpenAI's
+# `parameters`, Anthropic's `input_schema`); maxLength 8 keeps a random model's city within max_tokens.
+WEATHER_ARGUMENTS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+
+
 def with_chat_template(folder: Path) -> Path:
     """Give a tiny model (byte tokenizer, no template) a small chat template of its own."""
     (folder / "chat_template.jinja").write_text(

@@ -58,10 +58,11 @@ def start(
     policy: Any = None,
     failpoints: dict[str, str] | None = None,
     rearm_failpoints: bool = True,
+    api: bool = False,
     **overrides: Any,
 ) -> Supervisor:
     """`failpoints`: child name -> spec (shared/failpoints.py), armed in that child only (and in its
-    restarts unless `rearm_failpoints` is false)."""
+    restarts unless `rearm_failpoints` is false). `api`: the supervisor runs the API processes too."""
     sup = Supervisor(
         deployment_config(model, **overrides),
         workers=workers,
@@ -69,6 +70,7 @@ def start(
         policy=policy,
         failpoints=failpoints,
         rearm_failpoints=rearm_failpoints,
+        api=api,
     )
     sup.start()
     try:
@@ -77,6 +79,17 @@ def start(
         sup.stop()
         raise
     return sup
+
+
+def start_with_api(model: Path | str, log_dir: Path, **overrides: Any) -> tuple[Supervisor, str]:
+    """A deployment whose supervisor runs the API too, on a free port, its one worker ready:
+    (the supervisor, the API's base URL). The caller stops it."""
+    (api_port,) = free_ports(1)
+    sup = start(model, workers=1, log_dir=log_dir, api=True, api_port=api_port, **overrides)
+    if not wait_for(lambda: workers_ready(sup), 30):
+        sup.stop()
+        raise TimeoutError("the worker did not become ready in 30 s")
+    return sup, f"http://127.0.0.1:{api_port}"
 
 
 def get_json(url: str) -> Any:

@@ -10,6 +10,7 @@ import json
 import anthropic
 import openai
 import pytest
+from harness.api_server import WEATHER_ARGUMENTS
 
 SYSTEM = "Be terse."
 GREEDY = {"temperature": 0}  # the newest anthropic client has no temperature argument: sent as a body field
@@ -17,12 +18,7 @@ TURNS = [{"role": "user", "content": "Name a colour."}]
 TOOL = {
     "name": "get_weather",
     "description": "The weather in a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
-        "required": ["city", "unit"],
-        "additionalProperties": False,
-    },
+    "input_schema": WEATHER_ARGUMENTS,
 }
 
 

@@ -10,9 +10,7 @@ import signal
 import time
 
 import httpx
-from harness.deployment import deployment_config, free_ports, wait_for, workers_ready
-
-from pagedserve.ops.deploy.supervisor import Supervisor
+from harness.deployment import start_with_api, wait_for
 
 STREAMS = 16
 MAX_TOKENS = 120
@@ -49,14 +47,8 @@ async def one_stream(base_url: str, model: str, i: int, started: asyncio.Event, 
 
 
 def test_killing_one_api_process_leaves_the_other_processes_streams_intact(tiny_model, tmp_path):
-    (api_port,) = free_ports(1)
-    config = deployment_config(tiny_model("llama"), api_port=api_port, api_processes=2, num_blocks=512)
-    sup = Supervisor(config, workers=1, log_dir=tmp_path, api=True)
-    sup.start()
+    sup, base = start_with_api(tiny_model("llama"), tmp_path, api_processes=2, num_blocks=512)
     try:
-        sup.wait_ready(timeout_s=120)
-        assert wait_for(lambda: workers_ready(sup), 30)
-        base = f"http://127.0.0.1:{api_port}"
 
         def both_up() -> bool:
             logs = [(tmp_path / f"{n}.log") for n in ("api", "api-1")]

@@ -5,10 +5,12 @@ false). logit_bias steers the random model: a bias on `</think>` makes it the fi
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import openai
 import pytest
 from harness.api_server import ApiServer
+from openai.types.chat import ChatCompletion
 from transformers import AutoTokenizer
 
 MODEL = "tiny-reranker"
@@ -44,6 +46,13 @@ def close_think_id(dep) -> int:
     return AutoTokenizer.from_pretrained(dep.model_path).convert_tokens_to_ids("</think>")
 
 
+def pick_a_colour(client: openai.OpenAI, **options: Any) -> ChatCompletion:
+    """A greedy answer to TURNS held to the schema, with room (40 tokens) for thinking before it."""
+    return client.chat.completions.create(
+        model=MODEL, messages=TURNS, max_tokens=40, temperature=0, response_format=JSON_FORMAT, **options
+    )
+
+
 def test_an_unclosed_block_is_all_reasoning_streamed_as_its_own_deltas(servers):
     _, r1, _ = servers
     client = client_of(r1)
@@ -62,31 +71,16 @@ def test_an_unclosed_block_is_all_reasoning_streamed_as_its_own_deltas(servers):
 
 def test_a_schema_applies_to_the_answer_after_the_thinking(servers):
     dep, r1, _ = servers
-    for client in (client_of(r1),):
-        reply = client.chat.completions.create(
-            model=MODEL,
-            messages=TURNS,
-            max_tokens=40,
-            temperature=0,
-            response_format=JSON_FORMAT,
-            logit_bias={str(close_think_id(dep)): 100},
-        )
-        message = reply.choices[0].message
-        assert message.model_extra["reasoning_content"] == ""  # it closed the block at once
-        assert json.loads(message.content)["colour"] in ("red", "blue")  # then the grammar ruled
+    reply = pick_a_colour(client_of(r1), logit_bias={str(close_think_id(dep)): 100})
+    message = reply.choices[0].message
+    assert message.model_extra["reasoning_content"] == ""  # it closed the block at once
+    assert json.loads(message.content)["colour"] in ("red", "blue")  # then the grammar ruled
 
 
 def test_enable_thinking_false_reaches_the_template_and_the_grammar_starts_at_once(servers):
     _, _, q3 = servers
     client = client_of(q3)
-    reply = client.chat.completions.create(
-        model=MODEL,
-        messages=TURNS,
-        max_tokens=40,
-        temperature=0,
-        response_format=JSON_FORMAT,
-        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
-    )
+    reply = pick_a_colour(client, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     message = reply.choices[0].message
     assert message.model_extra["reasoning_content"] is None  # the template closed the block: no thinking
     assert json.loads(message.content)["colour"] in ("red", "blue")

@@ -10,18 +10,14 @@ from typing import Literal
 import httpx
 import openai
 import pytest
+from harness.api_server import WEATHER_ARGUMENTS
 from pydantic import BaseModel, Field
 
 WEATHER_TOOL = {
     "type": "function",
     "name": "get_weather",
     "description": "The weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
-        "required": ["city", "unit"],
-        "additionalProperties": False,
-    },
+    "parameters": WEATHER_ARGUMENTS,
 }
 
 

@@ -5,9 +5,9 @@ starts behind it."""
 from __future__ import annotations
 
 import httpx
-from harness.deployment import deployment_config, free_ports, wait_for, workers_ready
+from harness.deployment import start_with_api, wait_for
 
-from pagedserve.ops.deploy.supervisor import API_STANDBY, Supervisor
+from pagedserve.ops.deploy.supervisor import API_STANDBY
 
 PROMPT = {"prompt": "Hi", "max_tokens": 2, "temperature": 0, "ignore_eos": True}
 
@@ -32,14 +32,8 @@ def _answers(base: str, model: str) -> bool:
 
 
 def test_a_killed_api_process_is_replaced_by_the_standby(tiny_model, tmp_path):
-    (api_port,) = free_ports(1)
-    config = deployment_config(tiny_model("llama"), api_port=api_port, standby_api=1)
-    sup = Supervisor(config, workers=1, log_dir=tmp_path, api=True)
-    sup.start()
+    sup, base = start_with_api(tiny_model("llama"), tmp_path, standby_api=1)
     try:
-        sup.wait_ready(timeout_s=120)
-        assert wait_for(lambda: workers_ready(sup), 30)
-        base = f"http://127.0.0.1:{api_port}"
         assert wait_for(lambda: _logged(tmp_path / f"{API_STANDBY}.log", "standby_ready"), 60)
         model = wait_for(lambda: _model(base), 60)
         assert model is not None and _answers(base, model)

@@ -10,33 +10,14 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-import torch
 from harness.api_server import ApiServer
 from harness.deployment import start
+from harness.parity import transformers_greedy
 from harness.tiny_models import LONGROPE_ORIGINAL
 
 from pagedserve import LLM, SamplingParams
 
 MAX_TOKENS = 10
-
-
-def _transformers_greedy(path, prompts: list[list[int]]) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
-    outs = []
-    with torch.inference_mode():
-        for p in prompts:
-            ids = torch.tensor([p])
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=MAX_TOKENS,
-                pad_token_id=0,
-            )
-            outs.append(out[0, len(p) :].tolist())
-    return outs
 
 
 def test_in_process_a_prompt_past_the_window_gives_transformers_tokens(tiny_model) -> None:
@@ -45,7 +26,7 @@ def test_in_process_a_prompt_past_the_window_gives_transformers_tokens(tiny_mode
     llm = LLM(str(path), num_blocks=64)
     assert llm.max_model_len == 512  # the positions, not the window
     got = [o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))]
-    assert got == _transformers_greedy(path, prompts)
+    assert got == transformers_greedy(path, prompts, MAX_TOKENS)
 
 
 # 20: short factors throughout; 44: crosses 48 while generating (recomputed); 70: long from the start.
@@ -57,7 +38,7 @@ def longrope(tiny_model) -> tuple[str, list[tuple[str, int]]]:
     """(the checkpoint, per prompt: the text of transformers' greedy tokens as our engine detokenizes
     them, and how many there are)."""
     path = tiny_model("phi3-longrope")
-    expected = _transformers_greedy(path, API_PROMPTS)
+    expected = transformers_greedy(path, API_PROMPTS, MAX_TOKENS)
     llm = LLM(str(path), num_blocks=64, block_size=16)
     outs = llm.generate(API_PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
     assert [o.token_ids for o in outs] == expected

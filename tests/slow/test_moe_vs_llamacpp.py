@@ -20,27 +20,22 @@ and the median KL under 0.01. Skips, saying so, where the venv is absent."""
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from test_quantized_vs_llamacpp import LLAMACPP_LOGITS
 from test_quantized_vs_llamacpp import PROMPTS as DENSE_PROMPTS
+from test_quantized_vs_llamacpp import llamacpp_last_logits, ours_against
 
 from pagedserve.ops.bench.llamacpp_server import llamacpp_venv, llamacpp_venv_ready
 from pagedserve.ops.models.random_moe_gguf import Shape, make_folder
 from pagedserve.services.scheduler.model_info import load_tokenizer
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.services.worker.weights.gguf_weights import gguf_source
-from pagedserve.shared.protocol.frontend import SamplingParams
-from pagedserve.shared.protocol.step import Execute, NewRequest, WorkerSampling
 
 pytestmark = pytest.mark.slow
 
-GREEDY = WorkerSampling.of(SamplingParams(temperature=0.0), None)
 PROMPTS = [
     *DENSE_PROMPTS,
     "The sun rises in the",
@@ -74,13 +69,7 @@ def moe_and_logits(request, tmp_path_factory) -> tuple[Path, list[list[int]], to
     tmp = tmp_path_factory.mktemp(f"moe-{request.param}")
     folder = make_folder(request.param, tmp / "moe", SHAPE, None)
     prompts = [load_tokenizer(folder).encode(p) for p in PROMPTS]
-    request_file, result = tmp / "request.json", tmp / "result.json"
-    request_file.write_text(json.dumps({"gguf": str(gguf_source(folder)), "prompts": prompts}))
-    python = venv / "bin" / "python"
-    subprocess.run(
-        [str(python), "-c", LLAMACPP_LOGITS, str(request_file), str(result)], check=True, timeout=600
-    )
-    return folder, prompts, torch.tensor(json.loads(result.read_text()), dtype=torch.float64)
+    return folder, prompts, llamacpp_last_logits(venv, gguf_source(folder), prompts, tmp)
 
 
 @pytest.mark.parametrize("activations", ["float32", "int8"])
@@ -89,17 +78,7 @@ def test_moe_logits_agree_with_llamacpp_on_the_same_gguf(moe_and_logits, activat
     monkeypatch.setenv("PAGEDSERVE_QUANT_ACTIVATIONS", activations)  # read as the linears are built
     runner = ModelRunner(folder, quantization="gguf", block_size=16, num_blocks=64)
     assert runner.runtime["weights"].startswith("gguf Q"), runner.runtime
-    new, first_block = [], 0
-    for i, tokens in enumerate(prompts):
-        blocks = list(range(first_block, first_block + -(-len(tokens) // 16)))
-        first_block += len(blocks)
-        new.append(NewRequest(f"r{i}", tokens, len(tokens), 0, len(tokens), blocks, GREEDY))
-    _, logits = runner.execute_with_logits(Execute(0, new_requests=new))
-    ours = logits.double()[:, : theirs.shape[1]]
-    kl = torch.nn.functional.kl_div(
-        ours.log_softmax(-1), theirs.log_softmax(-1), log_target=True, reduction="none"
-    )
-    kl = kl.sum(-1)
+    ours, kl = ours_against(theirs, runner, prompts)
     assert theirs.std(-1).min().item() > 0.5, "llama.cpp's logits are flat: the model says nothing to compare"
     assert all(math.isfinite(v) for v in kl.tolist()), kl.tolist()
     rerouted = kl >= 0.05

@@ -15,17 +15,17 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
+from harness.parity import prefill_logits
 
 from pagedserve.ops.bench.llamacpp_server import llamacpp_venv, llamacpp_venv_ready
 from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.scheduler.model_info import load_tokenizer
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.services.worker.weights.gguf_weights import gguf_source
-from pagedserve.shared.protocol.frontend import SamplingParams
-from pagedserve.shared.protocol.step import Execute, NewRequest, WorkerSampling
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,6 @@ PROMPTS = [
     "The largest planet in the solar system is",
     "In machine learning, a neural network is",
 ]
-GREEDY = WorkerSampling.of(SamplingParams(temperature=0.0), None)
 LLAMACPP_LOGITS = """
 import json, sys
 import numpy as np
@@ -56,6 +55,27 @@ json.dump(rows, open(sys.argv[2], "w"))
 """
 
 
+def llamacpp_last_logits(venv: Path, gguf: Path, prompts: list[list[int]], tmp: Path) -> torch.Tensor:
+    """llama-cpp-python's last-position logits for each prompt (float64), run in its own venv."""
+    request, result = tmp / "request.json", tmp / "result.json"
+    request.write_text(json.dumps({"gguf": str(gguf), "prompts": prompts}))
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-c", LLAMACPP_LOGITS, str(request), str(result)], check=True, timeout=600)
+    return torch.tensor(json.loads(result.read_text()), dtype=torch.float64)
+
+
+def ours_against(
+    theirs: torch.Tensor, runner: ModelRunner, prompts: list[list[int]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(our last-position logits over llama.cpp's vocabulary, every prompt prefilled in one step; per
+    prompt KL(llama.cpp || ours) of the next-token distributions)."""
+    ours = prefill_logits(runner, prompts).double()[:, : theirs.shape[1]]
+    kl = torch.nn.functional.kl_div(
+        ours.log_softmax(-1), theirs.log_softmax(-1), log_target=True, reduction="none"
+    ).sum(-1)
+    return ours, kl
+
+
 @pytest.fixture(scope="module")
 def llamacpp_logits(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[list[int]], torch.Tensor]:
     """(the prompts' token ids, llama.cpp's last-position logits for each)."""
@@ -66,11 +86,7 @@ def llamacpp_logits(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[list
     tokenizer = load_tokenizer(folder)
     prompts = [tokenizer.encode(p) for p in PROMPTS]
     tmp = tmp_path_factory.mktemp("llamacpp")
-    request, result = tmp / "request.json", tmp / "result.json"
-    request.write_text(json.dumps({"gguf": str(gguf_source(folder)), "prompts": prompts}))
-    python = venv / "bin" / "python"
-    subprocess.run([str(python), "-c", LLAMACPP_LOGITS, str(request), str(result)], check=True, timeout=600)
-    return prompts, torch.tensor(json.loads(result.read_text()), dtype=torch.float64)
+    return prompts, llamacpp_last_logits(venv, gguf_source(folder), prompts, tmp)
 
 
 @pytest.mark.parametrize("activations", ["float32", "int8"])
@@ -81,16 +97,7 @@ def test_quantized_logits_agree_with_llamacpp_on_the_same_gguf(
     monkeypatch.setenv("PAGEDSERVE_QUANT_ACTIVATIONS", activations)  # read as the linears are built
     runner = ModelRunner(resolve_model("smollm2-135m"), quantization="gguf", block_size=16, num_blocks=64)
     # Every prompt in one step: its 50-odd rows take the int8 path where it is on (from 8 rows).
-    new, first_block = [], 0
-    for i, tokens in enumerate(prompts):
-        blocks = list(range(first_block, first_block + -(-len(tokens) // 16)))
-        first_block += len(blocks)
-        new.append(NewRequest(f"r{i}", tokens, len(tokens), 0, len(tokens), blocks, GREEDY))
-    _, logits = runner.execute_with_logits(Execute(0, new_requests=new))
-    ours_t = logits.double()[:, : theirs.shape[1]]
-    top1 = (ours_t.argmax(-1) == theirs.argmax(-1)).sum().item()
-    kl = torch.nn.functional.kl_div(
-        ours_t.log_softmax(-1), theirs.log_softmax(-1), log_target=True, reduction="none"
-    ).sum(-1)
+    ours, kl = ours_against(theirs, runner, prompts)
+    top1 = (ours.argmax(-1) == theirs.argmax(-1)).sum().item()
     assert top1 >= 7, f"top-1 agreed on {top1}/8 prompts"
     assert math.isfinite(kl.mean().item()) and kl.mean().item() < 0.05, kl.tolist()

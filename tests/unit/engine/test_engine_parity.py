@@ -7,20 +7,17 @@ chunks every prompt, pipeline depth 1, 2 or 3.
 
 from __future__ import annotations
 
-import random
-
 import pytest
-import torch
+from harness import parity
 
 from pagedserve import LLM, SamplingParams
 
 MAX_TOKENS = 12
+LENGTHS = [1, 3, 7, 16, 17, 30, 45, 64, 5, 90, 2, 33, 8, 70, 12, 100]
 
 
-def prompts_of_mixed_lengths(vocab: int = 300, count: int = 16, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    lengths = [1, 3, 7, 16, 17, 30, 45, 64, 5, 90, 2, 33, 8, 70, 12, 100][:count]
-    return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+def prompts_of_mixed_lengths() -> list[list[int]]:
+    return parity.seeded_prompts(LENGTHS, top=300)
 
 
 @pytest.fixture(scope="module")
@@ -31,76 +28,38 @@ def model_path(tiny_model):
 @pytest.fixture(scope="module")
 def reference(model_path) -> list[list[int]]:
     """transformers greedy, one prompt at a time (no padding anywhere), EOS included as HF returns it."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
-    model.eval()
-    outs = []
-    for p in prompts_of_mixed_lengths():
-        ids = torch.tensor([p])
-        with torch.no_grad():
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=MAX_TOKENS,
-                pad_token_id=0,
-            )
-        outs.append(out[0, len(p) :].tolist())
-    return outs
+    return parity.transformers_greedy(model_path, prompts_of_mixed_lengths(), MAX_TOKENS)
 
 
-def generate(model_path, **engine_kwargs) -> tuple[LLM, list[list[int]]]:
-    llm = LLM(str(model_path), **engine_kwargs)
-    outs = llm.generate(prompts_of_mixed_lengths(), SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
-    return llm, [o.token_ids for o in outs]
-
-
-def assert_pool_whole(llm: LLM) -> None:
-    snap = llm.block_manager.snapshot(0.0)
-    assert snap["totals"]["free"] == snap["totals"]["total"], snap["totals"]
-    assert snap["invariants"]["ok"], snap["invariants"]
+def matches_transformers(model_path, reference, **engine_kwargs) -> LLM:
+    return parity.assert_engine_gives(
+        reference, model_path, prompts_of_mixed_lengths(), MAX_TOKENS, **engine_kwargs
+    )
 
 
 def test_ample_memory_matches_transformers(model_path, reference):
-    llm, got = generate(model_path, num_blocks=512, block_size=16)
-    assert got == reference
-    assert_pool_whole(llm)
+    matches_transformers(model_path, reference, num_blocks=512, block_size=16)
 
 
 def test_tiny_pool_preempts_and_still_matches_transformers(model_path, reference):
-    llm, got = generate(model_path, num_blocks=20, block_size=8, max_num_seqs=16)
+    llm = matches_transformers(model_path, reference, num_blocks=20, block_size=8, max_num_seqs=16)
     assert llm.scheduler.stats.preemptions > 0, "the pool was meant to be too small for everyone at once"
-    assert got == reference
-    assert_pool_whole(llm)
 
 
 def test_token_budget_of_32_chunks_prefill_and_matches_transformers(model_path, reference):
-    llm, got = generate(model_path, num_blocks=512, block_size=8, max_num_batched_tokens=32)
-    assert got == reference
-    assert_pool_whole(llm)
+    matches_transformers(model_path, reference, num_blocks=512, block_size=8, max_num_batched_tokens=32)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_pipeline_depth_does_not_change_tokens(model_path, reference, depth):
-    llm, got = generate(model_path, num_blocks=256, block_size=16, pipeline_depth=depth)
-    assert got == reference
-    assert_pool_whole(llm)
+    matches_transformers(model_path, reference, num_blocks=256, block_size=16, pipeline_depth=depth)
 
 
 def test_shared_system_prompt_is_served_from_the_prefix_cache(model_path):
-    system = list(range(10, 74))  # 64 tokens: 4 full blocks of 16
-    questions = [[100 + i, 101 + i, 102 + i] for i in range(4)]
-    params = SamplingParams(temperature=0.0, max_tokens=6)
-    cold = LLM(str(model_path), num_blocks=256, block_size=16, enable_prefix_caching=False)
-    expected = [o.token_ids for o in cold.generate([system + q for q in questions], params)]
-    llm = LLM(str(model_path), num_blocks=256, block_size=16)
-    first = llm.generate([system + questions[0]], params)
-    rest = llm.generate([system + q for q in questions[1:]], params)
-    assert first[0].num_cached_tokens == 0
-    assert [o.num_cached_tokens for o in rest] == [64, 64, 64]
-    assert [o.token_ids for o in first + rest] == expected
-    assert_pool_whole(llm)
+    llm, cached, got, cold = parity.after_a_shared_system_prompt(model_path, questions=4, num_blocks=256)
+    assert cached == [0, 64, 64, 64]
+    assert got == cold
+    parity.assert_pool_whole(llm)
 
 
 def test_n3_with_seed_gives_three_completions_sharing_prompt_blocks(model_path):
@@ -125,7 +84,7 @@ def test_n3_with_seed_gives_three_completions_sharing_prompt_blocks(model_path):
     assert max(seen_refs) == 3
     again = LLM(str(model_path), num_blocks=256, block_size=8).generate([prompt], params)[0]
     assert [tuple(c.token_ids) for c in again.outputs] == completions  # seeded: reproducible
-    assert_pool_whole(llm)
+    parity.assert_pool_whole(llm)
 
 
 def test_text_prompts_and_stop_strings(model_path):
@@ -138,4 +97,4 @@ def test_text_prompts_and_stop_strings(model_path):
     )[0]
     assert cut.finish_reason == "stop"
     assert cut.text == free.text[: free.text.index(stop)]
-    assert_pool_whole(llm)
+    parity.assert_pool_whole(llm)

@@ -11,10 +11,15 @@ the length keep their prefix-cache entries apart from those within it.
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
-import torch
+from harness.parity import (
+    after_a_shared_system_prompt,
+    assert_engine_gives,
+    assert_pool_whole,
+    seeded_prompts,
+    transformers_greedy,
+)
 from harness.tiny_models import FAMILIES, LONGROPE_ORIGINAL
 
 from pagedserve import LLM, SamplingParams
@@ -24,9 +29,8 @@ MAX_TOKENS = 12
 LENGTHS = [1, 3, 7, 16, 17, 30, 40, 45, 64, 5, 90, 2, 33, 8, 70, 12]
 
 
-def _prompts(seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 300) for _ in range(n)] for n in LENGTHS]
+def _prompts() -> list[list[int]]:
+    return seeded_prompts(LENGTHS, top=300)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -37,66 +41,33 @@ def family(request, tiny_model):
 
 
 def _transformers_outputs(path) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
-    outs = []
-    with torch.inference_mode():
-        for p in _prompts():
-            ids = torch.tensor([p])
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=MAX_TOKENS,
-                pad_token_id=0,
-            )
-            outs.append(out[0, len(p) :].tolist())
-    return outs
+    return transformers_greedy(path, _prompts(), MAX_TOKENS)
 
 
-def _generate(path, prompts, **engine_kwargs) -> tuple[LLM, list[list[int]]]:
-    llm = LLM(str(path), **engine_kwargs)
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
-    return llm, [o.token_ids for o in outs]
-
-
-def _assert_pool_whole(llm: LLM) -> None:
-    snap = llm.block_manager.snapshot(0.0)
-    assert snap["totals"]["free"] == snap["totals"]["total"], snap["totals"]
-    assert snap["invariants"]["ok"], snap["invariants"]
+def _matches_transformers(path, expected, **engine_kwargs) -> LLM:
+    return assert_engine_gives(expected, path, _prompts(), MAX_TOKENS, **engine_kwargs)
 
 
 def test_a_tiny_pool_preempts_and_still_matches_transformers(family):
     arch, path, expected = family
-    llm, got = _generate(path, _prompts(), num_blocks=24, block_size=8, max_num_seqs=16)
+    llm = _matches_transformers(path, expected, num_blocks=24, block_size=8, max_num_seqs=16)
     assert llm.scheduler.stats.preemptions > 0, "the pool was meant to be too small for everyone at once"
-    assert got == expected
     if arch == "phi3-longrope":
         assert llm.scheduler.stats.rope_recomputes >= 2  # the prompts of 40 and 45 crossed 48
-    _assert_pool_whole(llm)
 
 
 def test_a_token_budget_of_32_chunks_prefill_and_matches_transformers(family):
     _arch, path, expected = family
-    llm, got = _generate(path, _prompts(), num_blocks=512, block_size=8, max_num_batched_tokens=32)
-    assert got == expected
-    _assert_pool_whole(llm)
+    _matches_transformers(path, expected, num_blocks=512, block_size=8, max_num_batched_tokens=32)
 
 
 def test_a_shared_prefix_is_served_from_the_prefix_cache(family):
     _arch, path, _ = family
-    system = list(range(10, 74))  # 64 tokens: 4 blocks of 16, longer than every window
-    questions = [[100 + i, 101 + i, 102 + i] for i in range(3)]
-    params = SamplingParams(temperature=0.0, max_tokens=6)
-    cold = LLM(str(path), num_blocks=256, block_size=16, enable_prefix_caching=False)
-    expected = [o.token_ids for o in cold.generate([system + q for q in questions], params)]
-    llm = LLM(str(path), num_blocks=256, block_size=16)
-    first = llm.generate([system + questions[0]], params)
-    rest = llm.generate([system + q for q in questions[1:]], params)
-    assert [o.num_cached_tokens for o in first + rest] == [0, 64, 64]
-    assert [o.token_ids for o in first + rest] == expected
-    _assert_pool_whole(llm)
+    # The system prompt of 64 tokens is longer than every window.
+    llm, cached, got, cold = after_a_shared_system_prompt(path, questions=3, num_blocks=256)
+    assert cached == [0, 64, 64]
+    assert got == cold
+    assert_pool_whole(llm)
 
 
 def test_a_json_schema_constrains_the_output(family):
@@ -112,7 +83,7 @@ def test_a_json_schema_constrains_the_output(family):
     out = llm.generate(["A number and a flag: " * 3], params)[0]
     value = json.loads(out.text)
     assert set(value) == {"n", "ok"} and 0 <= value["n"] <= 99 and isinstance(value["ok"], bool)
-    _assert_pool_whole(llm)
+    assert_pool_whole(llm)
 
 
 def test_longrope_requests_past_the_switch_keep_their_prefix_cache_apart(tiny_model):
@@ -132,7 +103,7 @@ def test_longrope_requests_past_the_switch_keep_their_prefix_cache_apart(tiny_mo
     assert (first.num_cached_tokens, crossing.num_cached_tokens) == (0, 0)
     assert again.num_cached_tokens == (len(long) - 1) // 16 * 16  # the last prompt token is computed
     assert [first.token_ids, crossing.token_ids] == expected and again.token_ids == crossing.token_ids
-    _assert_pool_whole(llm)
+    assert_pool_whole(llm)
 
 
 class _Oracle:
@@ -164,4 +135,4 @@ def test_longrope_with_speculation_proposes_no_token_past_the_switch(tiny_model)
     got = [o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))]
     assert got == expected
     assert llm.scheduler.stats.rope_recomputes >= 2
-    _assert_pool_whole(llm)
+    assert_pool_whole(llm)

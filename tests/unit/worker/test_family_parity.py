@@ -10,16 +10,12 @@ crosses it mid-generation is recomputed by the scheduler, tests/unit/engine/test
 
 from __future__ import annotations
 
-import random
-from pathlib import Path
-
 import pytest
-import torch
+from harness.parity import assert_prefill_matches_transformers, greedy_by_arch, seeded_prompts
 from harness.tiny_models import FAMILIES, LONGROPE_ORIGINAL
-from worker_driver import GREEDY, StepDriver
+from worker_driver import StepDriver
 
 from pagedserve.services.worker.runner import ModelRunner
-from pagedserve.shared.protocol.step import Execute, NewRequest
 
 MAX_TOKENS = 32
 PROMPT_LENGTHS = (1, 2, 7, 13, 16, 33, 64, 100, 17)
@@ -27,43 +23,13 @@ PROMPT_LENGTHS = (1, 2, 7, 13, 16, 33, 64, 100, 17)
 LONGROPE_LENGTHS = (1, 2, 7, 13, 16, 17, 49, 64, 100)
 
 
-def _prompts(arch: str, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    lengths = LONGROPE_LENGTHS if arch == "phi3-longrope" else PROMPT_LENGTHS
-    return [[rng.randrange(3, 259) for _ in range(n)] for n in lengths]
-
-
-def _reference_model(path: Path) -> torch.nn.Module:
-    import transformers
-
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        path, attn_implementation="eager", dtype=torch.float32
-    )
-
-
-@torch.inference_mode()
-def _reference_generate(path: Path, prompts: list[list[int]]) -> list[list[int]]:
-    model = _reference_model(path)
-    outputs = []
-    for prompt in prompts:
-        out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0
-        )
-        outputs.append(out[0, len(prompt) :].tolist())
-    return outputs
+def _prompts(arch: str) -> list[list[int]]:
+    return seeded_prompts(LONGROPE_LENGTHS if arch == "phi3-longrope" else PROMPT_LENGTHS)
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_model):
-    cache: dict[str, tuple[Path, list[list[int]]]] = {}
-
-    def get(arch: str) -> tuple[Path, list[list[int]]]:
-        if arch not in cache:
-            path = tiny_model(arch)
-            cache[arch] = (path, _reference_generate(path, _prompts(arch)))
-        return cache[arch]
-
-    return get
+    return greedy_by_arch(tiny_model, _prompts, MAX_TOKENS)
 
 
 def test_prompts_stay_clear_of_the_longrope_switch():
@@ -90,20 +56,8 @@ def test_batched_greedy_generation_matches_transformers(reference, arch, block_s
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_first_step_logits_match_transformers(tiny_model, arch, backend):
     path = tiny_model(arch)
-    prompts = _prompts(arch)
     runner = ModelRunner(path, block_size=16, num_blocks=128, attention_backend=backend)
-    step = Execute(0)
-    next_block = 0
-    for i, prompt in enumerate(prompts):
-        blocks = list(range(next_block, next_block + -(-len(prompt) // 16)))
-        next_block += len(blocks)
-        step.new_requests.append(NewRequest(f"r{i}", prompt, len(prompt), 0, len(prompt), blocks, GREEDY))
-    _result, logits = runner.execute_with_logits(step)
-    model = _reference_model(path)
-    with torch.inference_mode():
-        expected = torch.stack([model(torch.tensor([p])).logits[0, -1] for p in prompts])
-    assert logits is not None
-    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+    assert_prefill_matches_transformers(runner, path, _prompts(arch))
 
 
 def test_the_windows_and_caps_are_what_the_configs_say(tiny_model):

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from harness.llamacpp_convert import convert_all, dequantized_folder, find_converter
+from harness.parity import transformers_greedy
 from harness.tiny_models import make_tiny_model
 
 from pagedserve import LLM, SamplingParams
@@ -97,22 +97,6 @@ def _rope(rope: RopeConfig | None) -> tuple | None:
     return rope.rope_type, rope.theta, rope.partial, sorted(params.items())
 
 
-@torch.inference_mode()
-def _transformers_greedy(folder: Path) -> list[list[int]]:
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, attn_implementation="eager", dtype=torch.float32
-    )
-    out = []
-    for prompt in PROMPTS:
-        ids = model.generate(
-            torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0
-        )
-        out.append(ids[0, len(prompt) :].tolist())
-    return out
-
-
 def _served(file: Path, quantization: str) -> tuple[list[list[int]], str]:
     llm = LLM(str(file), num_blocks=128, quantization=quantization)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -138,13 +122,15 @@ def test_float32_file_gives_transformers_tokens(files, case) -> None:
     assert ours.tie_word_embeddings == theirs.tie_word_embeddings
     served, weights = _served(file, "none")
     assert weights == "float32"
-    assert served == _transformers_greedy(folder)
+    assert served == transformers_greedy(folder, PROMPTS, MAX_TOKENS)
 
 
 def test_f16_file_gives_transformers_tokens_on_its_weights(files, tmp_path) -> None:
     folder, file = files["gemma3-F16"]
     served, _ = _served(file, "none")
-    assert served == _transformers_greedy(dequantized_folder(folder, file, tmp_path / "reference"))
+    assert served == transformers_greedy(
+        dequantized_folder(folder, file, tmp_path / "reference"), PROMPTS, MAX_TOKENS
+    )
 
 
 @pytest.mark.parametrize(("arch", "type_name"), QUANTIZED, ids=[f"{a}-{t}" for a, t in QUANTIZED])
@@ -154,7 +140,9 @@ def test_quantized_file_stays_packed_near_transformers_on_its_weights(
     folder, file = files[f"{arch}-{type_name}"]
     served, weights = _served(file, "gguf")
     assert weights.startswith(f"gguf {type_name}"), weights
-    reference = _transformers_greedy(dequantized_folder(folder, file, tmp_path / "reference"))
+    reference = transformers_greedy(
+        dequantized_folder(folder, file, tmp_path / "reference"), PROMPTS, MAX_TOKENS
+    )
     assert [s[0] for s in served] == [r[0] for r in reference]
     same = sum(s == r for s, r in zip(served, reference, strict=True))
     assert same >= len(PROMPTS) - 1, f"{same}/{len(PROMPTS)} prompts matched token for token"
