@@ -417,17 +417,7 @@ class SchedulerService:
         moved = self.core.remove_worker(wid)
         if held and not self.bm.down:
             self.bm.rpc([Free(rid, 0) for rid in held])
-        self.metrics.workers_lost.inc()
-        if self.watch.lost(wid, reason, time.monotonic()):
-            self.metrics.step_timeouts.inc()
-        self.metrics.workers.set(len(self.liveness.active_ids()))
-        self.log.warning(
-            "worker_lost",
-            worker_id=wid,
-            reason=reason,
-            requeued=len(moved),
-            was_active=bool(link and link.active),
-        )
+        self.count_lost(wid, reason, requeued=len(moved), was_active=bool(link and link.active))
 
     def suspend_worker(self, link: WorkerLink, reason: str) -> None:
         """Lost, but its pool lives on in shared memory: its running requests wait for it (they resume
@@ -436,19 +426,22 @@ class SchedulerService:
         out = self.core.suspend_worker(wid, time.monotonic(), link.pool_epoch, link.incarnation)
         if out.frees:
             self.bm.rpc(out.frees)
-        self.metrics.workers_lost.inc()
-        if self.watch.lost(wid, reason, time.monotonic()):
-            self.metrics.step_timeouts.inc()
-        self.metrics.workers.set(len(self.liveness.active_ids()))
-        self.log.warning(
-            "worker_lost",
-            worker_id=wid,
-            reason=reason,
+        self.count_lost(
+            wid,
+            reason,
             suspended=True,
             parked=len(out.parked),
             requeued=len(out.moved),
             resume_timeout_s=self.config.kv_resume_timeout_s,
         )
+
+    def count_lost(self, wid: str, reason: str, **detail: object) -> None:
+        """A lost worker in the metrics (and its step timeout, if that is why) and the log."""
+        self.metrics.workers_lost.inc()
+        if self.watch.lost(wid, reason, time.monotonic()):
+            self.metrics.step_timeouts.inc()
+        self.metrics.workers.set(len(self.liveness.active_ids()))
+        self.log.warning("worker_lost", worker_id=wid, reason=reason, **detail)
 
     def give_up_worker(self, wid: str, why: str) -> None:
         """A suspended worker's requests stop waiting for it: they recompute elsewhere."""
