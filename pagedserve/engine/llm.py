@@ -77,25 +77,7 @@ class LLM:
         tokenizer, max_model_len = config.tokenizer, config.max_model_len
         checkpoint = load_checkpoint(model, tokenizer)
         self.tokenizer = load_tokenizer(checkpoint.tokenizer_path)
-        self.runner = ModelRunner(
-            checkpoint.path,
-            dtype=config.dtype,
-            device=config.device,
-            block_size=config.block_size,
-            num_blocks=config.num_blocks,
-            kv_cache_memory=config.kv_cache_memory,
-            kv_cache_share=config.kv_cache_share,
-            max_num_seqs=config.max_num_seqs,
-            max_model_len=max_model_len,
-            attention_backend=config.attention_backend,
-            quantization=config.quantization,
-            tokenizer=checkpoint.tokenizer_path,
-            kv_cache_dtype=config.kv_cache_dtype,
-            speculative_config=config.speculative_config,
-            max_loras=config.max_loras,
-            max_lora_rank=config.max_lora_rank,
-            max_cpu_loras=config.max_cpu_loras,
-        )
+        self.runner = ModelRunner.from_config(checkpoint.path, config, tokenizer=checkpoint.tokenizer_path)
         self.max_model_len = checkpoint.served_len(max_model_len)
         check_fits(self.runner.pool_sizing, self.max_model_len)
         limits = SchedulerLimits.from_config(config, self.max_model_len, checkpoint.rope_switch_at)

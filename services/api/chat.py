@@ -9,20 +9,18 @@ from fastapi.responses import Response
 
 from pagedserve.services.api.chat_plan import ChatPlan, plan_chat
 from pagedserve.services.api.choices import Reading, chat_choice, usage_body
-from pagedserve.services.api.disconnect import ClientGone
 from pagedserve.services.api.errors import as_api_errors
 from pagedserve.services.api.generation import Fanout, generate_all
 from pagedserve.services.api.sampling import Prompt
 from pagedserve.services.api.schemas import ChatCompletionRequest
 from pagedserve.services.api.state import (
-    CLIENT_CLOSED_REQUEST,
     APIState,
-    api_state,
     caller,
     check_model,
     now_s,
     response_id,
     run_unless_disconnected,
+    serving_state,
     stream_response,
 )
 from pagedserve.services.api.streaming import StreamShape, chat_chunks
@@ -33,9 +31,7 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions", response_model=None)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> dict[str, Any] | Response:
-    state = api_state(request)
-    check_model(state, body.model)
-    state.card.kind.require("generate", "/v1/chat/completions", state.card.name)
+    state = serving_state(request, body.model, "generate", "/v1/chat/completions")
     plan = plan_chat(state, body)
     with constraint_errors(plan.constraint):  # the scheduler refused the constraint: name the request's field
         return await _run(request, body, state, plan)
@@ -61,14 +57,11 @@ async def _run(
         with as_api_errors("messages"):
             fanout = await Fanout.open(state.client, prompts, sampling, rid, caller(request, body.user), lora)
         return await stream_response(request, fanout, lambda events: chat_chunks(shape, events), "messages")
-    try:
-        (result,) = await run_unless_disconnected(
-            request,
-            generate_all(state.client, prompts, sampling, rid, caller(request, body.user), lora),
-            "messages",
-        )
-    except ClientGone:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    (result,) = await run_unless_disconnected(
+        request,
+        generate_all(state.client, prompts, sampling, rid, caller(request, body.user), lora),
+        "messages",
+    )
     return {
         "id": rid,
         "object": "chat.completion",

@@ -8,7 +8,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from pagedserve.services.api.choices import completion_choice, usage_body
-from pagedserve.services.api.disconnect import ClientGone
 from pagedserve.services.api.echo import without_generated
 from pagedserve.services.api.errors import as_api_errors
 from pagedserve.services.api.generation import Fanout, generate_all
@@ -20,14 +19,13 @@ from pagedserve.services.api.sampling import (
 )
 from pagedserve.services.api.schemas import CompletionRequest
 from pagedserve.services.api.state import (
-    CLIENT_CLOSED_REQUEST,
     APIState,
-    api_state,
     caller,
     check_model,
     now_s,
     response_id,
     run_unless_disconnected,
+    serving_state,
     stream_response,
 )
 from pagedserve.services.api.streaming import StreamShape, completion_chunks
@@ -39,9 +37,7 @@ router = APIRouter()
 
 @router.post("/v1/completions", response_model=None)
 async def create_completion(body: CompletionRequest, request: Request) -> dict[str, Any] | Response:
-    state = api_state(request)
-    check_model(state, body.model)
-    state.card.kind.require("generate", "/v1/completions", state.card.name)
+    state = serving_state(request, body.model, "generate", "/v1/completions")
     constraint = request_constraint(body)
     sampling = completion_sampling(body, constraint)
     prompts = completion_prompts(body)
@@ -84,14 +80,11 @@ async def _run(
         return await stream_response(
             request, fanout, lambda events: completion_chunks(shape, events), "prompt"
         )
-    try:
-        results = await run_unless_disconnected(
-            request,
-            generate_all(state.client, prompts, sampling, rid, caller(request, body.user), lora),
-            "prompt",
-        )
-    except ClientGone:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    results = await run_unless_disconnected(
+        request,
+        generate_all(state.client, prompts, sampling, rid, caller(request, body.user), lora),
+        "prompt",
+    )
     choices = [
         completion_choice(
             card,

@@ -14,8 +14,10 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from starlette.requests import Request
+from starlette.responses import Response
 
 T = TypeVar("T")
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client hung up first"; nobody reads it
 
 
 class ClientGone(Exception):
@@ -57,3 +59,9 @@ def on_disconnect(request: Request, callback: Callable[[], Awaitable[None]]) -> 
         await callback()
 
     return asyncio.create_task(watch())
+
+
+async def on_client_gone(request: Request, exc: Exception) -> Response:
+    """The app's handler: a route that raised ClientGone is answered 499 (the metrics count it)."""
+    assert isinstance(exc, ClientGone)
+    return Response(status_code=CLIENT_CLOSED_REQUEST)

@@ -12,21 +12,17 @@ import base64
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
 
-from pagedserve.services.api.disconnect import ClientGone
 from pagedserve.services.api.errors import APIError
 from pagedserve.services.api.generation import generate_all
 from pagedserve.services.api.pooling_schemas import MAX_INPUTS, EmbeddingRequest
 from pagedserve.services.api.sampling import Prompt
 from pagedserve.services.api.state import (
-    CLIENT_CLOSED_REQUEST,
     APIState,
-    api_state,
     caller,
-    check_model,
     response_id,
     run_unless_disconnected,
+    serving_state,
 )
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.pooling import PoolingParams, unpack_floats
@@ -72,11 +68,9 @@ async def pooled(
 
 
 @router.post("/v1/embeddings", response_model=None)
-async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any] | Response:
-    state = api_state(request)
-    check_model(state, body.model)
+async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
+    state = serving_state(request, body.model, "embed", "/v1/embeddings")
     kind = state.card.kind
-    kind.require("embed", "/v1/embeddings", state.card.name)
     prompts = embedding_prompts(body.input)
     if body.dimensions is not None and state.card.hidden_size and body.dimensions > state.card.hidden_size:
         raise APIError(
@@ -87,19 +81,16 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[st
         )
     normalize = kind.normalize if body.normalize is None else body.normalize
     pooling = PoolingParams(pooling=kind.pooling, normalize=normalize, dimensions=body.dimensions)
-    try:
-        results = await pooled(
-            request,
-            state,
-            prompts,
-            pooling,
-            response_id(request, "embd"),
-            caller(request, body.user),
-            body.priority,
-            "input",
-        )
-    except ClientGone:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    results = await pooled(
+        request,
+        state,
+        prompts,
+        pooling,
+        response_id(request, "embd"),
+        caller(request, body.user),
+        body.priority,
+        "input",
+    )
     data = []
     for i, result in enumerate(results):
         assert result.pooled is not None

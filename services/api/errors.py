@@ -1,9 +1,10 @@
 """Errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, and their HTTP status.
 
 Every refusal is an APIError raised where it is found; the app's handlers turn it (and FastAPI's own
-validation and routing errors) into the body. A code from the scheduler (RequestError.code) maps to
-a status here, in one table: bad input is a 400, load a 429, nobody to serve a 503. Never a 500
-for bad input: anything not in the table is the server's fault, and says so.
+validation and routing errors) into the body, and a client's hang-up (ClientGone) into a bare 499.
+A code from the scheduler (RequestError.code) maps to a status here, in one table: bad input is a
+400, load a 429, nobody to serve a 503. Never a 500 for bad input: anything not in the table is the
+server's fault, and says so.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pagedserve.services.api.disconnect import ClientGone, on_client_gone
 from pagedserve.shared.sdk import RequestError
 
 ERROR_TYPES = {
@@ -163,6 +165,7 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
 
 HANDLERS = {
     APIError: on_api_error,
+    ClientGone: on_client_gone,
     RequestValidationError: on_validation_error,
     StarletteHTTPException: on_http_error,
 }

@@ -103,20 +103,21 @@ def _require_admin(request: Request) -> None:
 async def load_lora_adapter(request: Request) -> dict[str, Any]:
     """vLLM's shape: {"lora_name": ..., "lora_path": ...}; refused (400 naming the file or module) when
     the adapter does not fit the base model, and nothing changes."""
-    _require_admin(request)
-    body = await request.json()
-    return await _scheduler_ops(
-        api_state(request), "POST", "/loras/load", body if isinstance(body, dict) else {}
-    )
+    return await _lora_op(request, "load")
 
 
 @router.post("/v1/unload_lora_adapter")
 async def unload_lora_adapter(request: Request) -> dict[str, Any]:
     """{"lora_name": ...}; 409 naming the live requests that use it (they are not waited for)."""
+    return await _lora_op(request, "unload")
+
+
+async def _lora_op(request: Request, op: str) -> dict[str, Any]:
+    """An admin's LoRA load or unload, passed to the scheduler's ops route as the client wrote it."""
     _require_admin(request)
     body = await request.json()
     return await _scheduler_ops(
-        api_state(request), "POST", "/loras/unload", body if isinstance(body, dict) else {}
+        api_state(request), "POST", f"/loras/{op}", body if isinstance(body, dict) else {}
     )
 
 

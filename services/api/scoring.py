@@ -14,21 +14,17 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
 
-from pagedserve.services.api.disconnect import ClientGone
 from pagedserve.services.api.embeddings import pooled
 from pagedserve.services.api.errors import APIError
 from pagedserve.services.api.pooling_schemas import MAX_INPUTS, RerankDocument, RerankRequest, ScoreRequest
 from pagedserve.services.api.rerank_template import judge_prompt, judged_score
 from pagedserve.services.api.sampling import Prompt
 from pagedserve.services.api.state import (
-    CLIENT_CLOSED_REQUEST,
     APIState,
-    api_state,
     caller,
-    check_model,
     now_s,
+    serving_state,
 )
 from pagedserve.shared.protocol.pooling import PoolingParams
 
@@ -107,17 +103,12 @@ def _cosine(a: list[float], b: list[float]) -> float:
 
 @router.post("/v1/score", response_model=None)
 @router.post("/score", response_model=None, include_in_schema=False)
-async def create_score(body: ScoreRequest, request: Request) -> dict[str, Any] | Response:
-    state = api_state(request)
-    check_model(state, body.model)
-    state.card.kind.require("score", "/v1/score", state.card.name)
+async def create_score(body: ScoreRequest, request: Request) -> dict[str, Any]:
+    state = serving_state(request, body.model, "score", "/v1/score")
     pairs = _pairs(body.text_1, body.text_2)
-    try:
-        scores, tokens = await score_pairs(
-            request, state, pairs, body.instruction, caller(request, body.user), body.priority, "text_2"
-        )
-    except ClientGone:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    scores, tokens = await score_pairs(
+        request, state, pairs, body.instruction, caller(request, body.user), body.priority, "text_2"
+    )
     return {
         "id": f"score-{uuid.uuid4().hex}",
         "object": "list",
@@ -131,18 +122,13 @@ async def create_score(body: ScoreRequest, request: Request) -> dict[str, Any] |
 @router.post("/v1/rerank", response_model=None)
 @router.post("/v2/rerank", response_model=None, include_in_schema=False)
 @router.post("/rerank", response_model=None, include_in_schema=False)
-async def create_rerank(body: RerankRequest, request: Request) -> dict[str, Any] | Response:
-    state = api_state(request)
-    check_model(state, body.model)
-    state.card.kind.require("score", "/v1/rerank", state.card.name)
+async def create_rerank(body: RerankRequest, request: Request) -> dict[str, Any]:
+    state = serving_state(request, body.model, "score", "/v1/rerank")
     documents = [d.text if isinstance(d, RerankDocument) else d for d in body.documents]
     pairs = [(body.query, d) for d in documents]
-    try:
-        scores, tokens = await score_pairs(
-            request, state, pairs, body.instruction, caller(request, body.user), body.priority, "documents"
-        )
-    except ClientGone:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    scores, tokens = await score_pairs(
+        request, state, pairs, body.instruction, caller(request, body.user), body.priority, "documents"
+    )
     ranked = sorted(range(len(scores)), key=lambda i: -scores[i])
     if body.top_n is not None:
         ranked = ranked[: body.top_n]

@@ -12,7 +12,7 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from pagedserve.services.api.disconnect import ClientGone, on_disconnect, unless_disconnected
+from pagedserve.services.api.disconnect import on_disconnect, unless_disconnected
 from pagedserve.services.api.errors import APIError, as_api_errors
 from pagedserve.services.api.generation import Event, Fanout
 from pagedserve.services.api.metrics import APIMetrics
@@ -22,7 +22,6 @@ from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.sdk import AsyncClient
 
 MAX_REQUEST_ID_CHARS = 64
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client hung up first"; nobody reads it
 
 
 @dataclass(slots=True)
@@ -61,6 +60,15 @@ def check_model(state: APIState, model: str) -> str | None:
     )
 
 
+def serving_state(request: Request, model: str, runner: str, path: str) -> APIState:
+    """The app's state, once the request's `model` is one we serve (check_model) and the model is
+    served as `runner`, which `path` needs (a 400 naming the flag otherwise)."""
+    state = api_state(request)
+    check_model(state, model)
+    state.card.kind.require(runner, path, state.card.name)
+    return state
+
+
 def response_id(request: Request, prefix: str) -> str:
     """`<prefix>-<X-Request-Id>` when the client sent one (echoed by the request-id middleware)."""
     given = request.headers.get("x-request-id")
@@ -81,7 +89,8 @@ def now_s() -> int:
 
 
 async def run_unless_disconnected(request: Request, work: Any, prompt_field: str) -> Any:
-    """A non-streamed request's work; a hang-up cancels it (aborting its requests) -> 499."""
+    """A non-streamed request's work; a hang-up cancels it (aborting its requests) and raises
+    ClientGone, which the app answers 499."""
     with as_api_errors(prompt_field):
         return await unless_disconnected(request, work)
 
@@ -98,10 +107,7 @@ async def stream_response(
     try:
         with as_api_errors(prompt_field):
             first = await unless_disconnected(request, anext(events))
-    except ClientGone:
-        await fanout.close()
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    except BaseException:
+    except BaseException:  # a refusal, or a hang-up (ClientGone: the app answers 499)
         await fanout.close()
         raise
 

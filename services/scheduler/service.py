@@ -40,6 +40,7 @@ from pagedserve.services.scheduler.metrics import SchedulerMetrics
 from pagedserve.services.scheduler.model_info import ModelInfo, load_model_info
 from pagedserve.services.scheduler.ops_view import SchedulerWatch
 from pagedserve.services.scheduler.planning import StepPlan
+from pagedserve.services.scheduler.request import Request
 from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.services.scheduler.step_clock import StepClock
 from pagedserve.shared import ops_page
@@ -439,24 +440,8 @@ class SchedulerService:
         if link is not None and link.active and link.pool_epoch and not self.bm.down:
             self.suspend_worker(link, reason)
             return
-        # If only we think it is dead, the block manager still holds these tables: free them.
-        # (The worker runs steps in order, so a step still queued there ends before any new one.)
-        # Steps in flight may never run: nothing of these tables counts as written (num_computed 0).
-        held = self.core.live_request_ids(wid)
-        moved = self.core.remove_worker(wid)
-        if held and not self.bm.down:
-            self.bm.send([Free(rid, 0) for rid in held], time.monotonic())
-        self.metrics.workers_lost.inc()
-        if self.watch.lost(wid, reason, time.monotonic()):
-            self.metrics.step_timeouts.inc()
-        self.metrics.workers.set(len(self.liveness.active_ids()))
-        self.log.warning(
-            "worker_lost",
-            worker_id=wid,
-            reason=reason,
-            requeued=len(moved),
-            was_active=bool(link and link.active),
-        )
+        moved = self.recompute_elsewhere(wid)
+        self.count_lost(wid, reason, requeued=len(moved), was_active=bool(link and link.active))
 
     def suspend_worker(self, link: WorkerLink, reason: str) -> None:
         """Lost, but its pool lives on in shared memory: its running requests wait for it (they resume
@@ -465,26 +450,38 @@ class SchedulerService:
         out = self.core.suspend_worker(wid, time.monotonic(), link.pool_epoch, link.incarnation)
         if out.frees:
             self.bm.send(out.frees, time.monotonic())
-        self.metrics.workers_lost.inc()
-        if self.watch.lost(wid, reason, time.monotonic()):
-            self.metrics.step_timeouts.inc()
-        self.metrics.workers.set(len(self.liveness.active_ids()))
-        self.log.warning(
-            "worker_lost",
-            worker_id=wid,
-            reason=reason,
+        self.count_lost(
+            wid,
+            reason,
             suspended=True,
             parked=len(out.parked),
             requeued=len(out.moved),
             resume_timeout_s=self.config.kv_resume_timeout_s,
         )
 
-    def give_up_worker(self, wid: str, why: str) -> None:
-        """A suspended worker's requests stop waiting for it: they recompute elsewhere."""
+    def recompute_elsewhere(self, wid: str) -> list[Request]:
+        """The worker's requests move to other workers; the tables the block manager holds for them
+        are freed. If only we think it is dead, it still holds them (the worker runs steps in order,
+        so a step still queued there ends before any new one). Steps in flight may never run:
+        nothing of these tables counts as written (num_computed 0). The frees follow any batch of
+        this worker's still out, so they also free what that batch makes."""
         held = self.core.live_request_ids(wid)
         moved = self.core.remove_worker(wid)
         if held and not self.bm.down:
             self.bm.send([Free(rid, 0) for rid in held], time.monotonic())
+        return moved
+
+    def count_lost(self, wid: str, reason: str, **detail: object) -> None:
+        """A lost worker in the metrics (and its step timeout, if that is why) and the log."""
+        self.metrics.workers_lost.inc()
+        if self.watch.lost(wid, reason, time.monotonic()):
+            self.metrics.step_timeouts.inc()
+        self.metrics.workers.set(len(self.liveness.active_ids()))
+        self.log.warning("worker_lost", worker_id=wid, reason=reason, **detail)
+
+    def give_up_worker(self, wid: str, why: str) -> None:
+        """A suspended worker's requests stop waiting for it: they recompute elsewhere."""
+        moved = self.recompute_elsewhere(wid)
         self.log.warning("suspended_worker_given_up", worker_id=wid, reason=why, requeued=len(moved))
 
     def on_step_result(self, wid: str, result: StepResult, now: float) -> None:

@@ -34,12 +34,38 @@ from pagedserve.services.worker.sampler import Sampler, SamplingRequest
 from pagedserve.services.worker.verification import ScoredRequest, accepted_run, sampling_rows
 from pagedserve.services.worker.weights.loader import load_model, resolve_dtype, torch_dtype
 from pagedserve.shared import failpoints
-from pagedserve.shared.config import config_default
+from pagedserve.shared.config import ServeConfig, config_default
 from pagedserve.shared.protocol.step import Execute, Fork, Speculated, StepResult
 from pagedserve.shared.speculative_config import SpeculativeConfig
 
+# The ServeConfig fields a runner takes as they are, by the same names (ModelRunner.from_config).
+CONFIGURED = (
+    "dtype",
+    "device",
+    "block_size",
+    "num_blocks",
+    "kv_cache_memory",
+    "kv_cache_share",
+    "max_num_seqs",
+    "max_model_len",
+    "attention_backend",
+    "quantization",
+    "tokenizer",
+    "kv_cache_dtype",
+    "speculative_config",
+    "max_loras",
+    "max_lora_rank",
+    "max_cpu_loras",
+)
+
 
 class ModelRunner:
+    @classmethod
+    def from_config(cls, model_path: str | Path, config: ServeConfig, **given: Any) -> ModelRunner:
+        """A runner with `config`'s CONFIGURED fields; `given` adds or replaces keywords (a worker's
+        defer_pool, the engine's tokenizer folder)."""
+        return cls(model_path, **({name: getattr(config, name) for name in CONFIGURED} | given))
+
     def __init__(
         self,
         model_path: str | Path,

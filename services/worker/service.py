@@ -85,28 +85,14 @@ class WorkerService:
                 import torch
 
                 torch.set_num_threads(config.num_threads)
-            self.runner = ModelRunner(
+            self.runner = ModelRunner.from_config(
                 self.model_path,
-                dtype=config.dtype,
-                device=config.device,
-                block_size=config.block_size,
-                num_blocks=config.num_blocks,
-                kv_cache_memory=config.kv_cache_memory,
-                kv_cache_share=config.kv_cache_share,
+                config,
+                # What only a deployment's worker reads (an engine in one process keeps the defaults).
                 workers_per_machine=config.workers_per_machine,
-                max_num_seqs=config.max_num_seqs,
-                max_model_len=config.max_model_len,
-                attention_backend=config.attention_backend,
                 gpu_memory_utilization=config.gpu_memory_utilization,
                 prepack_weights=config.prepack_weights,
-                quantization=config.quantization,
-                tokenizer=config.tokenizer,
-                kv_cache_dtype=config.kv_cache_dtype,
                 defer_pool=True,  # its name decides which segment holds it
-                speculative_config=config.speculative_config,
-                max_loras=config.max_loras,
-                max_lora_rank=config.max_lora_rank,
-                max_cpu_loras=config.max_cpu_loras,
             )
             # The start-time adapters are checked against the model now: a bad one stops the worker
             # with the file or module named, not the first request that uses it.

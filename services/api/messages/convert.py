@@ -13,10 +13,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from pagedserve.services.api.chat_translation import function_tools, joined_text
 from pagedserve.services.api.errors import APIError, describe_validation
 from pagedserve.services.api.messages.schemas import CountTokensRequest, MessagesRequest
 from pagedserve.services.api.schemas import (
@@ -28,73 +30,73 @@ from pagedserve.services.api.schemas import (
     ToolCall,
 )
 
+T = TypeVar("T")
+THINKING = ("thinking", "redacted_thinking")  # past reasoning: chat templates leave it out
+
 
 def _bad(field: str, message: str, code: str = "invalid_value") -> APIError:
     return APIError(400, f"{field}: {message}", field, code)
 
 
+def _unsupported(where: str, kind: Any, served: str = "text") -> APIError:
+    return _bad(where, f"block type {kind!r} is not supported here ({served} only)", "unsupported")
+
+
 def _text_of(content: Any, field: str) -> str:
     """A string, or text blocks (tool results may hold them) -> the text."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise _bad(field, "must be a string or a list of content blocks")
-    parts = []
+    return joined_text(content, field, ("text",), "content blocks", _unsupported)
+
+
+def _blocks(
+    content: list[dict[str, Any]],
+    field: str,
+    other: str,
+    read: Callable[[dict[str, Any], str], T],
+    dropped: tuple[str, ...] = (),
+) -> tuple[list[str], list[T]]:
+    """A message's blocks -> its texts, and its `other` blocks as `read(block, where)` makes them, in
+    order; `dropped` kinds are left out, any other kind is a 400 naming the block."""
+    texts, others = [], []
     for j, block in enumerate(content):
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind != "text":
-            raise _bad(
-                f"{field}[{j}]", f"block type {kind!r} is not supported here (text only)", "unsupported"
-            )
-        parts.append(str(block.get("text", "")))
-    return "".join(parts)
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(str(block.get("text", "")))
+        elif kind == other:
+            others.append(read(block, f"{field}[{j}]"))
+        elif kind not in dropped:
+            raise _unsupported(f"{field}[{j}]", kind, f"text and {other}")
+    return texts, others
+
+
+def _tool_turn(block: dict[str, Any], where: str) -> ChatMessage:
+    """A tool_result block -> the tool turn answering its tool_use_id."""
+    if not isinstance(block.get("tool_use_id"), str):
+        raise _bad(f"{where}.tool_use_id", "must be a string")
+    text = _text_of(block.get("content", ""), f"{where}.content")
+    if block.get("is_error"):
+        text = f"Error: {text}"
+    return ChatMessage(role="tool", content=text, tool_call_id=block["tool_use_id"])
+
+
+def _tool_call(block: dict[str, Any], where: str) -> ToolCall:
+    """A tool_use block -> the tool call, its input as JSON arguments."""
+    if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+        raise _bad(where, "a tool_use block needs a string id and name")
+    arguments = json.dumps(block.get("input", {}))
+    return ToolCall(id=block["id"], function=FunctionCall(name=block["name"], arguments=arguments))
 
 
 def _user_turns(content: Any, field: str) -> list[ChatMessage]:
     if isinstance(content, str):
         return [ChatMessage(role="user", content=content)]
-    results, texts = [], []
-    for j, block in enumerate(content):
-        kind = block.get("type")
-        where = f"{field}[{j}]"
-        if kind == "text":
-            texts.append(str(block.get("text", "")))
-        elif kind == "tool_result":
-            if not isinstance(block.get("tool_use_id"), str):
-                raise _bad(f"{where}.tool_use_id", "must be a string")
-            text = _text_of(block.get("content", ""), f"{where}.content")
-            if block.get("is_error"):
-                text = f"Error: {text}"
-            results.append(ChatMessage(role="tool", content=text, tool_call_id=block["tool_use_id"]))
-        else:
-            raise _bad(
-                where, f"block type {kind!r} is not supported here (text and tool_result only)", "unsupported"
-            )
+    texts, results = _blocks(content, field, "tool_result", _tool_turn)
     return results + ([ChatMessage(role="user", content="".join(texts))] if texts else [])
 
 
 def _assistant_turn(content: Any, field: str) -> ChatMessage:
     if isinstance(content, str):
         return ChatMessage(role="assistant", content=content)
-    texts, calls = [], []
-    for j, block in enumerate(content):
-        kind = block.get("type")
-        where = f"{field}[{j}]"
-        if kind == "text":
-            texts.append(str(block.get("text", "")))
-        elif kind == "tool_use":
-            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-                raise _bad(where, "a tool_use block needs a string id and name")
-            arguments = json.dumps(block.get("input", {}))
-            calls.append(
-                ToolCall(id=block["id"], function=FunctionCall(name=block["name"], arguments=arguments))
-            )
-        elif kind in ("thinking", "redacted_thinking"):
-            continue
-        else:
-            raise _bad(
-                where, f"block type {kind!r} is not supported here (text and tool_use only)", "unsupported"
-            )
+    texts, calls = _blocks(content, field, "tool_use", _tool_call, THINKING)
     return ChatMessage(role="assistant", content="".join(texts) or None, tool_calls=calls or None)
 
 
@@ -113,29 +115,24 @@ def chat_turns(body: CountTokensRequest) -> list[ChatMessage]:
     return turns
 
 
+def _custom_function(tool: dict[str, Any], field: str) -> dict[str, Any]:
+    """A custom tool -> chat's function: its input_schema is the parameters."""
+    kind = tool.get("type", "custom")
+    if kind != "custom" or "input_schema" not in tool:
+        raise _bad(
+            field,
+            f"tool type {kind!r} is not supported here (custom tools with an input_schema only)",
+            "unsupported",
+        )
+    return {
+        "name": tool.get("name"),
+        "description": tool.get("description"),
+        "parameters": tool["input_schema"],
+    }
+
+
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[Tool] | None:
-    if not tools:
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        kind = tool.get("type", "custom")
-        if kind != "custom" or "input_schema" not in tool:
-            raise _bad(
-                f"tools[{i}]",
-                f"tool type {kind!r} is not supported here (custom tools with an input_schema only)",
-                "unsupported",
-            )
-        function = {
-            "name": tool.get("name"),
-            "description": tool.get("description"),
-            "parameters": tool["input_schema"],
-        }
-        try:
-            out.append(Tool.model_validate({"type": "function", "function": function}))
-        except ValidationError as exc:
-            message, param = describe_validation(exc.errors(), drop_prefix=("function",))
-            raise APIError(400, f"tools[{i}].{message}", f"tools[{i}].{param}", "invalid_value") from None
-    return out
+    return function_tools(tools, _custom_function)
 
 
 def chat_tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:

@@ -16,7 +16,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from pagedserve.services.api.chat_plan import ChatPlan, plan_chat
-from pagedserve.services.api.disconnect import ClientGone
 from pagedserve.services.api.errors import APIError, anthropic_error_body, as_api_errors, from_request_error
 from pagedserve.services.api.generation import Event, Fanout, generate_all
 from pagedserve.services.api.messages.body import (
@@ -32,12 +31,10 @@ from pagedserve.services.api.messages.stop import StopCutter
 from pagedserve.services.api.output_reader import OutputReader
 from pagedserve.services.api.sampling import Prompt
 from pagedserve.services.api.state import (
-    CLIENT_CLOSED_REQUEST,
     APIState,
-    api_state,
     caller,
-    check_model,
     run_unless_disconnected,
+    serving_state,
     stream_response,
 )
 from pagedserve.services.api.structured import constraint_errors
@@ -46,21 +43,20 @@ from pagedserve.shared.sdk import RequestError, Result, StreamDelta
 router = APIRouter()
 
 
-def _plan(state: APIState, body: CountTokensRequest, stream: bool = False) -> ChatPlan:
-    check_model(state, body.model)
-    state.card.kind.require("generate", "/v1/messages", state.card.name)
-    return plan_chat(state, chat_request(body, stream))
+def _plan(request: Request, body: CountTokensRequest, stream: bool = False) -> tuple[APIState, ChatPlan]:
+    state = serving_state(request, body.model, "generate", "/v1/messages")
+    return state, plan_chat(state, chat_request(body, stream))
 
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
-    return {"input_tokens": len(_plan(api_state(request), body).token_ids)}
+    _, plan = _plan(request, body)
+    return {"input_tokens": len(plan.token_ids)}
 
 
 @router.post("/v1/messages", response_model=None)
 async def create_message(body: MessagesRequest, request: Request) -> dict[str, Any] | Response:
-    state = api_state(request)
-    plan = _plan(state, body, body.stream)
+    state, plan = _plan(request, body, body.stream)
     user = body.user_profile_id or (body.metadata or {}).get("user_id")
     who = caller(request, user[:256] if isinstance(user, str) and user else None)
     prompts = [Prompt(token_ids=plan.token_ids)]
@@ -77,11 +73,8 @@ async def create_message(body: MessagesRequest, request: Request) -> dict[str, A
                 lambda events: _events(state, mid, len(plan.token_ids), reader, cutter, events),
                 "messages",
             )
-        try:
-            work = generate_all(state.client, prompts, plan.sampling, mid, who)
-            (result,) = await run_unless_disconnected(request, work, "messages")
-        except ClientGone:
-            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        work = generate_all(state.client, prompts, plan.sampling, mid, who)
+        (result,) = await run_unless_disconnected(request, work, "messages")
     cutter = StopCutter(body.stop_sequences)
     reader = _reader(state, plan)
     blocks = ContentBlocks()

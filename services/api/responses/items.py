@@ -13,16 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
-
-from pagedserve.services.api.errors import APIError, describe_validation
-from pagedserve.services.api.schemas import (
-    ChatMessage,
-    FunctionCall,
-    NamedToolChoice,
-    Tool,
-    ToolCall,
-)
+from pagedserve.services.api.chat_translation import function_tools, joined_text
+from pagedserve.services.api.errors import APIError
+from pagedserve.services.api.schemas import ChatMessage, FunctionCall, NamedToolChoice, Tool, ToolCall
 
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 ROLES = ("user", "system", "developer", "assistant")
@@ -42,17 +35,13 @@ def _unsupported(field: str, kind: str, what: str) -> APIError:
 
 
 def _text(content: Any, field: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise _bad(field, "must be a string or a list of content parts")
-    out = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in TEXT_PARTS:
-            raise _unsupported(f"{field}[{j}]", str(kind), "content part type")
-        out.append(str(part.get("text", part.get("refusal", ""))))
-    return "".join(out)
+    return joined_text(
+        content,
+        field,
+        TEXT_PARTS,
+        "content parts",
+        lambda where, kind: _unsupported(where, str(kind), "content part type"),
+    )
 
 
 def normalize_items(given: str | list[dict[str, Any]], field: str = "input") -> list[dict[str, Any]]:
@@ -117,22 +106,17 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list
     return turns
 
 
+def _function(tool: dict[str, Any], field: str) -> dict[str, Any]:
+    """A Responses function tool is flat: chat's function is its fields but `type`."""
+    kind = tool.get("type")
+    if kind != "function":
+        raise _unsupported(field, str(kind), "tool type")  # a built-in tool (web_search...)
+    return {k: v for k, v in tool.items() if k != "type"}
+
+
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[Tool] | None:
     """Responses' flat function tools -> chat's nested ones; a built-in tool is a 400 naming it."""
-    if not tools:
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        kind = tool.get("type")
-        if kind != "function":
-            raise _unsupported(f"tools[{i}]", str(kind), "tool type")
-        function = {k: v for k, v in tool.items() if k != "type"}
-        try:
-            out.append(Tool.model_validate({"type": "function", "function": function}))
-        except ValidationError as exc:
-            message, param = describe_validation(exc.errors(), drop_prefix=("function",))
-            raise APIError(400, f"tools[{i}].{message}", f"tools[{i}].{param}", "invalid_value") from None
-    return out
+    return function_tools(tools, _function)
 
 
 def chat_tool_choice(choice: str | dict[str, Any] | None) -> Any:

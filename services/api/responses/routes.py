@@ -18,7 +18,6 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from pagedserve.services.api.chat_plan import ChatPlan, plan_chat
-from pagedserve.services.api.disconnect import ClientGone
 from pagedserve.services.api.errors import APIError, as_api_errors
 from pagedserve.services.api.generation import Fanout, generate_all
 from pagedserve.services.api.output_reader import OutputReader
@@ -36,13 +35,12 @@ from pagedserve.services.api.responses.stream import response_events
 from pagedserve.services.api.sampling import Prompt
 from pagedserve.services.api.schemas import ChatCompletionRequest
 from pagedserve.services.api.state import (
-    CLIENT_CLOSED_REQUEST,
     APIState,
     api_state,
     caller,
-    check_model,
     now_s,
     run_unless_disconnected,
+    serving_state,
     stream_response,
 )
 from pagedserve.services.api.structured import constraint_errors
@@ -110,9 +108,7 @@ def _refuse_unserved(body: ResponsesRequest) -> None:
 
 @router.post("/v1/responses", response_model=None)
 async def create_response(body: ResponsesRequest, request: Request) -> dict[str, Any] | Response:
-    state = api_state(request)
-    check_model(state, body.model)
-    state.card.kind.require("generate", "/v1/responses", state.card.name)
+    state = serving_state(request, body.model, "generate", "/v1/responses")
     _refuse_unserved(body)
     store = store_of(state)
     items = normalize_items(body.input)
@@ -196,14 +192,11 @@ async def _whole(
     created: int,
     items: list[dict[str, Any]],
     cancelled: asyncio.Event,
-) -> dict[str, Any] | Response:
+) -> dict[str, Any]:
     work = generate_all(
         state.client, [Prompt(token_ids=plan.token_ids)], plan.sampling, rid, caller(request, body.user)
     )
-    try:
-        results = await run_unless_disconnected(request, _until_cancelled(work, cancelled), "input")
-    except ClientGone:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    results = await run_unless_disconnected(request, _until_cancelled(work, cancelled), "input")
     output = OutputItems()
     if results is None:
         return finish_response(state, body, rid, created, items, output, None, "cancelled")

@@ -15,47 +15,25 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
-from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata
-from pagedserve.services.worker.layers.attention import Attention
-from pagedserve.services.worker.layers.norm import RMSNorm
-from pagedserve.services.worker.models.llama import LlamaForCausalLM
+from pagedserve.kernels.attention import AttentionBackend
+from pagedserve.services.worker.models.llama import LlamaDecoderLayer, LlamaForCausalLM, hidden_norm
 
 if TYPE_CHECKING:
     from pagedserve.services.worker.models.registry import ModelConfig
 
 
-class GemmaDecoderLayer(nn.Module):
+class GemmaDecoderLayer(LlamaDecoderLayer):
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend, layer: int, mlp: nn.Module) -> None:
-        super().__init__()
+        super().__init__(cfg, backend, layer, mlp)
+        self.pre_feedforward_layernorm = hidden_norm(cfg)
+        self.post_feedforward_layernorm = hidden_norm(cfg)
 
-        def norm() -> RMSNorm:
-            return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=cfg.norm_unit_offset)
-
-        self.input_layernorm = norm()
-        self.self_attn = Attention(cfg, backend, layer)
-        self.post_attention_layernorm = norm()
-        self.pre_feedforward_layernorm = norm()
-        self.mlp = mlp
-        self.post_feedforward_layernorm = norm()
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (this layer's normalised MLP output, the residual stream without it): as in Llama, the
-        next norm adds the two in one fused op."""
-        if residual is None:
-            x, residual = self.input_layernorm.forward(x), x
-        else:
-            x, residual = self.input_layernorm.add_and_norm(x, residual)
-        x = self.post_attention_layernorm.forward(self.self_attn.forward(x, cos, sin, k_cache, v_cache, meta))
-        x, residual = self.pre_feedforward_layernorm.add_and_norm(x, residual)
+    def feed_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (the normalised MLP output, the residual stream without it): the attention's output is
+        normalised before it joins the stream; as in Llama, the next norm adds the MLP's."""
+        x, residual = self.pre_feedforward_layernorm.add_and_norm(
+            self.post_attention_layernorm.forward(x), residual
+        )
         return self.post_feedforward_layernorm.forward(self.mlp.forward(x)), residual
 
 

@@ -42,12 +42,17 @@ KVCaches = Sequence[tuple[torch.Tensor, torch.Tensor]]  # per layer (k_cache, v_
 Rows = slice | tuple[int | slice, ...] | None  # the part of a parameter a checkpoint tensor fills
 
 
+def hidden_norm(cfg: ModelConfig) -> RMSNorm:
+    """A norm of the hidden state, by the family's config (Gemma's multiply by 1 + w)."""
+    return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=cfg.norm_unit_offset)
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend, layer: int, mlp: nn.Module) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = hidden_norm(cfg)
         self.self_attn = Attention(cfg, backend, layer)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = hidden_norm(cfg)
         self.mlp = mlp
 
     def forward(
@@ -68,7 +73,10 @@ class LlamaDecoderLayer(nn.Module):
             x, residual = self.input_layernorm.forward(x), x
         else:
             x, residual = self.input_layernorm.add_and_norm(x, residual)
-        x = self.self_attn.forward(x, cos, sin, k_cache, v_cache, meta)
+        return self.feed_forward(self.self_attn.forward(x, cos, sin, k_cache, v_cache, meta), residual)
+
+    def feed_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention's output -> (the MLP's output, the residual stream without it)."""
         x, residual = self.post_attention_layernorm.add_and_norm(x, residual)
         return self.mlp.forward(x), residual
 
@@ -96,7 +104,7 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(
             self.decoder_layer(cfg, backend, i, self.make_mlp(cfg, i)) for i in range(cfg.num_layers)
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=cfg.norm_unit_offset)
+        self.norm = hidden_norm(cfg)
         self.lm_head = (
             None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         )
