@@ -54,7 +54,11 @@ class Extension:
 
 
 ATTENTION_MATH = HERE / "attention_math.h"  # the vector math both attention kernels share
-PAGED_ATTENTION = Extension("paged_attention", (HERE / "paged_attention.cpp",), headers=(ATTENTION_MATH,))
+FAST_ITEM = HERE / "fast_item.h"  # their three-pass vector work item, less the K/V reads
+PAGED_STEP = HERE / "paged_step.h"  # a step's work items and the ops' two entry points
+PAGED_ATTENTION = Extension(
+    "paged_attention", (HERE / "paged_attention.cpp",), headers=(ATTENTION_MATH, FAST_ITEM, PAGED_STEP)
+)
 # -ffp-contract=off: no fused multiply-adds, so each product and sum rounds where torch's ops round.
 LAYER_OPS = Extension("layer_ops", (HERE / "layer_ops.cpp",), ("-ffp-contract=off",))
 SAMPLING = Extension("sampling", (HERE / "sampling.cpp",))
@@ -67,7 +71,7 @@ QUANT_LINEAR = Extension(
 KV_INT8 = Extension(
     "kv_int8",
     (HERE / "kv_int8.cpp", HERE / "kv_int8_attention.cpp"),
-    headers=(ATTENTION_MATH, HERE / "kv_int8.h"),
+    headers=(ATTENTION_MATH, FAST_ITEM, PAGED_STEP, HERE / "kv_int8.h"),
 )
 # LoRA adapters' deltas of a step's rows, grouped by slot (BGMV-style)
 LORA = Extension("lora", (HERE / "lora.cpp",))
