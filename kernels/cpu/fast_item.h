@@ -16,6 +16,21 @@
 namespace attention_math {
 inline namespace PAGEDSERVE_LIBRARY {
 
+// Query rows per K/V row read (D = NV * W): R x NV value accumulators in registers with room for the
+// row being added (AVX-512: 32 vector registers, the tuned table; AVX2: 16). A decode row's GQA group
+// (SmolLM2: 3) fits in one chunk. The portable build's plain loops keep them in memory: its rows share
+// each widened V row.
+template <int NV>
+constexpr int rows_per_chunk() {
+#if defined(CPU_CAPABILITY_AVX512)
+  return NV <= 4 ? 4 : (NV <= 8 ? 2 : 1);
+#elif defined(CPU_CAPABILITY_AVX2)
+  return NV <= 2 ? 4 : (NV <= 4 ? 2 : 1);
+#else
+  return 4;
+#endif
+}
+
 // One item's rows (head_dim D) and its scratch: acc, the pre-scaled queries, the weights, the sums.
 template <int D>
 struct ItemRows {

@@ -33,7 +33,7 @@
 
 namespace {
 
-using attention_math::exp_nonpositive;
+using attention_math::exp_sum;
 using attention_math::load;
 using attention_math::store;
 using kv_int8::Cache;
@@ -174,13 +174,7 @@ void attend_item_scalar(const Item& item, const T* query, int64_t q_stride, cons
     float* wr = w + r * span;
     float m = -std::numeric_limits<float>::infinity();
     for (int64_t t = lo; t < hi; ++t) m = std::max(m, wr[t]);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t t = lo; t < hi; ++t) {
-      const float p = exp_nonpositive(wr[t] - m);
-      wr[t] = p;
-      sum += p;
-    }
+    const float sum = exp_sum(wr, lo, hi, m);
     std::fill(wr, wr + lo, 0.0f);
     std::fill(wr + hi, wr + span, 0.0f);
     sums[r] = sum;

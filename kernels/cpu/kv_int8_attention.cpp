@@ -44,19 +44,6 @@ inline Vec widen_int8(const int8_t* p) {
 #endif
 }
 
-// Query rows per K/V row read: R x NV value accumulators in registers with room for the widened row
-// (AVX-512: 32 vector registers; AVX2: 16). A decode row's GQA group (SmolLM2: 3) fits in one pass.
-template <int NV>
-constexpr int rows_per_pass() {
-#if defined(CPU_CAPABILITY_AVX512)
-  return NV <= 4 ? 4 : (NV <= 8 ? 2 : 1);
-#elif defined(CPU_CAPABILITY_AVX2)
-  return NV <= 2 ? 4 : (NV <= 4 ? 2 : 1);
-#else
-  return 4;
-#endif
-}
-
 // out[i] lane t = q_i . k_t * scale_t for the sub-block's n (<= W) K rows of one head (`kb` the
 // first, rows `stride` bytes apart); lanes from n on are 0. q: R rows of D floats, pre-scaled.
 template <int NV, int R>
@@ -158,7 +145,7 @@ template <typename T, int NV>
 void attend_item_vector(const Item& item, const T* query, int64_t q_stride, const Cache& cache, const int32_t* table,
                         T* out, int64_t num_heads, const Scoring& scoring, std::vector<float>& scratch) {
   constexpr int D = NV * W;
-  constexpr int RB = rows_per_pass<NV>();
+  constexpr int RB = rows_per_chunk<NV>();
   ItemRows<D> rows(item.first_query, item.num_queries, item.first_pos, num_heads, cache.num_kv_heads, scoring,
                    scratch);
   rows.load_queries(query, q_stride);

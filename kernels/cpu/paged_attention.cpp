@@ -169,13 +169,7 @@ void attend_item(const Item& item, const T* query, int64_t q_stride, const T* k_
       for (int64_t t = first + 1; t < valid; ++t) block_max = std::max(block_max, sr[t]);
       const float new_max = std::max(m[r], block_max);
       const float alpha = exp_nonpositive(m[r] - new_max);  // 0 on the first block: m is -inf
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t t = first; t < valid; ++t) {
-        const float p = exp_nonpositive(sr[t] - new_max);
-        sr[t] = p;
-        sum += p;
-      }
+      const float sum = exp_sum(sr, first, valid, new_max);
       for (int64_t t = 0; t < first; ++t) sr[t] = 0.0f;
       for (int64_t t = valid; t < n; ++t) sr[t] = 0.0f;
       l[r] = l[r] * alpha + sum;
@@ -288,19 +282,6 @@ inline Vec row_scores(const float* q, const c10::BFloat16* qraw, const c10::BFlo
     for (int v = 0; v < NV; ++v) part[t] = at::vec::fmadd(Vec::loadu(q + v * W), load_vec(k + v * W), part[t]);
   }
   return sum_lanes(part);
-}
-
-// Rows per value pass: R x NV accumulators in registers with room to work (AVX-512: 32 vector
-// registers, the tuned table; AVX2: 16). The portable build's plain loops keep them in memory.
-template <int NV>
-constexpr int rows_per_chunk() {
-#if defined(CPU_CAPABILITY_AVX512)
-  return NV <= 4 ? 4 : (NV <= 8 ? 2 : 1);
-#elif defined(CPU_CAPABILITY_AVX2)
-  return NV <= 2 ? 4 : (NV <= 4 ? 2 : 1);
-#else
-  return 4;  // rows of the portable build's plain loops share each widened V row
-#endif
 }
 
 // acc rows [R, D] in memory += sum over the sub-block's n tokens of w[i * row_stride + t] * v_t,
