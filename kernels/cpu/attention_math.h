@@ -69,6 +69,19 @@ inline float tanh_approx(float x) {
   return std::copysign(a < 0.625f ? small : large, x);
 }
 
+// w[lo, hi) -> exp(w - max) (max: at least each of them), and their sum: the weights of one softmax
+// row, or of one block's run of it under an online softmax.
+inline float exp_sum(float* w, int64_t lo, int64_t hi, float max) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t t = lo; t < hi; ++t) {
+    const float p = exp_nonpositive(w[t] - max);
+    w[t] = p;
+    sum += p;
+  }
+  return sum;
+}
+
 // What a query may see and how its scores are shaped, the same for every request of one call:
 // `window` > 0 keeps the `window` latest positions (itself included: a query at p sees p - window + 1
 // .. p, the keys Hugging Face's sliding-window mask keeps, kv > q - window); 0 sees the whole causal

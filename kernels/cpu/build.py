@@ -54,23 +54,28 @@ class Extension:
 
 
 ATTENTION_MATH = HERE / "attention_math.h"  # the vector math both attention kernels share
-PAGED_ATTENTION = Extension("paged_attention", (HERE / "paged_attention.cpp",), headers=(ATTENTION_MATH,))
+FAST_ITEM = HERE / "fast_item.h"  # their three-pass vector work item, less the K/V reads
+PAGED_STEP = HERE / "paged_step.h"  # a step's work items and the ops' two entry points
+PAGED_ATTENTION = Extension(
+    "paged_attention", (HERE / "paged_attention.cpp",), headers=(ATTENTION_MATH, FAST_ITEM, PAGED_STEP)
+)
+LANE_SUM = HERE / "lane_sum.h"  # a vector's lanes summed in order
 # -ffp-contract=off: no fused multiply-adds, so each product and sum rounds where torch's ops round.
-LAYER_OPS = Extension("layer_ops", (HERE / "layer_ops.cpp",), ("-ffp-contract=off",))
+LAYER_OPS = Extension("layer_ops", (HERE / "layer_ops.cpp",), ("-ffp-contract=off",), (LANE_SUM,))
 SAMPLING = Extension("sampling", (HERE / "sampling.cpp",))
 QUANT_LINEAR = Extension(
     "quant_linear",
     (HERE / "quant_linear.cpp", HERE / "quant_float.cpp", HERE / "quant_int8.cpp", HERE / "moe_experts.cpp"),
-    headers=(HERE / "quant_linear.h", HERE / "quant_formats.h", HERE / "quant_codes_x86.h"),
+    headers=(HERE / "quant_linear.h", HERE / "quant_formats.h", HERE / "quant_codes_x86.h", LANE_SUM),
 )
 # int8 KV: its write and its attention (the op and the scalar item; the vector item per ISA path)
 KV_INT8 = Extension(
     "kv_int8",
     (HERE / "kv_int8.cpp", HERE / "kv_int8_attention.cpp"),
-    headers=(ATTENTION_MATH, HERE / "kv_int8.h"),
+    headers=(ATTENTION_MATH, FAST_ITEM, PAGED_STEP, HERE / "kv_int8.h"),
 )
 # LoRA adapters' deltas of a step's rows, grouped by slot (BGMV-style)
-LORA = Extension("lora", (HERE / "lora.cpp",))
+LORA = Extension("lora", (HERE / "lora.cpp",), headers=(LANE_SUM,))
 EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING, QUANT_LINEAR, KV_INT8, LORA)
 
 _lock = threading.Lock()

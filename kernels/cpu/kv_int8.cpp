@@ -29,27 +29,19 @@
 
 #include "kv_int8.h"
 #include "library.h"
+#include "paged_step.h"
 
 namespace {
 
-using attention_math::exp_nonpositive;
+using attention_math::exp_sum;
+using attention_math::load;
+using attention_math::store;
 using kv_int8::Cache;
 using kv_int8::Item;
 using kv_int8::ItemFn;
-using kv_int8::kQueryTile;
 using kv_int8::kScaleBytes;
 using kv_int8::row_scale;
 using kv_int8::Scoring;
-
-inline float widen(float x) { return x; }
-inline float widen(c10::BFloat16 x) {
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-inline void narrow(float* p, float x) { *p = x; }
-inline void narrow(c10::BFloat16* p, float x) { *p = c10::BFloat16(x); }
 
 // ---- the write
 
@@ -58,7 +50,7 @@ void quantize_row(const T* src, int8_t* dst, int64_t D, float* widened) {
   float amax = 0.0f;
 #pragma omp simd reduction(max : amax)
   for (int64_t d = 0; d < D; ++d) {
-    widened[d] = widen(src[d]);
+    widened[d] = load(src[d]);
     amax = std::max(amax, std::fabs(widened[d]));
   }
   // In double, rounded once to float: the same bytes as the torch quantizer (kernels/kv_int8.py).
@@ -145,32 +137,36 @@ void attend_item_scalar(const Item& item, const T* query, int64_t q_stride, cons
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = query + (item.first_query + r / num_heads) * q_stride + (r % num_heads) * D;
 #pragma omp simd
-    for (int64_t d = 0; d < D; ++d) q[r * D + d] = widen(src[d]) * scoring.scale;
+    for (int64_t d = 0; d < D; ++d) q[r * D + d] = load(src[d]) * scoring.scale;
   }
   std::fill(acc, acc + rows * D, 0.0f);
   // The queries that see position t: causal (i >= t - first_pos), then the window (t >= lower(i)).
   auto first_query = [&](int64_t t) { return std::max<int64_t>(0, t - item.first_pos); };
   auto sees = [&](int64_t i, int64_t t) { return t >= scoring.first_visible(item.first_pos + i); };
-  // Scores: each K row widened once, dotted with the rows of its query heads that may see it.
-  for (int64_t t = start; t < context; ++t) {
-    const int8_t* tok = cache.k + cache.token_offset(table, t);
-    for (int64_t h = 0; h < num_kv_heads; ++h) {
-      const int8_t* k8 = tok + h * row_bytes;
-      const float s = row_scale(k8, D);
+  // fn(r, t, s) for every row that sees position t: t's row of the row's KV head widened once into x,
+  // its scale s, used by every query head that shares the KV head.
+  auto each_reader = [&](const int8_t* plane, auto&& fn) {
+    for (int64_t t = start; t < context; ++t) {
+      const int8_t* tok = plane + cache.token_offset(table, t);
+      for (int64_t h = 0; h < num_kv_heads; ++h) {
+        const int8_t* row = tok + h * row_bytes;
+        const float s = row_scale(row, D);
 #pragma omp simd
-      for (int64_t d = 0; d < D; ++d) x[d] = static_cast<float>(k8[d]);
-      for (int64_t i = first_query(t); i < nq && sees(i, t); ++i) {  // later queries' windows start later
-        for (int64_t g = 0; g < group; ++g) {
-          const int64_t r = i * num_heads + h * group + g;
-          const float* qr = q + r * D;
-          float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < D; ++d) dot += qr[d] * x[d];
-          w[r * span + t - start] = scoring.shape(dot * s);
+        for (int64_t d = 0; d < D; ++d) x[d] = static_cast<float>(row[d]);
+        for (int64_t i = first_query(t); i < nq && sees(i, t); ++i) {  // later queries' windows start later
+          for (int64_t g = 0; g < group; ++g) fn(i * num_heads + h * group + g, t, s);
         }
       }
     }
-  }
+  };
+  // Scores: each K row dotted with the rows of its query heads that may see it.
+  each_reader(cache.k, [&](int64_t r, int64_t t, float s) {
+    const float* qr = q + r * D;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t d = 0; d < D; ++d) dot += qr[d] * x[d];
+    w[r * span + t - start] = scoring.shape(dot * s);
+  });
   // Softmax per row over the positions it sees, [lo, hi); the rest get weight 0.
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t pos = item.first_pos + r / num_heads;
@@ -178,40 +174,22 @@ void attend_item_scalar(const Item& item, const T* query, int64_t q_stride, cons
     float* wr = w + r * span;
     float m = -std::numeric_limits<float>::infinity();
     for (int64_t t = lo; t < hi; ++t) m = std::max(m, wr[t]);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t t = lo; t < hi; ++t) {
-      const float p = exp_nonpositive(wr[t] - m);
-      wr[t] = p;
-      sum += p;
-    }
+    const float sum = exp_sum(wr, lo, hi, m);
     std::fill(wr, wr + lo, 0.0f);
     std::fill(wr + hi, wr + span, 0.0f);
     sums[r] = sum;
   }
-  // Values: each V row widened once, added to every row that weighs it (weight times its scale).
-  for (int64_t t = start; t < context; ++t) {
-    const int8_t* tok = cache.v + cache.token_offset(table, t);
-    for (int64_t h = 0; h < num_kv_heads; ++h) {
-      const int8_t* v8 = tok + h * row_bytes;
-      const float s = row_scale(v8, D);
+  // Values: each V row added to every row that weighs it (weight times its scale).
+  each_reader(cache.v, [&](int64_t r, int64_t t, float s) {
+    const float p = w[r * span + t - start] * s;
+    float* ar = acc + r * D;
 #pragma omp simd
-      for (int64_t d = 0; d < D; ++d) x[d] = static_cast<float>(v8[d]);
-      for (int64_t i = first_query(t); i < nq && sees(i, t); ++i) {
-        for (int64_t g = 0; g < group; ++g) {
-          const int64_t r = i * num_heads + h * group + g;
-          const float p = w[r * span + t - start] * s;
-          float* ar = acc + r * D;
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) ar[d] += p * x[d];
-        }
-      }
-    }
-  }
+    for (int64_t d = 0; d < D; ++d) ar[d] += p * x[d];
+  });
   for (int64_t r = 0; r < rows; ++r) {
     T* dst = out + ((item.first_query + r / num_heads) * num_heads + r % num_heads) * D;
     const float inv = 1.0f / sums[r];
-    for (int64_t d = 0; d < D; ++d) narrow(dst + d, acc[r * D + d] * inv);
+    for (int64_t d = 0; d < D; ++d) store(dst + d, acc[r * D + d] * inv);
   }
 }
 
@@ -262,47 +240,18 @@ void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor
               "paged_attention_int8: caches must be [N, block, kv, head_dim + 4], heads a multiple of kv heads");
   const Scoring scoring{static_cast<float>(scale), window, static_cast<float>(softcap)};
   const Cache cache{k_cache.data_ptr<int8_t>(), v_cache.data_ptr<int8_t>(), block_size, num_kv_heads, D};
-  const int64_t batch = seq_lens.size(0);
-  const int32_t* starts = query_start_loc.data_ptr<int32_t>();
-  const int32_t* lens = seq_lens.data_ptr<int32_t>();
   std::vector<Item> items;
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t q_len = starts[b + 1] - starts[b];
-    const int64_t first = lens[b] - q_len;
-    TORCH_CHECK(first >= 0, "request ", b, ": ", q_len, " queries exceed its context of ", lens[b]);
-    TORCH_CHECK((lens[b] + block_size - 1) / block_size <= block_tables.size(1), "request ", b,
-                ": its context needs more blocks than block_tables has columns");
-    for (int64_t i = 0; i < q_len; i += kQueryTile) {
-      const int64_t nq = std::min(kQueryTile, q_len - i);
-      const int64_t span = first + i + nq - scoring.first_visible(first + i);  // positions the tile reads
-      items.push_back({b, starts[b] + i, nq, first + i, nq * span});
-    }
-  }
-  // Longest first, handed out one at a time: contexts differ by 10x within a batch.
-  std::vector<int64_t> order(items.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return items[a].cost > items[b].cost; });
-  const int threads = std::max(1, std::min<int>(at::get_num_threads(), static_cast<int>(items.size())));
+  paged_step::for_each_tile(query_start_loc, seq_lens, block_size, block_tables.size(1), scoring,
+                            [&](int64_t b, int64_t first_query, int64_t nq, int64_t first_pos, int64_t span) {
+                              items.push_back({b, first_query, nq, first_pos, nq * span});
+                            });
+  const std::vector<int64_t> order = paged_step::longest_first(items);
+  const int threads = paged_step::threads_for(items.size());
   if (query.scalar_type() == at::kFloat) {
     run_items<float>(items, order, threads, query, cache, block_tables, scoring, generic, out);
   } else {
     run_items<c10::BFloat16>(items, order, threads, query, cache, block_tables, scoring, generic, out);
   }
-}
-
-void paged_attention_int8(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                          const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& block_tables,
-                          double scale, int64_t window, double softcap, at::Tensor& out) {
-  attend(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, window, softcap, false, out);
-}
-
-// The scalar item for every head_dim, in this build's ISA: what paged_attention_int8 runs for the head
-// dims the vector item does not take, kept callable so the tests hold it to the reference too.
-void paged_attention_int8_generic(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                  const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-                                  const at::Tensor& block_tables, double scale, int64_t window, double softcap,
-                                  at::Tensor& out) {
-  attend(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, window, softcap, true, out);
 }
 
 }  // namespace
@@ -319,6 +268,8 @@ PAGEDSERVE_TORCH_LIBRARY(m) {
 
 PAGEDSERVE_TORCH_LIBRARY_IMPL(CPU, m) {
   m.impl("write_kv_int8", &write_kv_int8);
-  m.impl("paged_attention_int8", &paged_attention_int8);
-  m.impl("paged_attention_int8_generic", &paged_attention_int8_generic);
+  m.impl("paged_attention_int8", &paged_step::op<attend, false>);
+  // The scalar item for every head_dim, in this build's ISA: what paged_attention_int8 runs for the head
+  // dims the vector item does not take, kept callable so the tests hold it to the reference too.
+  m.impl("paged_attention_int8_generic", &paged_step::op<attend, true>);
 }

@@ -19,9 +19,7 @@ inline namespace PAGEDSERVE_LIBRARY {
 using attention_math::Scoring;
 
 constexpr int64_t kScaleBytes = 4;
-constexpr int64_t kQueryTile = 16;
-
-// A tile of up to kQueryTile queries of one request, every KV head.
+// A tile of up to paged_step::kQueryTile queries of one request, every KV head.
 struct Item {
   int64_t request;
   int64_t first_query;  // index into the packed query

@@ -15,9 +15,8 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
-#include <limits>
-#include <type_traits>
 
+#include "fast_item.h"
 #include "kv_int8.h"
 
 namespace kv_int8 {
@@ -42,19 +41,6 @@ inline Vec widen_int8(const int8_t* p) {
   alignas(64) float x[W];
   for (int i = 0; i < W; ++i) x[i] = static_cast<float>(p[i]);
   return Vec::loadu(x);
-#endif
-}
-
-// Query rows per K/V row read: R x NV value accumulators in registers with room for the widened row
-// (AVX-512: 32 vector registers; AVX2: 16). A decode row's GQA group (SmolLM2: 3) fits in one pass.
-template <int NV>
-constexpr int rows_per_pass() {
-#if defined(CPU_CAPABILITY_AVX512)
-  return NV <= 4 ? 4 : (NV <= 8 ? 2 : 1);
-#elif defined(CPU_CAPABILITY_AVX2)
-  return NV <= 2 ? 4 : (NV <= 4 ? 2 : 1);
-#else
-  return 4;
 #endif
 }
 
@@ -152,121 +138,37 @@ void add_values_upto(int64_t rb, float* acc, const float* w, int64_t row_stride,
   add_values<NV, R>(acc, w, row_stride, vb, stride, n);
 }
 
-// The next block's rows (every head) into cache: a block is one contiguous run, which the hardware
-// prefetcher follows, but the jump to the next block (anywhere in the pool) costs a miss.
-inline void prefetch_block(const int8_t* cache, const Cache& geometry, const int32_t* table, int64_t next_base,
-                           int64_t context) {
-  if (next_base >= context) return;
-  const int64_t tokens = std::min(geometry.block_size, context - next_base);
-  const char* p = reinterpret_cast<const char*>(cache + geometry.token_offset(table, next_base));
-  for (int64_t o = 0; o < tokens * geometry.token_bytes(); o += 64) __builtin_prefetch(p + o, 0, 3);
-}
-
-// One item, three passes (all scores, each row's softmax, the values), rows ordered by KV head, then
-// query, then the query heads sharing the KV head (paged_attention.cpp's attend_item_fast).
+// One item, three passes (all scores, each row's softmax, the values: fast_item.h), as
+// paged_attention.cpp's attend_item_fast. Rows of one KV head are scored in chunks of RB, each K row
+// widened once per chunk; a chunk none of whose rows sees a sub-block skips it in both passes.
 template <typename T, int NV>
 void attend_item_vector(const Item& item, const T* query, int64_t q_stride, const Cache& cache, const int32_t* table,
                         T* out, int64_t num_heads, const Scoring& scoring, std::vector<float>& scratch) {
   constexpr int D = NV * W;
-  constexpr int RB = rows_per_pass<NV>();
-  const int64_t num_kv_heads = cache.num_kv_heads, block_size = cache.block_size;
-  const int64_t group = num_heads / num_kv_heads;
-  const int64_t nq = item.num_queries;
-  const int64_t head_rows = nq * group;
-  const int64_t rows = head_rows * num_kv_heads;
-  const int64_t context = item.first_pos + nq;
-  const int64_t start = scoring.first_visible(item.first_pos);  // the first query's window starts earliest
-  const int64_t span = context - start;
+  constexpr int RB = rows_per_chunk<NV>();
+  ItemRows<D> rows(item.first_query, item.num_queries, item.first_pos, num_heads, cache.num_kv_heads, scoring,
+                   scratch);
+  rows.load_queries(query, q_stride);
   const int64_t row_bytes = cache.row_bytes(), token_bytes = cache.token_bytes();
-  const int64_t row_stride = (span + W - 1) / W * W;  // weight t of a row is position start + t
-  scratch.resize(static_cast<size_t>(rows * (2 * D + row_stride + 1) + 16));
-  float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
-  float* q = acc + rows * D;                  // [rows, D] float32, pre-scaled
-  float* weights = q + rows * D;              // [rows, row_stride]
-  float* sums = weights + rows * row_stride;  // [rows]
-  std::fill(acc, acc + rows * D, 0.0f);
-  auto token = [&](int64_t r) { return item.first_query + (r % head_rows) / group; };
-  auto head = [&](int64_t r) { return (r / head_rows) * group + r % group; };
-  auto limit = [&](int64_t r) { return item.first_pos + (r % head_rows) / group + 1; };  // causal
-  auto lower = [&](int64_t r) { return scoring.first_visible(limit(r) - 1); };         // the window
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* src = query + token(r) * q_stride + head(r) * D;
-    for (int d = 0; d < D; ++d) q[r * D + d] = load(src[d]) * scoring.scale;
-  }
-  // Sub-blocks: up to W tokens, never across a block boundary.
-  auto sub_block = [&](int64_t base, int64_t& n) {
-    n = std::min<int64_t>({W, block_size - base % block_size, context - base});
-    return cache.token_offset(table, base);
-  };
-  const bool capped = scoring.softcap > 0.0f;
-  const Vec cap(scoring.softcap), inv_cap(capped ? 1.0f / scoring.softcap : 0.0f);
-  for (int64_t base = start, n = 0; base < context; base += n) {
-    if (base == start || base % block_size == 0) {
-      prefetch_block(cache.k, cache, table, (base / block_size + 1) * block_size, context);
-    }
-    const int8_t* kb = cache.k + sub_block(base, n);
-    for (int64_t h = 0; h < num_kv_heads; ++h) {
-      for (int64_t r0 = h * head_rows; r0 < (h + 1) * head_rows; r0 += RB) {
-        const int64_t rb = std::min<int64_t>(RB, (h + 1) * head_rows - r0);
-        // Limits and windows grow with the row: the chunk is skipped when none of its rows sees this
-        // sub-block; a row that sees part of it has the lanes outside masked by the softmax pass.
-        if (base >= limit(r0 + rb - 1) || base + n <= lower(r0)) continue;
-        Vec s[RB];
-        score_upto<NV, RB>(rb, q + r0 * D, kb + h * row_bytes, token_bytes, n, s);
-        for (int64_t i = 0; i < rb; ++i) {
-          if (capped) s[i] = cap * tanh_vec(s[i] * inv_cap);
-          s[i].store(weights + (r0 + i) * row_stride + (base - start), n);
-        }
-      }
-    }
-  }
-  const Vec minus_inf(-std::numeric_limits<float>::infinity()), zero(0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* w = weights + r * row_stride;
-    const int64_t lo = lower(r) - start, hi = limit(r) - start;  // the row's weights, [lo, hi)
-    // [t, t + W) inside [lo, hi), `fill` outside: lanes outside the row may hold another row's
-    // scores or nothing, so edge vectors are blended, never computed on.
-    auto inside = [&](int64_t t, const Vec& x, const Vec& fill) {
-      if (t >= lo && t + W <= hi) return x;
-      const Vec index = Vec::arange(static_cast<float>(t), 1.0f);
-      const Vec keep = (index >= Vec(static_cast<float>(lo))) & (index < Vec(static_cast<float>(hi)));
-      return Vec::blendv(fill, x, keep);
-    };
-    Vec vmax = minus_inf;
-    for (int64_t t = lo / W * W; t < hi; t += W) vmax = at::vec::maximum(vmax, inside(t, Vec::loadu(w + t), minus_inf));
-    const Vec row_max(at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, vmax));
-    Vec sum = zero;
-    for (int64_t t = 0; t < span; t += W) {  // weights outside the row's own range are 0
-      Vec e = zero;
-      if (t + W > lo && t < hi) e = inside(t, exp_nonpositive_vec(inside(t, Vec::loadu(w + t), row_max) - row_max), zero);
-      e.store(w + t);
-      sum = sum + e;
-    }
-    sums[r] = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
-  }
-  for (int64_t base = start, n = 0; base < context; base += n) {
-    if (base == start || base % block_size == 0) {
-      prefetch_block(cache.v, cache, table, (base / block_size + 1) * block_size, context);
-    }
-    const int8_t* vb = cache.v + sub_block(base, n);
-    for (int64_t h = 0; h < num_kv_heads; ++h) {
-      for (int64_t r0 = h * head_rows; r0 < (h + 1) * head_rows; r0 += RB) {
-        const int64_t rb = std::min<int64_t>(RB, (h + 1) * head_rows - r0);
-        if (base >= limit(r0 + rb - 1) || base + n <= lower(r0)) continue;  // all weights 0
-        add_values_upto<NV, RB>(rb, acc + r0 * D, weights + r0 * row_stride + (base - start), row_stride,
-                                vb + h * row_bytes, token_bytes, n);
-      }
-    }
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    T* dst = out + (token(r) * num_heads + head(r)) * D;
-    const float inv = 1.0f / sums[r];
-    if constexpr (std::is_same_v<T, float>) {
-      for (int v = 0; v < NV; ++v) (Vec::loadu(acc + r * D + v * W) * Vec(inv)).store(dst + v * W);
-    } else {
-      for (int d = 0; d < D; ++d) store(dst + d, acc[r * D + d] * inv);
-    }
-  }
+  for_each_sub_block(cache.k, table, cache.block_size, token_bytes, rows.start, rows.context,
+                     [&](int64_t base, int64_t n, const int8_t* kb) {
+                       rows.for_each_chunk(RB, [&](int64_t h, int64_t r0, int64_t rb) {
+                         if (!rows.reads(r0, r0 + rb - 1, base, n)) return;
+                         Vec s[RB];
+                         score_upto<NV, RB>(rb, rows.q + r0 * D, kb + h * row_bytes, token_bytes, n, s);
+                         for (int64_t i = 0; i < rb; ++i) rows.shaped(s[i]).store(rows.weights_at(r0 + i, base), n);
+                       });
+                     });
+  rows.softmax();
+  for_each_sub_block(cache.v, table, cache.block_size, token_bytes, rows.start, rows.context,
+                     [&](int64_t base, int64_t n, const int8_t* vb) {
+                       rows.for_each_chunk(RB, [&](int64_t h, int64_t r0, int64_t rb) {
+                         if (!rows.reads(r0, r0 + rb - 1, base, n)) return;  // all weights 0
+                         add_values_upto<NV, RB>(rb, rows.acc + r0 * D, rows.weights_at(r0, base), rows.row_stride,
+                                                 vb + h * row_bytes, token_bytes, n);
+                       });
+                     });
+  rows.write_out(out, num_heads);
 }
 
 template <typename T, int NV = kMaxHeadDim / W>

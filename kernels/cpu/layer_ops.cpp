@@ -57,6 +57,7 @@
 // rows fill two threads' grain (kElementsPerThread) waited ~16 ms for the second thread most calls.
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
+#include "lane_sum.h"
 #include "library.h"
 #include <torch/types.h>
 
@@ -194,14 +195,7 @@ inline Vec rounded(c10::BFloat16*, const Vec& v) {
 #endif
 
 #if !defined(CPU_CAPABILITY_AVX512)
-// The lanes' sum, in lane order.
-inline float sum_lanes(const Vec& v) {
-  alignas(64) float lanes[kLanes];
-  v.store(lanes);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < kLanes; ++i) sum += lanes[i];
-  return sum;
-}
+using lane_sum::sum_lanes;  // in lane order
 #endif
 
 template <typename T>

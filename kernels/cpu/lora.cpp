@@ -26,6 +26,7 @@
 // avx512, 8 on avx2, and its generic form on portable.
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
+#include "lane_sum.h"
 #include "library.h"
 #include <torch/types.h>
 
@@ -43,13 +44,7 @@ constexpr int64_t kColumns = 128;
 // Below this many multiply-adds a call runs on one thread: waking the second costs more.
 constexpr int64_t kWorkPerThread = 1 << 16;
 
-inline float sum_lanes(const Vec& v) {
-  float lanes[kLanes];
-  v.store(lanes);
-  float sum = 0.f;
-  for (int64_t i = 0; i < kLanes; ++i) sum += lanes[i];
-  return sum;
-}
+using lane_sum::sum_lanes;
 
 // Up to kRanks dot products of one x row with kRanks rows of A (stride `in`) at once: independent
 // accumulators, so the multiply-adds do not wait on one another's latency, and x loaded once.

@@ -57,7 +57,8 @@
 #include <immintrin.h>
 #endif
 #include <omp.h>
-#include "attention_math.h"
+#include "fast_item.h"
+#include "paged_step.h"
 #include "library.h"
 #include <torch/types.h>
 
@@ -71,8 +72,6 @@
 namespace {
 
 using namespace attention_math;
-
-constexpr int64_t kQueryTile = 16;
 
 // A block's K or V rows as float32 with their row stride: float caches are read in place, bf16 ones
 // are widened once per block into `buffer`, not once per (row, token) pair in the inner loops.
@@ -170,13 +169,7 @@ void attend_item(const Item& item, const T* query, int64_t q_stride, const T* k_
       for (int64_t t = first + 1; t < valid; ++t) block_max = std::max(block_max, sr[t]);
       const float new_max = std::max(m[r], block_max);
       const float alpha = exp_nonpositive(m[r] - new_max);  // 0 on the first block: m is -inf
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t t = first; t < valid; ++t) {
-        const float p = exp_nonpositive(sr[t] - new_max);
-        sr[t] = p;
-        sum += p;
-      }
+      const float sum = exp_sum(sr, first, valid, new_max);
       for (int64_t t = 0; t < first; ++t) sr[t] = 0.0f;
       for (int64_t t = valid; t < n; ++t) sr[t] = 0.0f;
       l[r] = l[r] * alpha + sum;
@@ -291,19 +284,6 @@ inline Vec row_scores(const float* q, const c10::BFloat16* qraw, const c10::BFlo
   return sum_lanes(part);
 }
 
-// Rows per value pass: R x NV accumulators in registers with room to work (AVX-512: 32 vector
-// registers, the tuned table; AVX2: 16). The portable build's plain loops keep them in memory.
-template <int NV>
-constexpr int rows_per_chunk() {
-#if defined(CPU_CAPABILITY_AVX512)
-  return NV <= 4 ? 4 : (NV <= 8 ? 2 : 1);
-#elif defined(CPU_CAPABILITY_AVX2)
-  return NV <= 2 ? 4 : (NV <= 4 ? 2 : 1);
-#else
-  return 4;  // rows of the portable build's plain loops share each widened V row
-#endif
-}
-
 // acc rows [R, D] in memory += sum over the sub-block's n tokens of w[i * row_stride + t] * v_t,
 // through registers: R is a template argument so the row loops unroll and the accumulators stay in
 // registers for the sub-block (with a runtime row count g++ kept them on the stack). bf16 values are
@@ -352,127 +332,41 @@ void add_values_upto(int64_t rb, float* acc, const float* w, int64_t row_stride,
   add_values_rows<T, NV, R>(acc, w, row_stride, vb, stride, n);
 }
 
-// One block ahead: a block's K (or V) rows are one contiguous run, which the hardware prefetcher
-// follows, but the jump to the next block (anywhere in the pool) costs a miss per stream start.
-template <typename T>
-inline void prefetch_block(const T* cache, const int32_t* table, int64_t next_base, int64_t context,
-                           int64_t block_size, int64_t token_stride) {
-  if (next_base >= context) return;
-  const int64_t tokens = std::min(block_size, context - next_base);
-  const char* p = reinterpret_cast<const char*>(cache + static_cast<int64_t>(table[next_base / block_size]) *
-                                                            block_size * token_stride);
-  const int64_t bytes = tokens * token_stride * static_cast<int64_t>(sizeof(T));
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
-}
-
-// One work item: a tile of queries of one request, every head. Three passes over the context, not
-// an online softmax: all scores, then each row's max, weights and sum in one sweep, then the
-// weighted values. An online softmax puts a dependent chain (block max, rescale, exp, sum) between
+// One work item: a tile of queries of one request, every head (fast_item.h). Three passes over the
+// context, not an online softmax: all scores, then each row's max, weights and sum in one sweep, then
+// the weighted values. An online softmax puts a dependent chain (block max, rescale, exp, sum) between
 // every block's scores and its values, and the core sat waiting on it; here each pass is a run of
 // independent work, and the scores ([rows, context] floats) stay in cache (on AVX-512 the three
 // passes measured 1.3-1.5x the online form in cache). Every KV head is served from the same
 // sub-block of W tokens: a token's K (and V) row for all heads is one contiguous run of memory, read
-// in order. Rows are ordered by KV head, then query, then the query heads that share the KV head.
+// in order.
 template <typename T, int NV>
 void attend_item_fast(const Item& item, const T* query, int64_t q_stride, const T* k_cache, const T* v_cache,
                       const int32_t* table, T* out, int64_t num_heads, int64_t num_kv_heads, int64_t block_size,
                       const Scoring& scoring, std::vector<float>& scratch) {
   constexpr int D = NV * W;
   constexpr int RB = rows_per_chunk<NV>();
-  const float scale = scoring.scale;
-  const int64_t group = num_heads / num_kv_heads;
-  const int64_t nq = item.num_queries;
-  const int64_t head_rows = nq * group;  // rows per KV head
-  const int64_t rows = head_rows * num_kv_heads;
-  const int64_t context = item.first_pos + nq;
-  // The positions some row sees, [start, context): the first query's window starts earliest.
-  const int64_t start = scoring.first_visible(item.first_pos);
-  const int64_t span = context - start;
+  ItemRows<D> rows(item.first_query, item.num_queries, item.first_pos, num_heads, num_kv_heads, scoring, scratch);
+  rows.load_queries(query, q_stride);
   const int64_t token_stride = num_kv_heads * D;
-  // Whole vectors, rounded up: the softmax pass reads and writes them whole. Weight t of a row is
-  // position start + t.
-  const int64_t row_stride = (span + W - 1) / W * W;
-  scratch.resize(static_cast<size_t>(rows * (2 * D + row_stride + 1) + 16));
-  float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
-  float* q = acc + rows * D;          // [rows, D] float32, pre-scaled
-  float* weights = q + rows * D;      // [rows, row_stride]
-  float* sums = weights + rows * row_stride;  // [rows]
-  std::fill(acc, acc + rows * D, 0.0f);
-  auto token = [&](int64_t r) { return item.first_query + (r % head_rows) / group; };
-  auto head = [&](int64_t r) { return (r / head_rows) * group + r % group; };
-  auto query_row = [&](int64_t r) { return query + token(r) * q_stride + head(r) * D; };
-  auto limit = [&](int64_t r) { return item.first_pos + (r % head_rows) / group + 1; };  // causal
-  auto lower = [&](int64_t r) { return scoring.first_visible(limit(r) - 1); };  // the window
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* src = query_row(r);
-    for (int d = 0; d < D; ++d) q[r * D + d] = load(src[d]) * scale;
-  }
-  // Sub-blocks: up to W tokens, never across a block boundary; -> the first token's row.
-  auto sub_block = [&](int64_t base, int64_t& n) {
-    const int64_t offset = base % block_size;
-    n = std::min<int64_t>({W, block_size - offset, context - base});
-    return (static_cast<int64_t>(table[base / block_size]) * block_size + offset) * token_stride;
-  };
-  const bool capped = scoring.softcap > 0.0f;
-  const Vec cap(scoring.softcap), inv_cap(capped ? 1.0f / scoring.softcap : 0.0f);
-  for (int64_t base = start, n = 0; base < context; base += n) {
-    if (base == start || base % block_size == 0) {
-      prefetch_block(k_cache, table, (base / block_size + 1) * block_size, context, block_size, token_stride);
-    }
-    const T* kb = k_cache + sub_block(base, n);
-    for (int64_t r = 0; r < rows; ++r) {
-      if (base >= limit(r) || base + n <= lower(r)) continue;  // lanes outside the row are masked below
-      Vec s = row_scores<NV>(q + r * D, query_row(r), kb + (r / head_rows) * D, token_stride, n, scale);
-      if (capped) s = cap * tanh_vec(s * inv_cap);
-      s.store(weights + r * row_stride + (base - start), n);
-    }
-  }
-  const Vec minus_inf(-std::numeric_limits<float>::infinity()), zero(0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* w = weights + r * row_stride;
-    const int64_t lo = lower(r) - start, hi = limit(r) - start;  // the row's weights, [lo, hi)
-    // The weights of [t, t + W) inside [lo, hi), `fill` outside: edge vectors are blended, never
-    // computed on, since lanes outside the row may hold another row's scores or nothing.
-    auto inside = [&](int64_t t, const Vec& x, const Vec& fill) {
-      if (t >= lo && t + W <= hi) return x;
-      const Vec index = Vec::arange(static_cast<float>(t), 1.0f);
-      const Vec keep = (index >= Vec(static_cast<float>(lo))) & (index < Vec(static_cast<float>(hi)));
-      return Vec::blendv(fill, x, keep);
-    };
-    Vec vmax = minus_inf;
-    for (int64_t t = lo / W * W; t < hi; t += W) vmax = at::vec::maximum(vmax, inside(t, Vec::loadu(w + t), minus_inf));
-    const Vec row_max(at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, vmax));
-    Vec sum = zero;
-    for (int64_t t = 0; t < span; t += W) {  // weights outside the row's own range are 0
-      Vec e = zero;
-      if (t + W > lo && t < hi) e = inside(t, exp_nonpositive_vec(inside(t, Vec::loadu(w + t), row_max) - row_max), zero);
-      e.store(w + t);
-      sum = sum + e;
-    }
-    sums[r] = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
-  }
-  for (int64_t base = start, n = 0; base < context; base += n) {
-    if (base == start || base % block_size == 0) {
-      prefetch_block(v_cache, table, (base / block_size + 1) * block_size, context, block_size, token_stride);
-    }
-    const T* vb = v_cache + sub_block(base, n);
-    for (int64_t h = 0; h < num_kv_heads; ++h) {
-      for (int64_t r0 = h * head_rows; r0 < (h + 1) * head_rows; r0 += RB) {
-        const int64_t rb = std::min<int64_t>(RB, (h + 1) * head_rows - r0);
-        add_values_upto<T, NV, RB>(rb, acc + r0 * D, weights + r0 * row_stride + (base - start), row_stride,
-                                   vb + h * D, token_stride, n);
-      }
-    }
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    T* dst = out + (token(r) * num_heads + head(r)) * D;
-    const float inv = 1.0f / sums[r];
-    if constexpr (std::is_same_v<T, float>) {
-      for (int v = 0; v < NV; ++v) (Vec::loadu(acc + r * D + v * W) * Vec(inv)).store(dst + v * W);
-    } else {
-      for (int d = 0; d < D; ++d) store(dst + d, acc[r * D + d] * inv);
-    }
-  }
+  for_each_sub_block(k_cache, table, block_size, token_stride, rows.start, rows.context,
+                     [&](int64_t base, int64_t n, const T* kb) {
+                       for (int64_t r = 0; r < rows.rows; ++r) {
+                         if (!rows.reads(r, r, base, n)) continue;  // lanes outside the row are masked below
+                         const Vec s = row_scores<NV>(rows.q + r * D, rows.query_row(query, q_stride, r),
+                                                      kb + (r / rows.head_rows) * D, token_stride, n, scoring.scale);
+                         rows.shaped(s).store(rows.weights_at(r, base), n);
+                       }
+                     });
+  rows.softmax();
+  for_each_sub_block(v_cache, table, block_size, token_stride, rows.start, rows.context,
+                     [&](int64_t base, int64_t n, const T* vb) {
+                       rows.for_each_chunk(RB, [&](int64_t h, int64_t r0, int64_t rb) {
+                         add_values_upto<T, NV, RB>(rb, rows.acc + r0 * D, rows.weights_at(r0, base),
+                                                    rows.row_stride, vb + h * D, token_stride, n);
+                       });
+                     });
+  rows.write_out(out, num_heads);
 }
 
 // The fast item function for this head_dim, or nullptr (the generic path serves it).
@@ -541,41 +435,24 @@ void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor
   TORCH_CHECK(window >= 0, "paged_attention: window must be >= 0 (0: none), got ", window);
   TORCH_CHECK(softcap >= 0.0, "paged_attention: softcap must be >= 0 (0: none), got ", softcap);
   const Scoring scoring{static_cast<float>(scale), window, static_cast<float>(softcap)};
-  const int64_t batch = seq_lens.size(0);
-  const int32_t* starts = query_start_loc.data_ptr<int32_t>();
-  const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  const int64_t table_width = block_tables.size(1);
 
   // The fast path takes every KV head of a query tile in one item; the generic one, one head.
   const bool all_heads = !generic && (query.scalar_type() == at::kFloat
                                           ? fast_item_fn<float>(head_dim) != nullptr
                                           : fast_item_fn<c10::BFloat16>(head_dim) != nullptr);
   std::vector<Item> items;
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t q_len = starts[b + 1] - starts[b];
-    const int64_t first = lens[b] - q_len;
-    TORCH_CHECK(first >= 0, "request ", b, ": ", q_len, " queries exceed its context of ", lens[b]);
-    TORCH_CHECK((lens[b] + block_size - 1) / block_size <= table_width, "request ", b,
-                ": its context needs more blocks than block_tables has columns");
-    for (int64_t i = 0; i < q_len; i += kQueryTile) {
-      const int64_t nq = std::min(kQueryTile, q_len - i);
-      const int64_t span = first + i + nq - scoring.first_visible(first + i);  // positions the tile reads
-      if (all_heads) {
-        items.push_back({b, 0, starts[b] + i, nq, first + i, num_kv_heads * nq * span});
-        continue;
-      }
-      for (int64_t h = 0; h < num_kv_heads; ++h) {
-        items.push_back({b, h, starts[b] + i, nq, first + i, nq * span});
-      }
-    }
-  }
-  // Longest first, handed out one at a time: contexts differ by 10x within a batch.
-  std::vector<int64_t> order(items.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return items[a].cost > items[b].cost; });
-  const int64_t num_items = static_cast<int64_t>(items.size());
-  const int threads = std::max(1, std::min<int>(at::get_num_threads(), static_cast<int>(num_items)));
+  paged_step::for_each_tile(query_start_loc, seq_lens, block_size, block_tables.size(1), scoring,
+                            [&](int64_t b, int64_t first_query, int64_t nq, int64_t first_pos, int64_t span) {
+                              if (all_heads) {
+                                items.push_back({b, 0, first_query, nq, first_pos, num_kv_heads * nq * span});
+                                return;
+                              }
+                              for (int64_t h = 0; h < num_kv_heads; ++h) {
+                                items.push_back({b, h, first_query, nq, first_pos, nq * span});
+                              }
+                            });
+  const std::vector<int64_t> order = paged_step::longest_first(items);
+  const int threads = paged_step::threads_for(items.size());
 
   if (query.scalar_type() == at::kFloat) {
     run_items<float>(items, order, threads, query, k_cache, v_cache, block_tables, scoring, generic, out);
@@ -585,23 +462,6 @@ void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor
   } else {
     TORCH_CHECK(false, "paged_attention supports float32 and bfloat16, got ", query.scalar_type());
   }
-}
-
-void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-                     const at::Tensor& block_tables, double scale, int64_t window, double softcap,
-                     at::Tensor& out) {
-  attend(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, window, softcap, false, out);
-}
-
-// The generic algorithm alone, in this build's ISA (what paged_attention runs for the head dims the
-// fast path does not take), kept callable so the tests hold it to torch on every path and the
-// microbenchmark can set it beside the fast one.
-void paged_attention_generic(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                             const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-                             const at::Tensor& block_tables, double scale, int64_t window, double softcap,
-                             at::Tensor& out) {
-  attend(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, window, softcap, true, out);
 }
 
 // This step's K and V rows into their cache slots: one copy of each token's row (every KV head),
@@ -659,7 +519,10 @@ PAGEDSERVE_TORCH_LIBRARY(m) {
 }
 
 PAGEDSERVE_TORCH_LIBRARY_IMPL(CPU, m) {
-  m.impl("paged_attention", &paged_attention);
-  m.impl("paged_attention_generic", &paged_attention_generic);
+  m.impl("paged_attention", &paged_step::op<attend, false>);
+  // The generic algorithm alone, in this build's ISA (what paged_attention runs for the head dims the
+  // fast path does not take), kept callable so the tests hold it to torch on every path and the
+  // microbenchmark can set it beside the fast one.
+  m.impl("paged_attention_generic", &paged_step::op<attend, true>);
   m.impl("write_kv", &write_kv);
 }

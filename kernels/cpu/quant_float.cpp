@@ -31,22 +31,23 @@ namespace {
 template <int64_t T>
 constexpr bool direct() { return T == Q4_0 || T == Q4_1 || T == Q4_K || T == Q8_0; }
 
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 
+// What a group's decoder holds on both x86 paths; each path's Decoder reads its vectors from it.
 template <int64_t T>
-struct Decoder {
-  __m512 a0, b0, a1, b1;  // the scales of the group's halves (the same pair twice but for half_scales types)
+struct GroupSource {
+  Vec a0, b0, a1, b1;  // the scales of the group's halves (the same pair twice but for half_scales types)
   const uint8_t* p = nullptr;  // F16/BF16: the group's values; direct types: its code bytes
   int shift = 0;               // Q4_K: 0 (low nibbles) or 4 (high); Q4_0/Q4_1 take both of one 16-byte run
   __m256i codes;               // the other integer types: the group's codes, unpacked
-  Decoder(const uint8_t* row, int64_t g, const Scales& sc) {
+  GroupSource(const uint8_t* row, int64_t g, const Scales& sc) {
     if constexpr (float_weights(T)) {
       p = row + g * kGroup * 2;
     } else {
-      a0 = _mm512_set1_ps(sc.a[0]);
-      b0 = _mm512_set1_ps(sc.b[0]);
-      a1 = half_scales(T) ? _mm512_set1_ps(sc.a[1]) : a0;
-      b1 = half_scales(T) ? _mm512_set1_ps(sc.b[1]) : b0;
+      a0 = Vec(sc.a[0]);
+      b0 = Vec(sc.b[0]);
+      a1 = half_scales(T) ? Vec(sc.a[1]) : a0;
+      b1 = half_scales(T) ? Vec(sc.b[1]) : b0;
       if constexpr (T == Q4_K) {
         p = block_of<T>(row, g) + 16 + 32 * ((g % 8) / 2);
         shift = static_cast<int>(4 * (g % 2));
@@ -57,6 +58,17 @@ struct Decoder {
       }
     }
   }
+};
+
+#endif
+
+#if defined(CPU_CAPABILITY_AVX512)
+
+template <int64_t T>
+struct Decoder : GroupSource<T> {
+  using GroupSource<T>::GroupSource;
+  using GroupSource<T>::a0, GroupSource<T>::b0, GroupSource<T>::a1, GroupSource<T>::b1;
+  using GroupSource<T>::p, GroupSource<T>::shift, GroupSource<T>::codes;
   inline Vec chunk(int64_t c) const {
     if constexpr (T == F16) {
       return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * c)));
@@ -86,29 +98,10 @@ struct Decoder {
 #elif defined(CPU_CAPABILITY_AVX2)
 
 template <int64_t T>
-struct Decoder {
-  __m256 a0, b0, a1, b1;  // the scales of the group's halves (the same pair twice but for half_scales types)
-  const uint8_t* p = nullptr;
-  int shift = 0;
-  __m256i codes;
-  Decoder(const uint8_t* row, int64_t g, const Scales& sc) {
-    if constexpr (float_weights(T)) {
-      p = row + g * kGroup * 2;
-    } else {
-      a0 = _mm256_set1_ps(sc.a[0]);
-      b0 = _mm256_set1_ps(sc.b[0]);
-      a1 = half_scales(T) ? _mm256_set1_ps(sc.a[1]) : a0;
-      b1 = half_scales(T) ? _mm256_set1_ps(sc.b[1]) : b0;
-      if constexpr (T == Q4_K) {
-        p = block_of<T>(row, g) + 16 + 32 * ((g % 8) / 2);
-        shift = static_cast<int>(4 * (g % 2));
-      } else if constexpr (direct<T>()) {
-        p = block_of<T>(row, g) + (T == Q4_1 ? 4 : 2);
-      } else {
-        codes = codes_group<T>(row, g);
-      }
-    }
-  }
+struct Decoder : GroupSource<T> {
+  using GroupSource<T>::GroupSource;
+  using GroupSource<T>::a0, GroupSource<T>::b0, GroupSource<T>::a1, GroupSource<T>::b1;
+  using GroupSource<T>::p, GroupSource<T>::shift, GroupSource<T>::codes;
   inline Vec chunk(int64_t c) const {
     if constexpr (T == F16) {
       return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * c)));

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "lane_sum.h"
 #include "quant_formats.h"
 
 QUANT_BEGIN
@@ -21,13 +22,7 @@ constexpr int64_t kLanes = Vec::size();
 constexpr int64_t kChunks = kGroup / kLanes;  // vectors per group
 static_assert(kGroup % kLanes == 0, "a group must be whole vectors");
 
-inline float sum_lanes(const Vec& v) {
-  alignas(64) float lanes[kLanes];
-  v.store(lanes);
-  float s = 0.0f;
-  for (int64_t i = 0; i < kLanes; ++i) s += lanes[i];
-  return s;
-}
+using lane_sum::sum_lanes;
 
 // Output features per thread at the least: below ~256K weight-rows of work a second thread's
 // fork/join (and, on shared cores, its wait) costs more than it saves.

@@ -12,12 +12,11 @@ import pytest
 import torch
 import triton_env  # noqa: F401  (before any kernels import: selects the Triton interpreter)
 from triton_env import DEVICE
+from triton_kernels import run_decode, run_prefill
 
 from pagedserve.kernels.attention import AttentionRules
 from pagedserve.kernels.paged_reference import TOLERANCES, make_paged_batch, reference_attention
 from pagedserve.kernels.triton.backend import TritonAttentionBackend
-from pagedserve.kernels.triton.decode_attention import decode_attention
-from pagedserve.kernels.triton.prefill_attention import prefill_attention
 
 RULES = [
     AttentionRules(window=5),
@@ -33,42 +32,14 @@ def _batch(seq_lens, query_lens, dtype=torch.float32, block_size=16, seed=11):
 @pytest.mark.parametrize(("rules", "num_splits"), [(r, 3) for r in RULES] + [(RULES[1], 1)], ids=str)
 def test_decode_applies_the_rules(rules, num_splits):
     batch = _batch([3, 40, 130, 290], [1, 1, 1, 1])
-    out = torch.full_like(batch.query, float("nan"))
-    decode_attention(
-        batch.query,
-        batch.k_cache,
-        batch.v_cache,
-        batch.block_tables,
-        batch.seq_lens,
-        batch.query_start_loc,
-        out,
-        0.125,
-        max_seq_len=290,
-        num_splits=num_splits,
-        block_n=16,
-        rules=rules,
-    )
+    out = run_decode(batch, 0.125, num_splits=num_splits, block_n=16, rules=rules)
     torch.testing.assert_close(out.cpu(), reference_attention(batch, 0.125, rules), atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("rules", RULES, ids=str)
 def test_prefill_applies_the_rules(rules):
     batch = _batch([70, 100, 60], [70, 30, 2])
-    out = torch.full_like(batch.query, float("nan"))
-    prefill_attention(
-        batch.query,
-        batch.k_cache,
-        batch.v_cache,
-        batch.block_tables,
-        batch.seq_lens,
-        batch.query_start_loc,
-        out,
-        0.125,
-        max_query_len=70,
-        block_m=16,
-        block_n=16,
-        rules=rules,
-    )
+    out = run_prefill(batch, 0.125, block_m=16, block_n=16, rules=rules)
     torch.testing.assert_close(out.cpu(), reference_attention(batch, 0.125, rules), atol=2e-5, rtol=2e-5)
 
 

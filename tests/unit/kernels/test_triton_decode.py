@@ -7,9 +7,9 @@ import triton_env  # noqa: F401  (before any kernels import: selects the Triton 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from triton_env import DEVICE, max_examples
+from triton_kernels import run_decode
 
 from pagedserve.kernels.paged_reference import TOLERANCES, make_paged_batch, reference_attention
-from pagedserve.kernels.triton.decode_attention import decode_attention
 
 SETTINGS = settings(
     max_examples=max_examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -17,23 +17,6 @@ SETTINGS = settings(
 DTYPES = st.sampled_from([torch.float32, torch.float16, torch.bfloat16])
 # 80 and 96 are padded to 128 inside the kernel; weighted lower than the common sizes.
 HEAD_DIMS = st.sampled_from([64, 128, 64, 128, 80, 96])
-
-
-def _run(batch, scale: float, **kwargs) -> torch.Tensor:
-    out = torch.full_like(batch.query, float("nan"))
-    decode_attention(
-        batch.query,
-        batch.k_cache,
-        batch.v_cache,
-        batch.block_tables,
-        batch.seq_lens,
-        batch.query_start_loc,
-        out,
-        scale,
-        max_seq_len=max(batch.seq_lens_list),
-        **kwargs,
-    )
-    return out
 
 
 @SETTINGS
@@ -72,7 +55,7 @@ def test_decode_matches_dense_attention(
     )
     scale = head_dim**-0.5
 
-    out = _run(batch, scale, num_splits=num_splits, block_n=block_n)
+    out = run_decode(batch, scale, num_splits=num_splits, block_n=block_n)
 
     atol, rtol = TOLERANCES[dtype]
     assert out.dtype == dtype
@@ -84,8 +67,8 @@ def test_split_kv_with_partitions_past_a_short_context_matches_one_pass() -> Non
     # and must drop out of the merge rather than poison it with nan.
     batch = make_paged_batch([260, 3, 70], [1, 1, 1], 4, 2, 64, 16, torch.float32, DEVICE, seed=7)
 
-    split = _run(batch, 0.125, num_splits=5, block_n=16)
-    single = _run(batch, 0.125, num_splits=1)
+    split = run_decode(batch, 0.125, num_splits=5, block_n=16)
+    single = run_decode(batch, 0.125, num_splits=1)
 
     torch.testing.assert_close(split, single, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(split.cpu(), reference_attention(batch, 0.125), atol=2e-5, rtol=2e-5)
@@ -96,7 +79,7 @@ def test_selected_requests_only_are_written() -> None:
     batch = make_paged_batch([40, 9, 100], [1, 1, 1], 2, 1, 64, 8, torch.float32, DEVICE, seed=3)
     req_ids = torch.tensor([2, 0], dtype=torch.int32, device=DEVICE)
 
-    out = _run(batch, 0.125, req_ids=req_ids, num_splits=2, block_n=16)
+    out = run_decode(batch, 0.125, req_ids=req_ids, num_splits=2, block_n=16)
 
     ref = reference_attention(batch, 0.125)
     torch.testing.assert_close(out[[0, 2]].cpu(), ref[[0, 2]], atol=2e-5, rtol=2e-5)

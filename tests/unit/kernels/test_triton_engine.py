@@ -8,18 +8,18 @@ import triton_env  # noqa: F401  (must come before the kernels are imported)
 from pagedserve import LLM, SamplingParams
 
 
+def _greedy_tokens(path: str, backend: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Each prompt's greedy tokens on one attention backend; 24 tokens a step, so prefill is chunked."""
+    llm = LLM(path, attention_backend=backend, num_blocks=64, block_size=16, max_num_batched_tokens=24)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return [o.token_ids for o in llm.generate(prompts, params)]
+
+
 def test_engine_with_triton_backend_matches_torch_backend(tiny_model):
     path = str(tiny_model("qwen3"))  # GQA 4:1 and head_dim 32
     prompts = [[5, 9, 33, 70, 2 + i] * (1 + 3 * i) for i in range(4)]  # 5..50 tokens: prefill, then decode
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    kwargs = {"num_blocks": 64, "block_size": 16, "max_num_batched_tokens": 24}  # chunked prefill too
-    torch_out = [
-        o.token_ids for o in LLM(path, attention_backend="torch", **kwargs).generate(prompts, params)
-    ]
-    triton_out = [
-        o.token_ids for o in LLM(path, attention_backend="triton", **kwargs).generate(prompts, params)
-    ]
-    assert triton_out == torch_out
+    torch_out = _greedy_tokens(path, "torch", prompts, max_tokens=6)
+    assert _greedy_tokens(path, "triton", prompts, max_tokens=6) == torch_out
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "phi3"])
@@ -28,15 +28,8 @@ def test_sliding_windows_and_softcaps_on_triton_match_the_torch_backend(tiny_mod
     every layer, head_dim 12) with prompts longer than their windows, prefill chunked."""
     path = str(tiny_model(arch))
     prompts = [[7 + (5 * j + i) % 250 for j in range(n)] for i, n in enumerate((9, 31, 50))]
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    kwargs = {"num_blocks": 64, "block_size": 16, "max_num_batched_tokens": 24}
-    torch_out = [
-        o.token_ids for o in LLM(path, attention_backend="torch", **kwargs).generate(prompts, params)
-    ]
-    triton_out = [
-        o.token_ids for o in LLM(path, attention_backend="triton", **kwargs).generate(prompts, params)
-    ]
-    assert triton_out == torch_out
+    torch_out = _greedy_tokens(path, "torch", prompts, max_tokens=6)
+    assert _greedy_tokens(path, "triton", prompts, max_tokens=6) == torch_out
 
 
 def test_moe_engine_with_triton_backend_matches_torch_backend(tiny_model):
@@ -44,12 +37,5 @@ def test_moe_engine_with_triton_backend_matches_torch_backend(tiny_model):
     on either backend; the attention around it runs Triton's kernels."""
     path = str(tiny_model("olmoe"))
     prompts = [[7, 19, 40, 3 + i] * (1 + 4 * i) for i in range(3)]
-    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
-    kwargs = {"num_blocks": 64, "block_size": 16, "max_num_batched_tokens": 24}
-    torch_out = [
-        o.token_ids for o in LLM(path, attention_backend="torch", **kwargs).generate(prompts, params)
-    ]
-    triton_out = [
-        o.token_ids for o in LLM(path, attention_backend="triton", **kwargs).generate(prompts, params)
-    ]
-    assert triton_out == torch_out
+    torch_out = _greedy_tokens(path, "torch", prompts, max_tokens=5)
+    assert _greedy_tokens(path, "triton", prompts, max_tokens=5) == torch_out

@@ -7,9 +7,9 @@ import triton_env  # noqa: F401  (before any kernels import: selects the Triton 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from triton_env import DEVICE, max_examples
+from triton_kernels import run_prefill
 
 from pagedserve.kernels.paged_reference import TOLERANCES, make_paged_batch, reference_attention
-from pagedserve.kernels.triton.prefill_attention import prefill_attention
 
 SETTINGS = settings(
     max_examples=max_examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -22,23 +22,6 @@ def chunks(draw: st.DrawFn) -> tuple[int, int]:
     seq_len = draw(st.integers(1, 300))
     q_len = draw(st.one_of(st.just(seq_len), st.integers(1, seq_len)))
     return seq_len, q_len
-
-
-def _run(batch, scale: float, **kwargs) -> torch.Tensor:
-    out = torch.full_like(batch.query, float("nan"))
-    prefill_attention(
-        batch.query,
-        batch.k_cache,
-        batch.v_cache,
-        batch.block_tables,
-        batch.seq_lens,
-        batch.query_start_loc,
-        out,
-        scale,
-        max_query_len=max(batch.query_lens),
-        **kwargs,
-    )
-    return out
 
 
 @SETTINGS
@@ -66,7 +49,7 @@ def test_prefill_matches_causal_dense_attention(
     batch = make_paged_batch(seq_lens, query_lens, group, 1, head_dim, block_size, dtype, DEVICE, seed)
     scale = head_dim**-0.5
 
-    out = _run(batch, scale, block_m=block_m, block_n=32)
+    out = run_prefill(batch, scale, block_m=block_m, block_n=32)
 
     atol, rtol = TOLERANCES[dtype]
     assert out.dtype == dtype
@@ -78,7 +61,7 @@ def test_chunk_after_cached_prefix_attends_to_the_prefix() -> None:
     # query-head -> KV-head mapping is exercised with GQA.
     batch = make_paged_batch([49, 20], [12, 20], 8, 2, 64, 16, torch.float32, DEVICE, seed=11)
 
-    out = _run(batch, 0.125)
+    out = run_prefill(batch, 0.125)
 
     torch.testing.assert_close(out.cpu(), reference_attention(batch, 0.125), atol=2e-5, rtol=2e-5)
 
@@ -87,7 +70,7 @@ def test_selected_requests_only_are_written() -> None:
     batch = make_paged_batch([30, 1, 50], [30, 1, 20], 2, 1, 64, 16, torch.float32, DEVICE, seed=5)
     req_ids = torch.tensor([0, 2], dtype=torch.int32, device=DEVICE)
 
-    out = _run(batch, 0.125, req_ids=req_ids)
+    out = run_prefill(batch, 0.125, req_ids=req_ids)
 
     ref = reference_attention(batch, 0.125)
     torch.testing.assert_close(out[:30].cpu(), ref[:30], atol=2e-5, rtol=2e-5)
