@@ -266,8 +266,8 @@ class BlockManager:
         """The table's worker died and came back with this pool (a shared-memory segment): its slots
         past `num_slots`, the ones its owner saw committed, may never have been written (the steps
         that computed them died), so they are given again, and keys over blocks not wholly within
-        `num_slots` that this table's owner still had pending leave the cache. Then `grow`. Blocks
-        taken for the lost steps stay in the table: the replayed steps fill them."""
+        `num_slots` that this table's owner still had pending leave the cache; blocks past the grow that
+        follows go back to the pool (later replayed steps take fresh ones). Then `grow`."""
         table = self._tables.get(request_id)
         if table is None:
             raise UnknownRequestError(f"unknown request {request_id!r}")
@@ -281,7 +281,7 @@ class BlockManager:
             block = pool.blocks[table.block_ids[index]]
             if block.cache_key is not None and block.pending == owner:
                 pool.uncache(block)
-        table.num_slots = num_slots
+        _cut_to(table, num_slots, num_slots + num_new_tokens)
         return self.grow(request_id, num_new_tokens, new_token_ids, now)
 
     def fork(self, parent_id: str, child_id: str, owner: str, now: float) -> bool:
@@ -410,6 +410,25 @@ def _settle(table: BlockTable, num_computed: int) -> None:
             block.pending = None
         else:
             pool.uncache(block)
+
+
+def _cut_to(table: BlockTable, num_slots: int, next_slots: int) -> None:
+    """Take the table back to `num_slots`, keeping the blocks the grow to `next_slots` that follows
+    will fill; those past them go back to the pool, so that a table always holds exactly the blocks of
+    its slots. Hashing stops if it had gone past the cut: the chain's content id there is not known
+    any more."""
+    pool = table.pool
+    bs = pool.block_size
+    keep = min(len(table.block_ids), (next_slots + bs - 1) // bs)
+    for block_id in reversed(table.block_ids[keep:]):  # last first, as a free does
+        pool.release(pool.blocks[block_id])
+    del table.block_ids[keep:]
+    if table.num_hashed_blocks > keep:
+        table.num_hashed_blocks, table.prefix_id, table.next_cache_at = keep, NO_PREFIX, NEVER
+    table.num_slots = num_slots
+    table.capacity = keep * bs
+    # The next write checks its block afresh (a fork may share the last one kept): the slow path.
+    table.write_limit = num_slots
 
 
 def _cache_full_blocks(table: BlockTable) -> None:

@@ -54,6 +54,8 @@ from pagedserve.shared.transport import (
 
 # What the block manager takes: schedulers' batches and probes, workers' registrations.
 _RECEIVES = message_table(BlockBatch, Register, Heartbeat, RenewOwner, Pools)
+# A poll of 100 ms that returns this much later means this process was not running meanwhile.
+_PAUSED_S = 1.0
 
 
 class BlockManagerMetrics:
@@ -101,6 +103,7 @@ class BlockManagerService:
         self.epochs: dict[str, str] = {}
         self.continued: dict[str, bool] = {}
         self.last_heartbeat: dict[str, float] = {}
+        self.awake_since = 0.0  # the end of our last pause: no worker is silent for longer than that
         self.metrics = BlockManagerMetrics()
         # The live view: occupancy once a second, and the pool encoding shared by every viewer.
         self.history = History(("used", "total", "cached", "leases"))
@@ -199,7 +202,13 @@ class BlockManagerService:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         while not self.stopping:
-            if poller.poll(timeout=100):
+            polled_at = time.monotonic()
+            ready = poller.poll(timeout=100)
+            if time.monotonic() - polled_at > _PAUSED_S:
+                # We did not run (SIGSTOP, a starved CPU): heartbeats that arrived meanwhile are not
+                # read yet, so silence counts from now, not from the last one we read.
+                self.awake_since = time.monotonic()
+            if ready:
                 for _ in range(256):  # drain a burst, then let the timers run
                     try:
                         identity, msg = recv_router(self.sock, self.config.max_message_bytes)
@@ -322,7 +331,7 @@ class BlockManagerService:
             grace = self.config.worker_timeout_s
             if self.epochs.get(pool_id):
                 grace += self.config.kv_resume_timeout_s
-            if now - seen <= grace:
+            if now - max(seen, self.awake_since) <= grace:
                 continue
             with self.lock:
                 free_before = self.core.num_free_blocks(pool_id) if self.core.has_pool(pool_id) else 0

@@ -38,7 +38,15 @@ from pagedserve.services.scheduler.resumption import Suspension, can_resume, sus
 from pagedserve.services.scheduler.speculation import SpeculationPolicy
 from pagedserve.services.scheduler.stopping import Tokenizer
 from pagedserve.shared.lora_modules import LoRAModule, LoRARegistry
-from pagedserve.shared.protocol.blocks import Allocation, BlockAnswers, BlockOp, Free, Growth, Resumption
+from pagedserve.shared.protocol.blocks import (
+    Allocation,
+    BlockAnswers,
+    BlockOp,
+    Free,
+    Growth,
+    OpError,
+    Resumption,
+)
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 from pagedserve.shared.protocol.step import (
@@ -144,6 +152,14 @@ class Scheduler:
         state.window = self.placement.new_window()
         self.placement.place_orphans()
         return len(state.running)
+
+    @staticmethod
+    def _recompute(req: Request, state: WorkerState) -> None:
+        """Back to the waiting queue to compute prompt + outputs again, once no step names it."""
+        req.status = Status.PREEMPTED
+        if req.in_flight == 0:
+            state.running.remove(req)
+            state.to_free.append(req)
 
     @staticmethod
     def _abandon_plan(state: WorkerState) -> list[str]:
@@ -372,7 +388,13 @@ class Scheduler:
                 continue
             if req.status is not Status.RUNNING and not entry.new:
                 continue  # preempted: its free is planned once no step names it
-            # None is a full pool; an OpError (a refused op) takes the same recovery.
+            if isinstance(res, OpError) and not entry.new:
+                # Its table is not what we hold it to be (the block manager dropped it with a pool it
+                # thought lost): starving would wait forever, so it recomputes, as after a preemption.
+                self._recompute(req, state)
+                state.stray.extend(c.request_id for i, c in entry.forks if forked(results[i]))
+                continue
+            # None is a full pool; a refused alloc (an OpError) takes the same recovery.
             if not ok:
                 if entry.new:  # no room after all (prefix hits pulled cached blocks): wait in front
                     state.waiting.push_front(req)

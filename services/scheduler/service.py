@@ -124,6 +124,8 @@ class SchedulerService:
         self.worker_monitor = self.workers_sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.stopping = False
         self._counted = (0, 0)  # core stats already added to the resumed / recomputed counters
+        self.to_plan: set[str] = set()  # workers to consider planning for at the next pass
+        self.plan_all = True  # ... or every worker
         self.ops: OpsServer | None = None
         if config.scheduler_ops_port:
             self.ops = OpsServer(
@@ -290,6 +292,7 @@ class SchedulerService:
                 self._drain(
                     self.front.sock, lambda client, msg: self.front.on_message(client, msg, time.monotonic())
                 )
+                self.plan_all = True  # a new request waits on the least-loaded worker: any of them
             if self.worker_monitor in ready:
                 self._drain_monitor()
             now = time.monotonic()
@@ -301,6 +304,7 @@ class SchedulerService:
             if now >= self.next_tick:
                 self.next_tick = now + 0.1
                 self.tick(now)
+                self.plan_all = True
             self.schedule_all()
         self.close()
 
@@ -369,7 +373,9 @@ class SchedulerService:
                 )
                 return  # from before its last reset (or a worker we dropped): recomputed elsewhere
             self.on_step_result(msg.worker_id, msg.result, now)
+            self.to_plan.add(msg.worker_id)
         else:
+            self.plan_all = True  # a heartbeat may activate a worker
             self.on_heartbeat(
                 msg, now, step_socket=isinstance(msg, Hello) and identity == msg.worker_id.encode()
             )
@@ -590,11 +596,18 @@ class SchedulerService:
             self.log.warning("dump_stacks_unroutable", worker_id=wid, error=str(exc))
 
     def schedule_all(self) -> None:
-        """Plan a step for every worker with room in its pipeline window and no plan out: each plan's
+        """Plan a step for every worker that something happened to (a result, an answer; every worker
+        on a client's frame or a tick) with room in its pipeline window and no plan out: each plan's
         batch goes to the block manager, whose answer (`finish_step`) sends the step."""
         if self.bm.down:
             return
-        for wid in self.core.worker_ids():
+        # Asking every worker on every wake-up cost more than the planning at 16 workers.
+        ids = (
+            self.core.worker_ids() if self.plan_all else [w for w in self.to_plan if self.core.has_worker(w)]
+        )
+        self.plan_all = False
+        self.to_plan.clear()
+        for wid in ids:
             if not self.core.can_schedule(wid):
                 continue
             now = time.monotonic()
@@ -607,6 +620,7 @@ class SchedulerService:
 
     def finish_step(self, plan: StepPlan, answers: BlockAnswers) -> None:
         now = time.monotonic()
+        self.to_plan.add(plan.worker_id)
         outcome = self.core.finish_step(plan, answers, now)
         self.front.dispatch(outcome.events, now)
         if outcome.execute is not None:

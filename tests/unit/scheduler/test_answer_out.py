@@ -4,10 +4,10 @@ lose a request, or let a stale answer change a worker that has moved on."""
 
 from __future__ import annotations
 
-from test_scheduler_core import W, ScriptedWorker, greedy, make
+from test_scheduler_core import W, ScriptedWorker, greedy, make, run
 
 from pagedserve.services.scheduler.scheduler import RequestDone
-from pagedserve.shared.protocol.blocks import Free
+from pagedserve.shared.protocol.blocks import Free, OpError
 
 
 def test_a_worker_with_a_plan_out_gets_no_other_until_its_answer():
@@ -83,3 +83,23 @@ def test_a_worker_suspended_while_its_plan_is_out_frees_the_tables_the_batch_mak
     bm.apply(out.frees, 0.0)
     assert sched.commit(plan, answers, 0.0) is None
     assert bm.num_requests() == 0 and bm.num_free_blocks(W) == 64
+
+
+def test_a_grow_refused_for_a_table_the_block_manager_dropped_recomputes_instead_of_starving():
+    clean_sched, clean_bm = make()
+    clean_sched.add_request("a", [1, 2, 3], greedy(6), 0.0)
+    (want,) = run(clean_sched, clean_bm)
+    sched, bm = make()
+    sched.add_request("a", [1, 2, 3], greedy(6), 0.0)
+    plan = sched.schedule(W, 0.0)
+    first = ScriptedWorker().execute(sched.commit(plan, bm.apply(plan.block_ops, 0.0), 0.0))
+    sched.on_step_result(W, first, 0.0)
+    bm.remove_pool(W)  # it thought the worker silent (it was paused itself) and dropped the pool
+    bm.add_pool(W, 64, 8)
+    plan = sched.schedule(W, 0.0)
+    refused = bm.apply(plan.block_ops, 0.0)
+    assert isinstance(refused.results[0], OpError)
+    assert sched.commit(plan, refused, 0.0) is None  # nothing runs: the request goes back...
+    (done,) = run(sched, bm)  # ... and is computed again from prompt + outputs
+    assert done.completions[0].output_token_ids == want.completions[0].output_token_ids
+    assert bm.num_requests() == 0 and bm.num_free_blocks(W) == 64 and bm.check_invariants() == []
