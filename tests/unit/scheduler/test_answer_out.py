@@ -4,7 +4,7 @@ lose a request, or let a stale answer change a worker that has moved on."""
 
 from __future__ import annotations
 
-from test_scheduler_core import W, ScriptedWorker, greedy, make, run
+from test_scheduler_core import ScriptedWorker, W, greedy, make, run
 
 from pagedserve.services.scheduler.scheduler import RequestDone
 from pagedserve.shared.protocol.blocks import Free, OpError
