@@ -29,6 +29,7 @@ from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
 from pagedserve.shared.ops_history import History
 from pagedserve.shared.ops_server import OpsServer, json_response
+from pagedserve.shared.pauses import AwakeSince
 from pagedserve.shared.protocol.blocks import BlockBatch, BlockReply
 from pagedserve.shared.protocol.codec import ProtocolError
 from pagedserve.shared.protocol.control import (
@@ -54,8 +55,6 @@ from pagedserve.shared.transport import (
 
 # What the block manager takes: schedulers' batches and probes, workers' registrations.
 _RECEIVES = message_table(BlockBatch, Register, Heartbeat, RenewOwner, Pools)
-# A poll of 100 ms that returns this much later means this process was not running meanwhile.
-_PAUSED_S = 1.0
 
 
 class BlockManagerMetrics:
@@ -103,7 +102,9 @@ class BlockManagerService:
         self.epochs: dict[str, str] = {}
         self.continued: dict[str, bool] = {}
         self.last_heartbeat: dict[str, float] = {}
-        self.awake_since = 0.0  # the end of our last pause: no worker is silent for longer than that
+        self.awake = AwakeSince(
+            poll_timeout_s=0.1
+        )  # our own pauses: no worker is silent for longer than we ran
         self.metrics = BlockManagerMetrics()
         # The live view: occupancy once a second, and the pool encoding shared by every viewer.
         self.history = History(("used", "total", "cached", "leases"))
@@ -202,13 +203,7 @@ class BlockManagerService:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         while not self.stopping:
-            polled_at = time.monotonic()
-            ready = poller.poll(timeout=100)
-            if time.monotonic() - polled_at > _PAUSED_S:
-                # We did not run (SIGSTOP, a starved CPU): heartbeats that arrived meanwhile are not
-                # read yet, so silence counts from now, not from the last one we read.
-                self.awake_since = time.monotonic()
-            if ready:
+            if poller.poll(timeout=100):
                 for _ in range(256):  # drain a burst, then let the timers run
                     try:
                         identity, msg = recv_router(self.sock, self.config.max_message_bytes)
@@ -222,6 +217,7 @@ class BlockManagerService:
                         continue
                     self.handle(identity, msg)
             now = time.monotonic()
+            self.awake.turn(now)
             if self.history.due(now):
                 self.sample_history(now)
             if now >= next_reap:
@@ -331,7 +327,7 @@ class BlockManagerService:
             grace = self.config.worker_timeout_s
             if self.epochs.get(pool_id):
                 grace += self.config.kv_resume_timeout_s
-            if now - max(seen, self.awake_since) <= grace:
+            if self.awake.silence(now, seen) <= grace:
                 continue
             with self.lock:
                 free_before = self.core.num_free_blocks(pool_id) if self.core.has_pool(pool_id) else 0

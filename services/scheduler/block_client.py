@@ -19,6 +19,7 @@ from typing import Any
 import zmq
 
 from pagedserve.services.scheduler.planning import StepPlan
+from pagedserve.shared.pauses import AwakeSince
 from pagedserve.shared.protocol.blocks import BlockAnswers, BlockBatch, BlockOp, BlockReply
 from pagedserve.shared.protocol.codec import decode
 from pagedserve.shared.protocol.control import Pools, PoolsReply, RenewOwner
@@ -99,10 +100,10 @@ class BlockManagerClient:
         self.instance = reply.instance
         return None if out.plan is None else (out.plan, reply.answer)
 
-    def overdue(self, now: float) -> bool:
-        """Has the oldest batch out waited past the timeout?"""
+    def overdue(self, now: float, awake: AwakeSince) -> bool:
+        """Has the oldest batch out waited past the timeout (while this process ran to read it)?"""
         oldest = next(iter(self.outstanding.values()), None)
-        return oldest is not None and now - oldest.sent_at > self.rpc_timeout_s
+        return oldest is not None and awake.silence(now, oldest.sent_at) > self.rpc_timeout_s
 
     def renew_owner(self) -> None:
         send(self.sock, RenewOwner(self.owner))

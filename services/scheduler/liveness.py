@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pagedserve.services.scheduler.step_clock import StepClock
+from pagedserve.shared.pauses import AwakeSince
 from pagedserve.shared.protocol.control import WorkerAnnouncement
 
 # How a step timeout's reason begins (the live view and the metrics count them).
@@ -44,6 +45,7 @@ class WorkerLiveness:
         self.steps = steps  # measured step times: the step timeout of each worker
         self.links: dict[str, WorkerLink] = {}
         self.disconnect_seen_at = float("-inf")
+        self.awake = AwakeSince(poll_timeout_s=0.01)  # our own pauses are not the workers' silence
 
     def restarted(self, msg: WorkerAnnouncement) -> bool:
         """Same name, new process: its old state is gone."""
@@ -116,11 +118,11 @@ class WorkerLiveness:
             timeout = min(timeout, 1.5 * self.heartbeat_interval_s)
         lost = []
         for wid, link in self.links.items():
-            silent = now - link.last_heartbeat
+            silent = self.awake.silence(now, link.last_heartbeat)
             oldest = oldest_step_sent_at(wid)
             if silent > timeout:
                 lost.append((wid, f"no heartbeat for {silent:.1f}s"))
-            elif oldest is not None and now - oldest > self.steps.timeout_s(wid):
+            elif oldest is not None and self.awake.silence(now, oldest) > self.steps.timeout_s(wid):
                 lost.append((wid, f"{STEP_UNANSWERED} for {now - oldest:.1f}s"))
         return lost
 

@@ -296,7 +296,8 @@ class SchedulerService:
             if self.worker_monitor in ready:
                 self._drain_monitor()
             now = time.monotonic()
-            if self.bm.overdue(now):
+            self.liveness.awake.turn(now)
+            if self.bm.overdue(now, self.liveness.awake):
                 self.bm.lost("timeout")
             if now >= next_renew:
                 next_renew = now + self.config.lease_renew_interval_s
