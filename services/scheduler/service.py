@@ -480,6 +480,7 @@ class SchedulerService:
 
     def count_lost(self, wid: str, reason: str, **detail: object) -> None:
         """A lost worker in the metrics (and its step timeout, if that is why) and the log."""
+        self.plan_all = True  # its requests wait on other workers now
         self.metrics.workers_lost.inc()
         if self.watch.lost(wid, reason, time.monotonic()):
             self.metrics.step_timeouts.inc()
@@ -489,6 +490,7 @@ class SchedulerService:
     def give_up_worker(self, wid: str, why: str) -> None:
         """A suspended worker's requests stop waiting for it: they recompute elsewhere."""
         moved = self.recompute_elsewhere(wid)
+        self.plan_all = True
         self.log.warning("suspended_worker_given_up", worker_id=wid, reason=why, requeued=len(moved))
 
     def on_step_result(self, wid: str, result: StepResult, now: float) -> None:
@@ -539,6 +541,7 @@ class SchedulerService:
 
     def block_manager_back(self, reply: PoolsReply) -> None:
         self.log.info("block_manager_back", instance=reply.instance, pools=sorted(reply.pools))
+        self.plan_all = True
         for link in self.liveness.links.values():
             if link.worker_id in reply.pools and not link.active and link.routable:
                 self.activate(link)
