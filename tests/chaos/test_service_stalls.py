@@ -63,16 +63,10 @@ def counter(sup: Supervisor, name: str) -> float:
     raise AssertionError(f"no {name} in the scheduler's metrics")
 
 
-def test_pings_are_answered_while_the_block_manager_is_stopped(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(
-        '{"vocab_size": 320, "max_position_embeddings": 512, "eos_token_id": 2}'
-    )
-    config = deployment_config(model, num_blocks=256, simulate_step_ms=10, rpc_timeout_s=4 * STALL_S)
-    sup = Supervisor(config, workers=1, log_dir=tmp_path / "logs").start()
-    ctx = zmq.Context()
-    probe = ctx.socket(zmq.DEALER)
+def run_through_a_stall(tmp_path, service: str, while_stopped) -> None:
+    """A request streams while `service` is stopped (`while_stopped` runs meanwhile); then it ends with
+    the tokens of a run without the stall, nobody lost, nothing leaked."""
+    sup = simulated_deployment(tmp_path)
     try:
         sup.wait_ready(timeout_s=60)
         kw = {"prompt_token_ids": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
@@ -80,10 +74,27 @@ def test_pings_are_answered_while_the_block_manager_is_stopped(tmp_path):
             want = client.generate(**kw).token_ids
         got: dict = {}
         thread = stream_in_background(sup, kw, got)
+        pid = sup.pid(service)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            while_stopped(sup, got)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        thread.join(timeout=60)
+        assert got["tokens"] == want
+        assert counter(sup, "pagedserve_block_manager_outages_total") == 0
+        assert counter(sup, "pagedserve_workers_lost_total") == 0
+        assert_no_leak(sup, expect_pools=1)
+    finally:
+        sup.stop()
+
+
+def test_pings_are_answered_while_the_block_manager_is_stopped(tmp_path):
+    def ping_throughout(sup: Supervisor, got: dict) -> None:
+        ctx = zmq.Context()
+        probe = ctx.socket(zmq.DEALER)
         probe.connect(sup.front_endpoint)
-        bm = sup.pid("block-manager")
-        assert bm is not None
-        os.kill(bm, signal.SIGSTOP)
         try:
             stopped_until = time.monotonic() + STALL_S
             pongs = 0
@@ -96,38 +107,11 @@ def test_pings_are_answered_while_the_block_manager_is_stopped(tmp_path):
             assert pongs >= 5
             assert "tokens" not in got  # it is still waiting for the block manager
         finally:
-            os.kill(bm, signal.SIGCONT)
-        thread.join(timeout=60)
-        assert got["tokens"] == want
-        assert counter(sup, "pagedserve_block_manager_outages_total") == 0
-        assert counter(sup, "pagedserve_workers_lost_total") == 0
-        assert_no_leak(sup, expect_pools=1)
-    finally:
-        probe.close(0)
-        ctx.term()
-        sup.stop()
+            probe.close(0)
+            ctx.term()
+
+    run_through_a_stall(tmp_path, "block-manager", ping_throughout)
 
 
 def test_a_stopped_scheduler_does_not_take_its_workers_for_lost(tmp_path):
-    sup = simulated_deployment(tmp_path)
-    try:
-        sup.wait_ready(timeout_s=60)
-        kw = {"prompt_token_ids": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
-        with Client(sup.front_endpoint, timeout_s=60) as client:
-            want = client.generate(**kw).token_ids
-        got: dict = {}
-        thread = stream_in_background(sup, kw, got)
-        scheduler = sup.pid("scheduler")
-        assert scheduler is not None
-        os.kill(scheduler, signal.SIGSTOP)
-        try:
-            time.sleep(STALL_S)
-        finally:
-            os.kill(scheduler, signal.SIGCONT)
-        thread.join(timeout=60)
-        assert got["tokens"] == want
-        assert counter(sup, "pagedserve_workers_lost_total") == 0
-        assert counter(sup, "pagedserve_block_manager_outages_total") == 0
-        assert_no_leak(sup, expect_pools=1)
-    finally:
-        sup.stop()
+    run_through_a_stall(tmp_path, "scheduler", lambda sup, got: time.sleep(STALL_S))
