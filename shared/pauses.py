@@ -13,14 +13,14 @@ PAUSE_SLACK_S = 1.0  # a loop's turn this much longer than its poll's timeout: t
 
 
 class AwakeSince:
-    def __init__(self, poll_timeout_s: float) -> None:
-        self.longest_turn_s = poll_timeout_s + PAUSE_SLACK_S
+    def __init__(self) -> None:
         self.at = 0.0  # the end of the last pause noticed
         self._last_turn: float | None = None
 
-    def turn(self, now: float) -> None:
-        """The loop's once-per-turn note, before its timers run."""
-        if self._last_turn is not None and now - self._last_turn > self.longest_turn_s:
+    def turn(self, now: float, poll_timeout_s: float) -> None:
+        """The loop's once-per-turn note, before its timers run; `poll_timeout_s`: the longest its
+        poll may wait."""
+        if self._last_turn is not None and now - self._last_turn > poll_timeout_s + PAUSE_SLACK_S:
             self.at = now
         self._last_turn = now
 

@@ -55,6 +55,7 @@ from pagedserve.shared.transport import (
 
 # What the block manager takes: schedulers' batches and probes, workers' registrations.
 _RECEIVES = message_table(BlockBatch, Register, Heartbeat, RenewOwner, Pools)
+_POLL_S = 0.1  # the loop's poll wait: frames wake it, so this only paces the timers
 
 
 class BlockManagerMetrics:
@@ -102,9 +103,7 @@ class BlockManagerService:
         self.epochs: dict[str, str] = {}
         self.continued: dict[str, bool] = {}
         self.last_heartbeat: dict[str, float] = {}
-        self.awake = AwakeSince(
-            poll_timeout_s=0.1
-        )  # our own pauses: no worker is silent for longer than we ran
+        self.awake = AwakeSince()  # our own pauses: no worker is silent for longer than we ran
         self.metrics = BlockManagerMetrics()
         # The live view: occupancy once a second, and the pool encoding shared by every viewer.
         self.history = History(("used", "total", "cached", "leases"))
@@ -203,7 +202,7 @@ class BlockManagerService:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         while not self.stopping:
-            if poller.poll(timeout=100):
+            if poller.poll(timeout=int(_POLL_S * 1000)):
                 for _ in range(256):  # drain a burst, then let the timers run
                     try:
                         identity, msg = recv_router(self.sock, self.config.max_message_bytes)
@@ -217,7 +216,7 @@ class BlockManagerService:
                         continue
                     self.handle(identity, msg)
             now = time.monotonic()
-            self.awake.turn(now)
+            self.awake.turn(now, _POLL_S)
             if self.history.due(now):
                 self.sample_history(now)
             if now >= next_reap:

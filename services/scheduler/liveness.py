@@ -45,7 +45,7 @@ class WorkerLiveness:
         self.steps = steps  # measured step times: the step timeout of each worker
         self.links: dict[str, WorkerLink] = {}
         self.disconnect_seen_at = float("-inf")
-        self.awake = AwakeSince(poll_timeout_s=0.01)  # our own pauses are not the workers' silence
+        self.awake = AwakeSince()  # our own pauses are not the workers' silence (the loop notes its turns)
 
     def restarted(self, msg: WorkerAnnouncement) -> bool:
         """Same name, new process: its old state is gone."""

@@ -379,28 +379,25 @@ class Scheduler:
             req = entry.request
             res = results[entry.op_index]
             ok = type(res) is (Allocation if entry.new else Resumption if entry.resume else Growth)
-            if req.status is Status.FINISHED:
-                # Ended (an abort, a deadline, a stop) while the batch was out. A table made for it
-                # alone now has no owner in the book; a running one's is freed with it as usual.
-                if entry.new and ok:
-                    state.stray.append(req.request_id)
-                state.stray.extend(c.request_id for i, c in entry.forks if forked(results[i]))
-                continue
-            if req.status is not Status.RUNNING and not entry.new:
+            ended = req.status is Status.FINISHED
+            if not ended and req.status is not Status.RUNNING and not entry.new:
                 continue  # preempted: its free is planned once no step names it
-            if isinstance(res, OpError) and not entry.new:
-                # Its table is not what we hold it to be (the block manager dropped it with a pool it
-                # thought lost): starving would wait forever, so it recomputes, as after a preemption.
-                self._recompute(req, state)
-                state.stray.extend(c.request_id for i, c in entry.forks if forked(results[i]))
-                continue
-            # None is a full pool; a refused alloc (an OpError) takes the same recovery.
-            if not ok:
-                if entry.new:  # no room after all (prefix hits pulled cached blocks): wait in front
-                    state.waiting.push_front(req)
+            if ended or not ok:
+                if ended:
+                    # Ended (an abort, a deadline, a stop) while the batch was out. A table made for
+                    # it alone now has no owner in the book; a running one's is freed with it as usual.
+                    if entry.new and ok:
+                        state.stray.append(req.request_id)
+                elif isinstance(res, OpError) and not entry.new:
+                    # Its table is not what we hold it to be (the block manager dropped it with a pool
+                    # it thought lost): starving would wait forever, so it recomputes, as after a
+                    # preemption.
+                    self._recompute(req, state)
+                elif entry.new:  # no room after all (prefix hits pulled cached blocks): wait in front
+                    state.waiting.push_front(req)  # a refused alloc (an OpError) takes the same way
                 else:
-                    state.starving = True
-                # A fork of a parent that cannot run this step holds blocks nobody will use.
+                    state.starving = True  # None: a full pool
+                # A fork of a parent that does not run this step holds blocks nobody will use.
                 state.stray.extend(c.request_id for i, c in entry.forks if forked(results[i]))
                 continue
             if entry.new:

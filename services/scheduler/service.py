@@ -63,6 +63,8 @@ from pagedserve.shared.transport import (
     start_authenticator,
 )
 
+# The loop's poll wait: sockets wake it, so this only paces the timers.
+_POLL_S = 0.01
 # What workers send the scheduler (step socket and heartbeat socket).
 _FROM_WORKERS = message_table(Heartbeat, Hello, StepResultMessage)
 
@@ -283,7 +285,7 @@ class SchedulerService:
                 poller.register(polled_bm, zmq.POLLIN)
             # Sockets wake the poll (block-manager answers among them); a short timeout only serves
             # the timers. Never spin: on two cores a busy scheduler steals the worker's CPU.
-            ready = dict(poller.poll(timeout=10))
+            ready = dict(poller.poll(timeout=int(_POLL_S * 1000)))
             if polled_bm in ready:
                 self._drain_block_manager()
             if self.workers_sock in ready:
@@ -296,7 +298,7 @@ class SchedulerService:
             if self.worker_monitor in ready:
                 self._drain_monitor()
             now = time.monotonic()
-            self.liveness.awake.turn(now)
+            self.liveness.awake.turn(now, _POLL_S)
             if self.bm.overdue(now, self.liveness.awake):
                 self.bm.lost("timeout")
             if now >= next_renew:
@@ -457,6 +459,7 @@ class SchedulerService:
         out = self.core.suspend_worker(wid, time.monotonic(), link.pool_epoch, link.incarnation)
         if out.frees:
             self.bm.send(out.frees, time.monotonic())
+        self.plan_all = True  # the moved requests wait on other workers now
         self.count_lost(
             wid,
             reason,
@@ -476,11 +479,11 @@ class SchedulerService:
         moved = self.core.remove_worker(wid)
         if held and not self.bm.down:
             self.bm.send([Free(rid, 0) for rid in held], time.monotonic())
+        self.plan_all = True  # the moved requests wait on other workers now
         return moved
 
     def count_lost(self, wid: str, reason: str, **detail: object) -> None:
         """A lost worker in the metrics (and its step timeout, if that is why) and the log."""
-        self.plan_all = True  # its requests wait on other workers now
         self.metrics.workers_lost.inc()
         if self.watch.lost(wid, reason, time.monotonic()):
             self.metrics.step_timeouts.inc()
@@ -490,7 +493,6 @@ class SchedulerService:
     def give_up_worker(self, wid: str, why: str) -> None:
         """A suspended worker's requests stop waiting for it: they recompute elsewhere."""
         moved = self.recompute_elsewhere(wid)
-        self.plan_all = True
         self.log.warning("suspended_worker_given_up", worker_id=wid, reason=why, requeued=len(moved))
 
     def on_step_result(self, wid: str, result: StepResult, now: float) -> None:

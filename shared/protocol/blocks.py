@@ -28,11 +28,12 @@ them): the prefix cache keeps only blocks it knows were written (services/block_
 back to the `num_slots` its owner saw committed, then grows it like `grow`; it answers the whole
 table, which the restarted worker needs, and the copies to make first.
 
-An op with more arguments than declared is read without the extra ones (msgspec's rule for array-like
-Structs): a newer peer may append an optional argument. One bad op never costs its neighbours: an op the reader cannot read becomes `Unreadable` in its slot
-(`read_batch`), the block manager answers it with an OpError, and the other ops of the batch still
-run (a free that did not run would hold its blocks until the lease reaper came). Frames carry a
-`seq` so a caller that timed out can tell a late reply from the one it waits for.
+An op with more arguments than declared is read without the extra ones (msgspec's rule for
+array-like Structs): a newer peer may append an optional argument. One bad op never costs its
+neighbours: an op the reader cannot read becomes `Unreadable` in its slot (`read_batch`), the block
+manager answers it with an OpError, and the other ops of the batch still run (a free that did not
+run would hold its blocks until the lease reaper came). Frames carry a `seq` so a caller that timed
+out can tell a late reply from the one it waits for.
 """
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ def read_batch(body: bytes) -> BlockBatch:
         try:
             ops.append(read_op(raw))
         except msgspec.ValidationError as exc:
-            where = f"`$.ops[{index}]"
-            reason = str(exc).replace("`$", where) if "`$" in str(exc) else f"{exc} - at {where}`"
-            ops.append(Unreadable(reason))
+            # msgspec names the path within the op (`$[2]`), or none when the op itself is wrong.
+            where, said = f"`$.ops[{index}]", str(exc)
+            ops.append(Unreadable(said.replace("`$", where) if "`$" in said else f"{said} - at {where}`"))
     return BlockBatch(loose.seq, ops)
