@@ -565,7 +565,7 @@ class SchedulerService:
                 self.give_up_worker(
                     wid, f"not back within kv_resume_timeout_s ({self.config.kv_resume_timeout_s} s)"
                 )
-        self.sync_kv_counters()
+        self.metrics.suspended.set(sum(1 for wid in self.core.worker_ids() if self.core.is_suspended(wid)))
         self.front.abort_lapsed_clients(now, self.config.client_timeout_s)
         self.front.dispatch(self.core.expire(now), now)
         if self.bm.down:
@@ -576,11 +576,14 @@ class SchedulerService:
             self.watch.sample(now, self.core.num_waiting, self.core.num_running)
 
     def sync_kv_counters(self) -> None:
-        stats, m = self.core.stats, self.metrics
-        m.resumed.inc(stats.resumed_requests - self._counted[0])
-        m.recomputed.inc(stats.recomputed_tokens - self._counted[1])
-        self._counted = (stats.resumed_requests, stats.recomputed_tokens)
-        m.suspended.set(sum(1 for wid in self.core.worker_ids() if self.core.is_suspended(wid)))
+        """The resumed / recomputed counters follow the core's stats, which only a commit moves: synced
+        right after it, so that a client that saw the step's tokens reads counters that include it."""
+        stats = self.core.stats
+        counted = (stats.resumed_requests, stats.recomputed_tokens)
+        if counted != self._counted:
+            self.metrics.resumed.inc(counted[0] - self._counted[0])
+            self.metrics.recomputed.inc(counted[1] - self._counted[1])
+            self._counted = counted
 
     def dump_stacks(self, wid: str, now: float) -> None:
         """A suspected hang: our stacks and the worker's into the logs, while it is still stuck."""
@@ -628,6 +631,7 @@ class SchedulerService:
         now = time.monotonic()
         self.to_plan.add(plan.worker_id)
         outcome = self.core.finish_step(plan, answers, now)
+        self.sync_kv_counters()
         self.front.dispatch(outcome.events, now)
         if outcome.execute is not None:
             self.send_to_worker(plan.worker_id, ExecuteMessage(outcome.execute))
