@@ -221,6 +221,28 @@ class ServeConfig(BaseSettings):
     )
     max_message_bytes: int = Field(64 * 1024**2, ge=1024, description="largest frame any socket accepts")
 
+    # --- `pagedserve router`: several schedulers (shards) behind one front endpoint (services/router)
+    router_shards: list[str] = Field(
+        default_factory=list,
+        description="the router's shards: each scheduler's front endpoint (the router binds front_endpoint)",
+    )
+    router_policy: Literal["cache_aware", "round_robin", "least_load"] = Field(
+        "cache_aware", description="how the router places a new request on a shard"
+    )
+    router_cache_threshold: float = Field(
+        0.3, ge=0.0, le=1.0, description="least share of a prompt's leading blocks a shard must have seen"
+    )
+    router_balance_abs: int = Field(
+        4096, ge=0, description="outstanding tokens between shards past which the least loaded one is chosen"
+    )
+    router_balance_rel: float = Field(
+        1.5, ge=1.0, description="... and past this ratio of the most to the least loaded shard"
+    )
+    router_shard_timeout_s: float = Field(
+        3.0, gt=0.0, description="a shard silent this long is lost: its requests start over on the others"
+    )
+    router_ops_port: int = Field(8090, ge=0, le=65535, description="router ops HTTP port (0 = off)")
+
     # --- the OpenAI-compatible HTTP API (services/api)
     api_host: str = Field("127.0.0.1", description="address the OpenAI-compatible API binds")
     api_port: int = Field(8000, ge=1, le=65535, description="port of the OpenAI-compatible API")
@@ -356,6 +378,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "served_model_name", "tool_call_parser", "reasoning_parser", "runner", "pooling",
         "normalize_embeddings", "responses_kept",
     ),
+    "router": (
+        "router_shards", "router_policy", "router_cache_threshold", "router_balance_abs", "router_balance_rel",
+        "router_shard_timeout_s", "router_ops_port",
+    ),
     "security": ("curve_keys_dir", "admin_token"),
     "logging": ("log_format", "log_level"),
 }  # fmt: skip
@@ -365,6 +391,7 @@ COMMAND_SECTIONS: dict[str, tuple[str, ...]] = {
     "scheduler": ("model", "lora", "cache", "scheduler", *_EVERY_PROCESS),
     "worker": ("model", "lora", "cache", "scheduler", *_EVERY_PROCESS),
     "api": ("model", "lora", "scheduler", "api", *_EVERY_PROCESS),
+    "router": ("router", "cache", *_EVERY_PROCESS),
 }
 
 

@@ -90,37 +90,54 @@ def start_authenticator(ctx: zmq.Context, keys: CurveKeys) -> Any:
     return auth
 
 
-def send(sock: zmq.Socket, message: Any, to: bytes | None = None) -> None:
-    """One declared message (shared/protocol) to a DEALER peer, or [identity, frame] from a ROUTER.
+Route = tuple[bytes, ...]
+"""The frames before a message on a ROUTER: the sender's identity; behind `pagedserve router`, the
+router's own hop first, then its client's identity (the scheduler answers along the same frames)."""
+
+MAX_HOPS = 2  # a client, or a client behind one router
+
+
+def send(sock: zmq.Socket, message: Any, to: bytes | Route | None = None) -> None:
+    """One declared message (shared/protocol) to a DEALER peer, or [identity..., frame] from a ROUTER.
 
     Never blocks: a full queue drops."""
     frame = encode_message(message)
     try:
         if to is None:
             sock.send(frame, zmq.NOBLOCK)
-        else:
+        elif isinstance(to, bytes):
             sock.send_multipart([to, frame], zmq.NOBLOCK)
+        else:
+            sock.send_multipart([*to, frame], zmq.NOBLOCK)
     except zmq.Again:
         pass  # the peer is gone or hopelessly behind; its timeout handles it
 
 
-def recv_router(sock: zmq.Socket, max_bytes: int) -> tuple[bytes, dict[str, Any]]:
-    """(identity, message) from a ROUTER; raises ProtocolError (with the identity known) on a bad frame."""
+def recv_routed(sock: zmq.Socket, max_bytes: int, max_hops: int = MAX_HOPS) -> tuple[Route, dict[str, Any]]:
+    """(route, message) from a ROUTER; raises ProtocolError (with the route known) on a bad frame."""
     parts = sock.recv_multipart(zmq.NOBLOCK)
-    identity, frames = parts[0], parts[1:]
-    # DEALERs send one frame; REQ-style peers add an empty delimiter first.
-    if len(frames) == 2 and frames[0] == b"":
-        frames = frames[1:]
-    if len(frames) != 1:
-        raise RouterFrameError(identity, ProtocolError("bad_frame", f"expected one frame, got {len(frames)}"))
+    *route, frame = parts
+    # REQ-style peers put an empty delimiter between the identity and the frame; no hop is empty.
+    if len(route) > 1 and route[-1] == b"":
+        route.pop()
+    if len(route) > max_hops:
+        raise RouterFrameError(
+            tuple(route[:1]), ProtocolError("bad_frame", f"expected one frame, got {len(parts) - 1}")
+        )
     try:
-        return identity, decode(frames[0], max_bytes)
+        return tuple(route), decode(frame, max_bytes)
     except Exception as exc:
-        raise RouterFrameError(identity, exc) from None
+        raise RouterFrameError(tuple(route), exc) from None
+
+
+def recv_router(sock: zmq.Socket, max_bytes: int) -> tuple[bytes, dict[str, Any]]:
+    """(identity, message) from a ROUTER whose peers connect directly (workers, schedulers)."""
+    route, message = recv_routed(sock, max_bytes, max_hops=1)
+    return route[0], message
 
 
 class RouterFrameError(Exception):
-    def __init__(self, identity: bytes, error: Exception) -> None:
+    def __init__(self, identity: Route, error: Exception) -> None:
         super().__init__(str(error))
         self.identity = identity
         self.error = error

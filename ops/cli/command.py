@@ -40,6 +40,7 @@ SERVICES = {
     "scheduler": "pagedserve.services.scheduler.service",
     "worker": "pagedserve.services.worker.service",
     "api": "pagedserve.services.api.server",
+    "router": "pagedserve.services.router.service",
 }
 # Subcommands whose arguments belong to a module another part of the project owns.
 PASSTHROUGH = {"bench": "pagedserve.ops.bench", "chaos": "pagedserve.ops.chaos"}

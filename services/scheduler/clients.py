@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from pagedserve.services.scheduler.admission import RequestRejected
 from pagedserve.shared.protocol.frontend import Error, Finished
+from pagedserve.shared.transport import Route
 
 
 @dataclass(slots=True)
@@ -15,19 +16,19 @@ class ClientBook:
     """Who asked for what: routes, liveness and per-client limits."""
 
     max_inflight: int
-    route: dict[str, bytes] = field(default_factory=dict)  # request id -> client identity
+    route: dict[str, Route] = field(default_factory=dict)  # request id -> the client's frames
     streaming: dict[str, bool] = field(default_factory=dict)
-    live: dict[bytes, set[str]] = field(default_factory=dict)  # client -> its live request ids
-    last_seen: dict[bytes, float] = field(default_factory=dict)
+    live: dict[Route, set[str]] = field(default_factory=dict)  # client -> its live request ids
+    last_seen: dict[Route, float] = field(default_factory=dict)
     # Requests that name a user count against that user's limit instead of their connection's:
     # several API processes (each one connection) serve one user, and one serves many users.
     by_user: dict[str, set[str]] = field(default_factory=dict)
     user_of: dict[str, str] = field(default_factory=dict)  # request id -> its user
 
-    def seen(self, client: bytes, now: float) -> None:
+    def seen(self, client: Route, now: float) -> None:
         self.last_seen[client] = now
 
-    def admit(self, client: bytes, request_id: str, stream: bool, user: str | None = None) -> None:
+    def admit(self, client: Route, request_id: str, stream: bool, user: str | None = None) -> None:
         ids = self.live.setdefault(client, set())
         counted = ids if user is None else self.by_user.setdefault(user, set())
         if len(counted) >= self.max_inflight:
@@ -44,7 +45,7 @@ class ClientBook:
         self.route[request_id] = client
         self.streaming[request_id] = stream
 
-    def reroute(self, client: bytes, request_id: str, stream: bool) -> None:
+    def reroute(self, client: Route, request_id: str, stream: bool) -> None:
         old = self.route.get(request_id)
         if old is not None and old in self.live:
             self.live[old].discard(request_id)
@@ -52,7 +53,7 @@ class ClientBook:
         self.route[request_id] = client
         self.streaming[request_id] = stream
 
-    def done(self, request_id: str) -> bytes | None:
+    def done(self, request_id: str) -> Route | None:
         client = self.route.pop(request_id, None)
         self.streaming.pop(request_id, None)
         user = self.user_of.pop(request_id, None)
@@ -66,7 +67,7 @@ class ClientBook:
                 del self.live[client]
         return client
 
-    def lapsed(self, now: float, timeout_s: float) -> list[tuple[bytes, list[str]]]:
+    def lapsed(self, now: float, timeout_s: float) -> list[tuple[Route, list[str]]]:
         """Clients with live requests whose heartbeats stopped."""
         out = []
         for client, ids in self.live.items():

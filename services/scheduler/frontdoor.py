@@ -8,7 +8,7 @@ Finished and Error replies, routed by the per-client book; a reconnecting client
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import zmq
 from pydantic import ValidationError
@@ -27,13 +27,15 @@ from pagedserve.shared.protocol.frontend import (
     Delta,
     Error,
     Finished,
+    Locate,
+    Location,
     Ping,
     Pong,
     Submit,
     Usage,
 )
 from pagedserve.shared.protocol.messages import read_message
-from pagedserve.shared.transport import send
+from pagedserve.shared.transport import Route, send
 
 _ERROR_MESSAGES = {
     "no_workers": "no live worker could serve the request before its timeout",
@@ -53,7 +55,7 @@ def describe_validation_error(exc: ValidationError) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
-def parse_client_message(msg: dict[str, Any]) -> Submit | Abort | Ping:
+def parse_client_message(msg: dict[str, Any]) -> Submit | Abort | Ping | Locate:
     """Validate a decoded frame against the client message types; raises RequestRejected."""
     try:
         return read_message(msg, CLIENT_MESSAGES)
@@ -105,13 +107,19 @@ class FrontDoor:
         self.finished = finished if finished is not None else FinishedStore()
         self.streams: dict[tuple[str, int], list[int]] = {}  # (request, index) -> [tokens sent, chars sent]
 
-    def on_message(self, client: bytes, msg: dict[str, Any], now: float) -> None:
+    def on_message(self, client: Route, msg: dict[str, Any], now: float) -> None:
         self.clients.seen(client, now)
         rid = msg.get("request_id") if isinstance(msg.get("request_id"), str) else None
         try:
             parsed = parse_client_message(msg)
             if isinstance(parsed, Ping):
                 send(self.sock, Pong(), to=client)
+            elif isinstance(parsed, Locate):
+                send(
+                    self.sock,
+                    Location(request_id=parsed.request_id, state=self.locate(parsed.request_id)),
+                    to=client,
+                )
             elif isinstance(parsed, Abort):
                 self.abort(parsed.request_id, now)
             else:
@@ -121,7 +129,7 @@ class FrontDoor:
             self.log.warning("request_rejected", request_id=rid, code=exc.code, error=exc.message)
             send(self.sock, Error(code=exc.code, message=exc.message, request_id=rid), to=client)
 
-    def submit(self, submit: Submit, client: bytes, now: float) -> None:
+    def submit(self, submit: Submit, client: Route, now: float) -> None:
         rid = submit.request_id
         stored = self.finished.get(rid)
         if stored is not None:  # a retry of something already done: answer, do not run it again
@@ -157,7 +165,7 @@ class FrontDoor:
         self.clients.admit(client, rid, submit.stream, submit.user)
         timeout = submit.timeout_s or self.request_timeout_s
         # The same identity the in-flight limit counts: the user where one is named, else the connection.
-        tenant = submit.user if submit.user is not None else client.hex()
+        tenant = submit.user if submit.user is not None else b"/".join(client).hex()
         self.core.add_request(
             rid, tokens, submit.sampling, now, deadline=now + timeout, tenant=tenant, lora=lora
         )
@@ -171,7 +179,7 @@ class FrontDoor:
         )
         send(self.sock, Accepted(request_id=rid, num_prompt_tokens=len(tokens)), to=client)
 
-    def _replay(self, rid: str, client: bytes) -> None:
+    def _replay(self, rid: str, client: Route) -> None:
         """A reconnected client gets everything so far; it keeps what it lacks by offset."""
         completions = self.core.completions(rid)
         num_prompt_tokens = len(completions[0].prompt_token_ids)
@@ -188,6 +196,11 @@ class FrontDoor:
                     prompt_logprobs=req.prompt_logprobs,
                 )
                 send(self.sock, delta, to=client)
+
+    def locate(self, rid: str) -> Literal["live", "finished", "unknown"]:
+        if self.core.is_live(rid):
+            return "live"
+        return "finished" if self.finished.get(rid) is not None else "unknown"
 
     def abort(self, rid: str, now: float) -> None:
         if not self.core.is_live(rid):

@@ -58,6 +58,7 @@ from pagedserve.shared.transport import (
     CurveKeys,
     RouterFrameError,
     make_socket,
+    recv_routed,
     recv_router,
     send,
     start_authenticator,
@@ -289,10 +290,12 @@ class SchedulerService:
             if polled_bm in ready:
                 self._drain_block_manager()
             if self.workers_sock in ready:
-                self._drain(self.workers_sock, self.on_worker_message)
+                self._drain(self.workers_sock, recv_router, self.on_worker_message)
             if self.front.sock in ready:
                 self._drain(
-                    self.front.sock, lambda client, msg: self.front.on_message(client, msg, time.monotonic())
+                    self.front.sock,
+                    recv_routed,
+                    lambda client, msg: self.front.on_message(client, msg, time.monotonic()),
                 )
                 self.plan_all = True  # a new request waits on the least-loaded worker: any of them
             if self.worker_monitor in ready:
@@ -322,10 +325,16 @@ class SchedulerService:
             self.log.info("worker_connection_closed")
             self.next_tick = 0.0  # check liveness now
 
-    def _drain(self, sock: zmq.Socket, handler: Callable[[bytes, dict[str, Any]], None]) -> None:
+    def _drain(
+        self,
+        sock: zmq.Socket,
+        recv: Callable[[zmq.Socket, int], tuple[Any, dict[str, Any]]],
+        handler: Callable[[Any, dict[str, Any]], None],
+    ) -> None:
+        """Up to a batch of frames from a ROUTER; `recv` says how far its peers may be routed."""
         for _ in range(512):
             try:
-                identity, msg = recv_router(sock, self.config.max_message_bytes)
+                identity, msg = recv(sock, self.config.max_message_bytes)
             except zmq.Again:
                 return
             except RouterFrameError as exc:

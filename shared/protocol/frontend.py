@@ -1,6 +1,7 @@
 """Client SDK <-> scheduler messages. A trust boundary: every field is validated on arrival.
 
-Requests: Submit, Abort, Ping. Replies: Accepted, Delta, Finished, Error, Pong.
+Requests: Submit, Abort, Ping (and a router's Locate). Replies: Accepted, Delta, Finished, Error, Pong
+(and Location).
 Unknown fields are errors (extra="forbid"), so a typo in a sampling field is never silently ignored.
 """
 
@@ -159,6 +160,14 @@ class Ping(_Strict):
     type: Literal["ping"] = "ping"
 
 
+class Locate(_Strict):
+    """Does this scheduler hold the request? A router asks every shard when it does not know the owner
+    (its table is soft state: gone after its own restart)."""
+
+    type: Literal["locate"] = "locate"
+    request_id: RequestId
+
+
 # ---------------------------------------------------------------- scheduler -> client
 
 
@@ -222,7 +231,18 @@ class Pong(_Strict):
     type: Literal["pong"] = "pong"
 
 
-CLIENT_MESSAGES: dict[str, type[_Strict]] = {"submit": Submit, "abort": Abort, "ping": Ping}
+class Location(_Strict):
+    """The answer to Locate: `live` (running or waiting here), `finished` (its result is kept here) or
+    `unknown`."""
+
+    type: Literal["location"] = "location"
+    request_id: str
+    state: Literal["live", "finished", "unknown"]
+
+
+CLIENT_MESSAGES: dict[str, type[_Strict]] = {
+    m.model_fields["type"].default: m for m in (Submit, Abort, Ping, Locate)
+}
 SERVER_MESSAGES: dict[str, type[_Strict]] = {
-    m.model_fields["type"].default: m for m in (Accepted, Delta, Finished, Error, Pong)
+    m.model_fields["type"].default: m for m in (Accepted, Delta, Finished, Error, Pong, Location)
 }
