@@ -89,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
             "--workers", type=int, default=1, help="worker processes, named worker-0..N-1 (default: 1)"
         )
         p.add_argument(
+            "--schedulers",
+            type=int,
+            default=1,
+            help="scheduler shards, each with its own block manager and --workers workers, behind "
+            "`pagedserve router` on the front endpoint (default: 1, no router)",
+        )
+        p.add_argument(
             "--api",
             action=argparse.BooleanOptionalAction,
             default=True,
@@ -298,7 +305,15 @@ def _cmd_up(args: argparse.Namespace) -> int:
     if refusal:  # before any worker starts: a worker that cannot load would be restarted forever
         print(f"pagedserve {args.command}: {refusal}", file=sys.stderr)
         return 2
-    return run_up(config, args.workers, args.ready_timeout, args.log_dir, api=args.api, ray=ray)
+    return run_up(
+        config,
+        args.workers,
+        args.ready_timeout,
+        args.log_dir,
+        api=args.api,
+        ray=ray,
+        schedulers=args.schedulers,
+    )
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

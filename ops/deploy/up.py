@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from pagedserve.ops.deploy.shards import ShardedDeployment
 from pagedserve.ops.deploy.supervisor import DeploymentFailed, Launcher, Supervisor, service_argv
 from pagedserve.shared.config import ServeConfig
 
@@ -34,9 +35,17 @@ def run_up(
     launcher: Launcher = service_argv,
     api: bool = False,
     ray: RayPlacement | None = None,
+    schedulers: int = 1,
 ) -> int:
-    supervisor: Supervisor | RayDeployment
-    if ray is None:
+    supervisor: Supervisor | RayDeployment | ShardedDeployment
+    if schedulers > 1:
+        if ray is not None:
+            out.write("error: --schedulers with --ray is not supported yet: run the shards locally\n")
+            return 2
+        supervisor = ShardedDeployment(
+            config, schedulers, workers, log_dir=log_dir, launcher=launcher, api=api
+        )
+    elif ray is None:
         supervisor = Supervisor(config, workers=workers, log_dir=log_dir, launcher=launcher, api=api)
     else:
         from pagedserve.ops.deploy.ray_deployment import RayDeployment
@@ -72,7 +81,12 @@ def run_up(
     return code
 
 
-def _print_endpoints(supervisor: Supervisor | RayDeployment, out: TextIO, log_dir: Path | None) -> None:
+def _print_endpoints(
+    supervisor: Supervisor | RayDeployment | ShardedDeployment, out: TextIO, log_dir: Path | None
+) -> None:
+    if isinstance(supervisor, ShardedDeployment):
+        _print_shards(supervisor, out, log_dir)
+        return
     api = " and the OpenAI API" if supervisor.api else ""
     on_ray = (
         ""
@@ -91,6 +105,22 @@ def _print_endpoints(supervisor: Supervisor | RayDeployment, out: TextIO, log_di
         )
     if log_dir is not None:
         lines.append(f"  logs                {log_dir}/<service>.log")
+    out.write("\n".join(lines) + "\n")
+    out.flush()
+
+
+def _print_shards(deployment: ShardedDeployment, out: TextIO, log_dir: Path | None) -> None:
+    shards = deployment.shards
+    lines = [
+        f"pagedserve: a router in front of {len(shards)} shards of {shards[0].workers} worker(s) each",
+        f"  front (SDK)         {deployment.front_endpoint}  (the router)",
+        f"  router ops          {deployment.scheduler_ops_url}  /healthz /readyz /shards /metrics",
+    ]
+    lines += [f"  shard {i} scheduler   {s.scheduler_ops_url}" for i, s in enumerate(shards)]
+    if deployment.api:
+        lines.append(f"  OpenAI API          {deployment.api_base_url}")
+    if log_dir is not None:
+        lines.append(f"  logs                {log_dir}/router.log, {log_dir}/shard-<i>/<service>.log")
     out.write("\n".join(lines) + "\n")
     out.flush()
 

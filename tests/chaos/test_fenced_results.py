@@ -11,7 +11,7 @@ import time
 import uuid
 
 import zmq
-from harness.deployment import deployment_config, get_text, workers_ready
+from harness.deployment import deployment_config, get_text, simulated_model, workers_ready
 
 from pagedserve import Client
 from pagedserve.ops.deploy.supervisor import Supervisor
@@ -89,11 +89,7 @@ def stale_results(sup: Supervisor) -> float:
 
 
 def test_a_stale_result_with_a_matching_step_number_is_fenced_off(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(
-        '{"vocab_size": 320, "max_position_embeddings": 256, "eos_token_id": 2}'
-    )
+    model = simulated_model(tmp_path, max_len=256)
     sup = Supervisor(deployment_config(model, num_blocks=64), workers=0, log_dir=tmp_path / "logs").start()
     worker = None
     try:

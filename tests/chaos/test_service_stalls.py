@@ -17,7 +17,7 @@ import threading
 import time
 
 import zmq
-from harness.deployment import assert_no_leak, deployment_config, get_text
+from harness.deployment import assert_no_leak, deployment_config, get_text, simulated_model
 
 from pagedserve import Client
 from pagedserve.ops.deploy.supervisor import Supervisor
@@ -29,12 +29,7 @@ STALL_S = 2.0  # longer than worker_timeout_s (1.5 s), shorter than rpc_timeout_
 
 
 def simulated_deployment(tmp_path) -> Supervisor:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(
-        '{"vocab_size": 320, "max_position_embeddings": 512, "eos_token_id": 2}'
-    )
-    config = deployment_config(model, num_blocks=256, simulate_step_ms=10, rpc_timeout_s=4 * STALL_S)
+    config = deployment_config(simulated_model(tmp_path), num_blocks=256, simulate_step_ms=10, rpc_timeout_s=4 * STALL_S)
     assert config.worker_timeout_s < STALL_S
     return Supervisor(config, workers=1, log_dir=tmp_path / "logs").start()
 

@@ -30,6 +30,15 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def simulated_model(root: Path, max_len: int = 512) -> Path:
+    """A model folder with only a config.json: what simulated workers (simulate_step_ms) need."""
+    model = root / "model"
+    model.mkdir()
+    config = {"vocab_size": 320, "max_position_embeddings": max_len, "eos_token_id": 2}
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
 def deployment_config(model: Path | str, **overrides: Any) -> ServeConfig:
     front, workers, bm, sched_ops, bm_ops = free_ports(5)
     fields: dict[str, Any] = {
