@@ -7,6 +7,7 @@
     pagedserve bench serve --request-rate 1,4,inf   # online over HTTP, any OpenAI-compatible server
     pagedserve bench fleet              # one scheduler driving 1..32 simulated workers (ops/bench/fleet.py)
     pagedserve bench speculative        # speculative decoding on four workloads at 1, 4, 16 concurrent
+    pagedserve bench placement          # cache-aware against round-robin placement over 2 shards
 
 The workload (nano-vllm's bench.py, scaled down): seed 0, prompts of random token ids, prompt and
 output lengths uniform in [--min-len, --max-len], EOS ignored, temperature 0.6. The same requests
@@ -112,23 +113,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+SUBCOMMANDS = {
+    "serve": "pagedserve.ops.bench.serve",  # online, over HTTP, any OpenAI-compatible server
+    "front-door": "pagedserve.ops.bench.front_door",  # many HTTP clients through the API
+    "speculative": "pagedserve.ops.bench.speculative",  # speculative decoding against none
+    "fleet": "pagedserve.ops.bench.fleet",  # simulated workers behind one scheduler or shards
+    "placement": "pagedserve.ops.bench.placement",  # the router's placement on a multi-turn workload
+}
+
+
 def main(argv: list[str] | None = None) -> int:
-    if argv and argv[0] == "serve":  # `pagedserve bench serve`: online, over HTTP (ops/bench/serve.py)
-        from pagedserve.ops.bench.serve import main as serve_main
+    if argv and argv[0] in SUBCOMMANDS:  # each with its own flags
+        import importlib
 
-        return serve_main(argv[1:])
-    if argv and argv[0] == "front-door":  # many HTTP clients through the API (ops/bench/front_door.py)
-        from pagedserve.ops.bench.front_door import main as front_door_main
-
-        return front_door_main(argv[1:])
-    if argv and argv[0] == "speculative":  # speculative decoding against none (ops/bench/speculative.py)
-        from pagedserve.ops.bench.speculative import main as speculative_main
-
-        return speculative_main(argv[1:])
-    if argv and argv[0] == "fleet":  # `pagedserve bench fleet`: simulated workers, its own flags
-        from pagedserve.ops.bench.fleet import main as fleet_main
-
-        return fleet_main(argv[1:])
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     args = parse_args(argv)
     from pagedserve.services.worker.cpu_dtype import UnsupportedDtype, check_cpu_dtype
 

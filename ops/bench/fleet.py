@@ -2,6 +2,9 @@
 
     pagedserve bench fleet                           fleets of 1, 2, 4, 8, 16, 32 simulated workers
     pagedserve bench fleet --sizes 1,2 --measure 4   a quick look
+    pagedserve bench fleet --shards 4 --sizes 16,64 --step-ms 40
+                                                     the workers split over 4 scheduler shards
+                                                     behind `pagedserve router`
 
 Each worker runs no model (`pagedserve worker --simulate-step-ms 10`: a step sleeps 10 ms and
 returns fake tokens), so what is measured is the control plane. Per fleet size, a real deployment
@@ -17,6 +20,11 @@ worker (token-id prompts, EOS ignored, not streamed), and over `--measure` secon
 
 The largest fleet kept under 5% idle is what one scheduler can drive at this step time on this
 machine. A 10 ms step is a fast GPU decode step; a slower model's step makes the fleet larger.
+
+With `--shards S` each fleet is split evenly over S shards (each its own scheduler and block manager)
+behind the router, and the load goes through the router: the figures are summed over the shards, and
+two more are reported: the router's CPU per request, and steps per second of scheduler CPU (which
+stays flat from 1 shard to S when the shards scale).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedserve.ops.deploy.process_group import RestartPolicy
+from pagedserve.ops.deploy.shards import ROUTER, ShardedDeployment
 from pagedserve.ops.deploy.supervisor import Supervisor
 from pagedserve.ops.results import write_json
 from pagedserve.shared.config import ServeConfig, add_config_flag
@@ -55,6 +64,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default: 128)")
     ap.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring (default: 2)")
     ap.add_argument("--measure", type=float, default=8.0, help="seconds measured per size (default: 8)")
+    ap.add_argument(
+        "--shards", type=int, default=1, help="scheduler shards behind a router (default: 1, none)"
+    )
     add_config_flag(ap, "pipeline_depth", 2)
     ap.add_argument("--ready-timeout", type=float, default=180.0)
     ap.add_argument("--out", type=Path, default=Path("bench/results/fleet.json"))
@@ -65,6 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--sizes takes a comma list of integers; got {args.sizes!r}")
     if not args.sizes or min(args.sizes) < 1:
         ap.error(f"--sizes must be positive; got {args.sizes}")
+    if args.shards < 1 or any(size % args.shards for size in args.sizes):
+        ap.error(f"--shards must be >= 1 and divide every size; got {args.shards} for {args.sizes}")
     return args
 
 
@@ -98,22 +112,34 @@ class Reading:
     bm: dict[str, float]
     scheduler_cpu: float
     bm_cpu: float
+    router_cpu: float
 
 
-def read(sup: Supervisor) -> Reading:
+def _summed(into: dict[str, float], values: dict[str, float]) -> None:
+    for key, value in values.items():
+        into[key] = into.get(key, 0.0) + value
+
+
+def read(deployment: Supervisor | ShardedDeployment) -> Reading:
+    """Metrics and CPU times, summed over the shards (one, without a router)."""
     from pagedserve.ops.deploy import ops_client
 
-    _, sched = ops_client.get(f"{sup.scheduler_ops_url}/metrics", timeout_s=5.0)
-    _, bm = ops_client.get(f"{sup.block_manager_ops_url}/metrics", timeout_s=5.0)
-    sched_pid, bm_pid = sup.pid("scheduler"), sup.pid("block-manager")
-    assert sched_pid is not None and bm_pid is not None, "a core service died during the benchmark"
-    return Reading(
-        time.monotonic(),
-        prometheus_values(sched.decode()),
-        prometheus_values(bm.decode()),
-        cpu_seconds(sched_pid),
-        cpu_seconds(bm_pid),
-    )
+    reading = Reading(time.monotonic(), {}, {}, 0.0, 0.0, 0.0)
+    sharded = isinstance(deployment, ShardedDeployment)
+    for sup in deployment.shards if sharded else [deployment]:
+        _, sched = ops_client.get(f"{sup.scheduler_ops_url}/metrics", timeout_s=5.0)
+        _, bm = ops_client.get(f"{sup.block_manager_ops_url}/metrics", timeout_s=5.0)
+        sched_pid, bm_pid = sup.pid("scheduler"), sup.pid("block-manager")
+        assert sched_pid is not None and bm_pid is not None, "a core service died during the benchmark"
+        _summed(reading.metrics, prometheus_values(sched.decode()))
+        _summed(reading.bm, prometheus_values(bm.decode()))
+        reading.scheduler_cpu += cpu_seconds(sched_pid)
+        reading.bm_cpu += cpu_seconds(bm_pid)
+    if sharded:
+        router_pid = deployment.group.pid(ROUTER)
+        assert router_pid is not None, "the router died during the benchmark"
+        reading.router_cpu = cpu_seconds(router_pid)
+    return reading
 
 
 def summarise(size: int, a: Reading, b: Reading) -> dict[str, Any]:
@@ -125,6 +151,8 @@ def summarise(size: int, a: Reading, b: Reading) -> dict[str, Any]:
     idle = delta("pagedserve_worker_idle_seconds_total")
     busy = delta("pagedserve_worker_busy_seconds_total")
     batches = delta("pagedserve_bm_batches_total", "bm")
+    requests = delta("pagedserve_requests_finished_total")
+    scheduler_cpu = b.scheduler_cpu - a.scheduler_cpu
     return {
         "workers": size,
         "seconds": round(wall, 2),
@@ -139,6 +167,12 @@ def summarise(size: int, a: Reading, b: Reading) -> dict[str, Any]:
         "scheduler_cpu_share": round((b.scheduler_cpu - a.scheduler_cpu) / wall, 3),
         "bm_batches": int(batches),
         "bm_cpu_per_batch_ms": round(1000 * (b.bm_cpu - a.bm_cpu) / batches, 3) if batches else None,
+        "requests_per_s": round(requests / wall, 1),
+        "steps_per_scheduler_cpu_s": round(steps / scheduler_cpu, 1) if scheduler_cpu else None,
+        "router_cpu_per_request_ms": round(1000 * (b.router_cpu - a.router_cpu) / requests, 3)
+        if requests
+        else None,
+        "router_cpu_share": round((b.router_cpu - a.router_cpu) / wall, 3),
     }
 
 
@@ -201,12 +235,19 @@ def wait_workers(sup: Supervisor, size: int, timeout_s: float) -> None:
         raise TimeoutError(f"only {len(ready)} of {size} simulated workers ready after {timeout_s:.0f} s")
 
 
+def start_fleet(config: ServeConfig, size: int, shards: int, log_dir: Path) -> Supervisor | ShardedDeployment:
+    if shards == 1:
+        policy = RestartPolicy(max_restarts_per_minute=0)  # a death here is a bug to see, not to hide
+        return Supervisor(config, workers=size, log_dir=log_dir, policy=policy)
+    return ShardedDeployment(config, shards, size // shards, log_dir=log_dir)
+
+
 def run_fleet(size: int, model: Path, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     config = fleet_config(model, args)
-    policy = RestartPolicy(max_restarts_per_minute=0)  # a death here is a bug to see, not to hide
-    with Supervisor(config, workers=size, log_dir=log_dir / f"fleet-{size}", policy=policy) as sup:
+    with start_fleet(config, size, args.shards, log_dir / f"fleet-{size}") as sup:
         sup.wait_ready(timeout_s=args.ready_timeout)
-        wait_workers(sup, size, args.ready_timeout)
+        for shard in sup.shards if isinstance(sup, ShardedDeployment) else [sup]:
+            wait_workers(shard, size // args.shards, args.ready_timeout)
         start = time.monotonic()
         until = start + args.warmup + args.measure
         readings: list[Reading] = []
@@ -223,6 +264,7 @@ def run_fleet(size: int, model: Path, args: argparse.Namespace, log_dir: Path) -
 
         finished = asyncio.run(measured())
         row = summarise(size, readings[0], readings[1])
+        row["shards"] = args.shards
         row["requests_finished"] = finished
         return row
 
@@ -241,7 +283,13 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{size:3d} workers: idle {row['worker_idle']:.1%}, {row['steps_per_s']:.0f} steps/s, "
             f"scheduler {row['scheduler_cpu_per_step_ms']} ms CPU/step ({row['scheduler_cpu_share']:.0%} of a core), "
-            f"block manager {row['bm_cpu_per_batch_ms']} ms CPU/batch",
+            f"block manager {row['bm_cpu_per_batch_ms']} ms CPU/batch"
+            + (
+                f", router {row['router_cpu_per_request_ms']} ms CPU/request, "
+                f"{row['steps_per_scheduler_cpu_s']} steps per scheduler CPU-second"
+                if args.shards > 1
+                else ""
+            ),
             flush=True,
         )
     under = [r["workers"] for r in rows if r["worker_idle"] is not None and r["worker_idle"] < IDLE_TARGET]

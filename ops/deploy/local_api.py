@@ -33,7 +33,7 @@ def free_ports(n: int) -> list[int]:
 def local_config(model: str, **settings: Any) -> ServeConfig:
     """`model` served on free loopback ports (the API's too, used or not), JSON logs; `settings` are
     any other ServeConfig fields, and override those."""
-    front, workers, bm, sched_ops, bm_ops, api_port = free_ports(6)
+    front, workers, bm, sched_ops, bm_ops, api_port, router_ops = free_ports(7)
     loopback = {
         "front_endpoint": f"tcp://127.0.0.1:{front}",
         "worker_endpoint": f"tcp://127.0.0.1:{workers}",
@@ -41,6 +41,7 @@ def local_config(model: str, **settings: Any) -> ServeConfig:
         "scheduler_ops_port": sched_ops,
         "block_manager_ops_port": bm_ops,
         "api_port": api_port,
+        "router_ops_port": router_ops,
         "log_format": "json",
     }
     return ServeConfig(model=model, **(loopback | settings))
