@@ -53,10 +53,14 @@ class Placement:
         alive = self.alive()
         if not alive:
             return None
+        self._turn += 1
         if self.policy == "round_robin":
-            self._turn += 1
             return alive[self._turn % len(alive)], "round_robin"
-        least = min(alive, key=lambda i: (self.shards[i].tokens, self.shards[i].requests))
+        # Ties (idle shards above all) take turns: cold requests spread instead of piling on shard 0.
+        n = self.num_shards
+        least = min(
+            alive, key=lambda i: (self.shards[i].tokens, self.shards[i].requests, (i - self._turn) % n)
+        )
         if self.policy == "least_load":
             return least, "least_load"
         loads = [self.shards[i].tokens for i in alive]
