@@ -13,7 +13,7 @@ from typing import Any
 
 from pagedserve.services.scheduler.limits import SchedulerStats
 from pagedserve.services.scheduler.request import Request
-from pagedserve.services.scheduler.stopping import CompletionText, Tokenizer, stop_reason
+from pagedserve.services.scheduler.stopping import CompletionText, Tokenizer, stop_reason, text_decoder
 from pagedserve.shared.protocol.frontend import CompletionOutput
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 
@@ -78,7 +78,7 @@ class Outputs:
         max_model_len: int,
         stats: SchedulerStats,
     ) -> None:
-        self.tokenizer = tokenizer
+        self.decode = text_decoder(tokenizer)
         self.eos_token_ids = list(eos_token_ids)
         self.max_model_len = max_model_len
         self.stats = stats
@@ -87,7 +87,7 @@ class Outputs:
 
     def open(self, req: Request) -> None:
         self.texts[req.request_id] = CompletionText(
-            self.tokenizer, list(req.sampling.stop), req.sampling.include_stop_str_in_output
+            self.decode, list(req.sampling.stop), req.sampling.include_stop_str_in_output
         )
 
     def accept(self, req: Request, token: int, logprob: Any, now: float) -> str | None:

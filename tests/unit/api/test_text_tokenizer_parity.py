@@ -16,7 +16,7 @@ from harness.gguf_models import write_gguf
 from harness.pooling_models import make_tiny_reranker
 
 from pagedserve.services.checkpoint import load_tokenizer
-from pagedserve.services.scheduler.stopping import CompletionText
+from pagedserve.services.scheduler.stopping import CompletionText, text_decoder
 from pagedserve.services.text_tokenizer import TextTokenizer
 from pagedserve.services.worker.weights.bundled import find_bundled_gguf
 
@@ -267,7 +267,7 @@ def test_a_template_refusal_is_refused_alike(pair):
 
 
 def _stream(tokenizer: Any, token_ids: list[int], stop: list[str]) -> tuple[list[str], bool]:
-    text = CompletionText(tokenizer, stop=stop)
+    text = CompletionText(text_decoder(tokenizer), stop=stop)
     deltas, stopped = [], False
     for n in range(1, len(token_ids) + 1):
         stopped = text.add(token_ids[:n])

@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 from harness.tiny_models import save_byte_tokenizer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.checkpoint import load_tokenizer
 from pagedserve.services.scheduler.outputs import OutputEvent, RequestDone
 from pagedserve.services.scheduler.scheduler import Scheduler, SchedulerLimits
-from pagedserve.services.scheduler.stopping import CompletionText
+from pagedserve.services.scheduler.stopping import CompletionText, text_decoder
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import StepResult
 
@@ -40,7 +42,7 @@ def feed(text: CompletionText, token_ids: list[int]) -> tuple[list[str], bool]:
 
 
 def test_text_that_could_start_a_stop_string_is_held_back(tokenizer):
-    text = CompletionText(tokenizer, stop=["STOP"])
+    text = CompletionText(text_decoder(tokenizer), stop=["STOP"])
     outputs: list[int] = []
     for token in tokenizer.encode("abcST"):
         outputs.append(token)
@@ -50,20 +52,20 @@ def test_text_that_could_start_a_stop_string_is_held_back(tokenizer):
 
 
 def test_a_stop_string_across_token_boundaries_ends_the_text_before_it(tokenizer):
-    text = CompletionText(tokenizer, stop=["STOP"])
+    text = CompletionText(text_decoder(tokenizer), stop=["STOP"])
     deltas, stopped = feed(text, tokenizer.encode("hello STOP and more"))
     assert stopped
     assert "".join(deltas) == "hello " and text.text == "hello "
 
 
 def test_include_stop_keeps_the_stop_string(tokenizer):
-    text = CompletionText(tokenizer, stop=["\n\n"], include_stop=True)
+    text = CompletionText(text_decoder(tokenizer), stop=["\n\n"], include_stop=True)
     deltas, stopped = feed(text, tokenizer.encode("one\n\ntwo"))
     assert stopped and "".join(deltas) == "one\n\n"
 
 
 def test_held_back_text_that_never_became_a_stop_string_is_sent_at_the_end(tokenizer):
-    text = CompletionText(tokenizer, stop=["STOP"])
+    text = CompletionText(text_decoder(tokenizer), stop=["STOP"])
     deltas, stopped = feed(text, tokenizer.encode("ends in ST"))
     assert not stopped and "".join(deltas) == "ends in ST"
 
@@ -71,7 +73,7 @@ def test_held_back_text_that_never_became_a_stop_string_is_sent_at_the_end(token
 def test_a_multi_byte_character_split_across_tokens_is_sent_whole(tokenizer):
     tokens = tokenizer.encode("é€")  # 2 + 3 bytes: five tokens
     assert len(tokens) == 5
-    text = CompletionText(tokenizer)
+    text = CompletionText(text_decoder(tokenizer))
     outputs: list[int] = []
     sent = []
     for token in tokens:
@@ -83,7 +85,7 @@ def test_a_multi_byte_character_split_across_tokens_is_sent_whole(tokenizer):
 
 def test_a_cut_character_at_the_end_is_flushed_as_decoded(tokenizer):
     tokens = tokenizer.encode("aé")[:2]  # "a" and the first byte of "é"
-    text = CompletionText(tokenizer)
+    text = CompletionText(text_decoder(tokenizer))
     deltas, _ = feed(text, tokens)
     assert "".join(deltas) == tokenizer.decode(tokens, skip_special_tokens=True)
 
@@ -107,3 +109,26 @@ def test_the_scheduler_stops_on_a_string_that_spans_sampled_tokens(tokenizer):
     assert len(done) == 1 and done[0].texts == ["fine "] and streamed == "fine "
     assert done[0].completions[0].finish_reason == "stop"
     assert len(done[0].completions[0].output_token_ids) == len(tokenizer.encode("fine END"))
+
+
+@given(st.lists(st.integers(min_value=0, max_value=260), max_size=24))
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_decoder_gives_the_tokenizers_own_text(tokenizer, token_ids):
+    """The Rust tokenizer called directly (where that is allowed) says what tokenizer.decode says,
+    special tokens skipped, half characters included."""
+    decode = text_decoder(tokenizer)
+    assert decode is not None
+    assert decode(token_ids) == tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def test_a_tokenizer_that_cleans_up_spaces_is_decoded_by_its_own_decode(tokenizer):
+    class CleansUp:
+        clean_up_tokenization_spaces = True
+        backend_tokenizer = tokenizer.backend_tokenizer
+
+        def decode(self, token_ids, skip_special_tokens=False):
+            return "cleaned"
+
+    decode = text_decoder(CleansUp())
+    assert decode is not None and decode([1, 2]) == "cleaned"
+    assert text_decoder(None) is None
