@@ -4,9 +4,10 @@
 
 `rows` requests decode one token per step on one worker; timed is `on_step_result` (append the
 tokens, check stops, make each completion's new text): without a tokenizer (the simulated fleet's
-case), with the bundled model's tokenizer called as `tokenizer.decode`, and with the decoder the
-scheduler uses (services/scheduler/stopping.py: the Rust tokenizer itself where that is the same
-text), the last also with two stop strings.
+case), with the bundled model's tokenizer called as `tokenizer.decode`, with the decoder the scheduler
+uses (shared/completion_text.py: the Rust tokenizer itself where that is the same text), that also
+with two stop strings, and for requests whose client makes the text (Submit.detokenize false, as the
+API's are): the scheduler then decodes nothing.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class _PlainDecode:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
 
-def step_result_ms(tokenizer: Any, rows: int, steps: int, stop: list[str]) -> float:
+def step_result_ms(tokenizer: Any, rows: int, steps: int, stop: list[str], detokenize: bool = True) -> float:
     bm = BlockManager(lease_ttl_s=1e9)
     blocks = rows * (steps // 16 + 16)
     bm.add_pool(W, blocks, 16)
@@ -48,7 +49,7 @@ def step_result_ms(tokenizer: Any, rows: int, steps: int, stop: list[str]) -> fl
     sched.add_worker(W, blocks, 16)
     params = SamplingParams(temperature=0.0, max_tokens=1 << 20, ignore_eos=True, stop=stop)
     for i in range(rows):
-        sched.add_request(f"r{i}", list(range(100, 228)), params, 0.0)
+        sched.add_request(f"r{i}", list(range(100, 228)), params, 0.0, detokenize=detokenize)
     times = []
     for step in range(steps):
         plan = sched.schedule(W, 0.0)
@@ -70,14 +71,15 @@ def main() -> None:
     args = ap.parse_args()
     tokenizer = load_model_info("smollm2-135m").tokenizer
     cases = {
-        "no_tokenizer": (None, []),
-        "tokenizer_decode": (_PlainDecode(tokenizer), []),
-        "rust_decoder": (tokenizer, []),
-        "rust_decoder_two_stops": (tokenizer, ["\n\nUser:", "###"]),
+        "no_tokenizer": (None, [], True),
+        "tokenizer_decode": (_PlainDecode(tokenizer), [], True),
+        "rust_decoder": (tokenizer, [], True),
+        "rust_decoder_two_stops": (tokenizer, ["\n\nUser:", "###"], True),
+        "client_makes_text": (tokenizer, [], False),
     }
     result: dict[str, Any] = {"rows": args.rows, "steps": args.steps}
-    for name, (tok, stop) in cases.items():
-        result[f"{name}_ms"] = round(step_result_ms(tok, args.rows, args.steps, stop), 3)
+    for name, (tok, stop, detokenize) in cases.items():
+        result[f"{name}_ms"] = round(step_result_ms(tok, args.rows, args.steps, stop, detokenize), 3)
         print(f"{name:>24}: {result[f'{name}_ms']:.3f} ms per {args.rows}-row step result")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_json(Path(args.out), result)

@@ -53,6 +53,9 @@ def create_app(config: ServeConfig, card: ModelCard | None = None) -> FastAPI:
             max_message_bytes=config.max_message_bytes,
             curve_server_public_key=None if keys is None else keys["curve_server_public_key"],
             curve_client_keys=None if keys is None else keys["curve_client_keys"],
+            # Prompts tokenized and text made here: several API processes share that work, and the
+            # scheduler's one thread only schedules.
+            tokenizer=card.tokenizer,
         )
         async with client, httpx.AsyncClient(timeout=HEALTH_TIMEOUT_S) as http:
             log_start_phases(app)

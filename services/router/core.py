@@ -30,6 +30,7 @@ SELF: Route = (b"pagedserve-router",)  # the router's own hop: its pings and Loc
 PING = encode_message(Ping())
 PONG = encode_message(Pong())
 _ENDS = ("finished", "error")
+_BY_REQUEST = ("submit", "abort", "stop_at", "locate")  # client messages that go to the request's shard
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +76,7 @@ class RouterCore:
         rid = msg.get("request_id")
         if kind == "ping":
             return [to_client(client, Pong()), *(Send(s, client, frame) for s in self.book.shards_of(client))]
-        if not isinstance(rid, str) or kind not in ("submit", "abort", "locate"):
+        if not isinstance(rid, str) or kind not in _BY_REQUEST:
             # Not ours to judge: any live shard answers it with the Error a direct client would get.
             alive = self.placement.alive()
             if not alive:
@@ -145,6 +146,8 @@ class RouterCore:
             return self._place_shaped(rid, loc.client, loc.frame, loc.blocks, loc.cost)
         if loc.kind == "locate":
             return [to_client(loc.client, Location(request_id=rid, state="unknown"))]
+        if loc.kind == "stop_at":
+            return []  # the request ended meanwhile: nothing to stop
         message = f"request_id: {rid!r} is not live"
         return [to_client(loc.client, Error(code="unknown_request", message=message, request_id=rid))]
 

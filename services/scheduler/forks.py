@@ -34,6 +34,7 @@ def plan_forks(parent: Request, owner: str, ops: list[BlockOp]) -> list[tuple[in
             seed=child_seed(parent.seed, i),
             tenant=parent.tenant,
             lora=parent.lora,
+            detokenize=parent.detokenize,
             deadline=parent.deadline,
         )
         forks.append((len(ops), child))

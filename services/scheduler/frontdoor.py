@@ -31,6 +31,7 @@ from pagedserve.shared.protocol.frontend import (
     Location,
     Ping,
     Pong,
+    StopAt,
     Submit,
     Usage,
 )
@@ -55,7 +56,7 @@ def describe_validation_error(exc: ValidationError) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
-def parse_client_message(msg: dict[str, Any]) -> Submit | Abort | Ping | Locate:
+def parse_client_message(msg: dict[str, Any]) -> Submit | Abort | Ping | StopAt | Locate:
     """Validate a decoded frame against the client message types; raises RequestRejected."""
     try:
         return read_message(msg, CLIENT_MESSAGES)
@@ -114,6 +115,8 @@ class FrontDoor:
             parsed = parse_client_message(msg)
             if isinstance(parsed, Ping):
                 send(self.sock, Pong(), to=client)
+            elif isinstance(parsed, StopAt):
+                self.dispatch(self.core.stop_at(parsed.request_id, parsed.index, parsed.num_tokens), now)
             elif isinstance(parsed, Locate):
                 send(
                     self.sock,
@@ -167,7 +170,14 @@ class FrontDoor:
         # The same identity the in-flight limit counts: the user where one is named, else the connection.
         tenant = submit.user if submit.user is not None else b"/".join(client).hex()
         self.core.add_request(
-            rid, tokens, submit.sampling, now, deadline=now + timeout, tenant=tenant, lora=lora
+            rid,
+            tokens,
+            submit.sampling,
+            now,
+            deadline=now + timeout,
+            tenant=tenant,
+            lora=lora,
+            detokenize=submit.detokenize,
         )
         self.metrics.tokens.labels("prompt").inc(len(tokens))
         self.log.info(

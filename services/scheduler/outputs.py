@@ -13,7 +13,8 @@ from typing import Any
 
 from pagedserve.services.scheduler.limits import SchedulerStats
 from pagedserve.services.scheduler.request import Request
-from pagedserve.services.scheduler.stopping import CompletionText, Tokenizer, stop_reason, text_decoder
+from pagedserve.services.scheduler.stopping import stop_reason
+from pagedserve.shared.completion_text import CompletionText, Tokenizer, text_decoder
 from pagedserve.shared.protocol.frontend import CompletionOutput
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
 
@@ -86,9 +87,19 @@ class Outputs:
         self.logprobs: dict[str, list[Any]] = {}
 
     def open(self, req: Request) -> None:
+        if not req.detokenize:  # its client makes the text: nothing to decode, no stop string here
+            self.texts[req.request_id] = CompletionText(None)
+            return
         self.texts[req.request_id] = CompletionText(
             self.decode, list(req.sampling.stop), req.sampling.include_stop_str_in_output
         )
+
+    def trim(self, req: Request, num_tokens: int) -> None:
+        """Keep the first `num_tokens` outputs (and their logprobs): a client's stop string ends there."""
+        del req.output_token_ids[num_tokens:]
+        logprobs = self.logprobs.get(req.request_id)
+        if logprobs is not None:
+            del logprobs[num_tokens:]
 
     def accept(self, req: Request, token: int, logprob: Any, now: float) -> str | None:
         """Take one sampled token; the reason the completion ends with it, or None."""

@@ -29,6 +29,7 @@ class Request:
     seed: int | None = None  # the seed this completion samples with (children derive their own)
     tenant: str = ""  # whose request: the user (API key name or `user` field), else the client connection
     lora: LoRAModule | None = None  # the LoRA adapter it runs with; None: the base model
+    detokenize: bool = True  # False: its client makes the text and matches stop strings (Submit.detokenize)
     output_token_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     finish_reason: str | None = None

@@ -36,7 +36,7 @@ from pagedserve.services.scheduler.planning import Planner, StepPlan, schedulabl
 from pagedserve.services.scheduler.request import Request, Status
 from pagedserve.services.scheduler.resumption import Suspension, can_resume, suspend
 from pagedserve.services.scheduler.speculation import SpeculationPolicy
-from pagedserve.services.scheduler.stopping import Tokenizer
+from pagedserve.shared.completion_text import Tokenizer
 from pagedserve.shared.lora_modules import LoRAModule, LoRARegistry
 from pagedserve.shared.protocol.blocks import (
     Allocation,
@@ -204,9 +204,11 @@ class Scheduler:
         deadline: float | None = None,
         tenant: str = "",
         lora: LoRAModule | None = None,
+        detokenize: bool = True,
     ) -> None:
         """Queue a validated request on the least-loaded worker (or until one registers). Requests of
-        one priority are taken from their tenants in turn (WaitingQueue)."""
+        one priority are taken from their tenants in turn (WaitingQueue). `detokenize` False: its
+        client makes the text (no text here, no stop strings; StopAt ends a completion)."""
         if request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already live")
         req = Request(
@@ -218,6 +220,7 @@ class Scheduler:
             seed=sampling.seed,
             tenant=tenant,
             lora=lora,
+            detokenize=detokenize,
             deadline=deadline,
             fork_children=sampling.n - 1,
         )
@@ -244,6 +247,17 @@ class Scheduler:
             if req.status is not Status.FINISHED:
                 events.extend(self._finish(req, reason))
         return events + self._done_if_complete(request_id)
+
+    def stop_at(self, request_id: str, index: int, num_tokens: int) -> list[Event]:
+        """A client's stop string ended completion `index` at `num_tokens` output tokens: it finishes
+        there ("stop"), and what it made past that point is dropped. Nothing when it has ended already,
+        or has fewer tokens (recomputed meanwhile: the client says it again when it sees them)."""
+        group = self.groups.get(request_id)
+        req = next((r for r in group or () if r.index == index), None)
+        if req is None or req.status is Status.FINISHED or len(req.output_token_ids) < num_tokens:
+            return []
+        self.outputs.trim(req, num_tokens)
+        return [*self._finish(req, "stop"), *self._done_if_complete(request_id)]
 
     def expire(self, now: float) -> list[Event]:
         """End requests past their deadline: `no_workers` when nobody could serve them."""

@@ -1,6 +1,6 @@
 """Client SDK <-> scheduler messages. A trust boundary: every field is validated on arrival.
 
-Requests: Submit, Abort, Ping (and a router's Locate). Replies: Accepted, Delta, Finished, Error, Pong
+Requests: Submit, Abort, Ping, StopAt (and a router's Locate). Replies: Accepted, Delta, Finished, Error, Pong
 (and Location).
 Unknown fields are errors (extra="forbid"), so a typo in a sampling field is never silently ignored.
 """
@@ -137,6 +137,10 @@ class Submit(_Strict):
     # The LoRA adapter to run with, by its served name (`--lora-modules`, /v1/load_lora_adapter);
     # None: the base model.
     lora: str | None = Field(default=None, min_length=1, max_length=256)
+    # False: the client makes the text itself (the SDK given a tokenizer; shared/completion_text.py)
+    # and holds the stop strings: the scheduler sends token ids only, with empty text, and a stop
+    # string the client finds ends the completion by StopAt. Text work leaves the scheduler's thread.
+    detokenize: bool = True
 
     @model_validator(mode="after")
     def _exactly_one_prompt(self) -> Submit:
@@ -158,6 +162,18 @@ class Ping(_Strict):
     """Client heartbeat: its live requests stay alive while pings arrive."""
 
     type: Literal["ping"] = "ping"
+
+
+class StopAt(_Strict):
+    """A stop string ended completion `index` at its `num_tokens`-th output token (found by a client
+    that makes its own text): the scheduler ends it there with finish_reason "stop", dropping any
+    tokens it made past that point. Ignored when the completion has ended, or has fewer tokens (after
+    a recompute: the client says it again once it sees them)."""
+
+    type: Literal["stop_at"] = "stop_at"
+    request_id: RequestId
+    index: int = Field(default=0, ge=0, lt=MAX_N)
+    num_tokens: int = Field(ge=1)
 
 
 class Locate(_Strict):
@@ -241,7 +257,7 @@ class Location(_Strict):
 
 
 CLIENT_MESSAGES: dict[str, type[_Strict]] = {
-    m.model_fields["type"].default: m for m in (Submit, Abort, Ping, Locate)
+    m.model_fields["type"].default: m for m in (Submit, Abort, Ping, StopAt, Locate)
 }
 SERVER_MESSAGES: dict[str, type[_Strict]] = {
     m.model_fields["type"].default: m for m in (Accepted, Delta, Finished, Error, Pong, Location)

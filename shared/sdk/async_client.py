@@ -17,6 +17,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from pagedserve.shared.completion_text import text_decoder
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.sdk.client import (
     DEFAULT_ENDPOINT,
@@ -56,6 +57,7 @@ class AsyncClient:
         max_message_bytes: int = 64 << 20,
         curve_server_public_key: bytes | None = None,
         curve_client_keys: tuple[bytes, bytes] | None = None,
+        tokenizer: Any | None = None,
     ) -> None:
         check_positive(
             timeout_s=timeout_s,
@@ -66,6 +68,9 @@ class AsyncClient:
         )
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        # Given the model's tokenizer, this client makes the text itself (shared/sdk/client_text.py).
+        self._tokenizer = tokenizer
+        self._decode = text_decoder(tokenizer)
         options = SocketOptions(endpoint, max_message_bytes, curve_server_public_key, curve_client_keys)
         # Plain (blocking) sockets, read with NOBLOCK; only the waiting is asyncio's (zmq.asyncio.Poller).
         self._ctx = zmq.Context()
@@ -183,11 +188,12 @@ class AsyncClient:
             stream=stream,
             sampling_params=sampling_params,
             sampling=sampling,
+            tokenizer=self._tokenizer,
         )
         self._ensure_reader()
         events: asyncio.Queue[Event] = asyncio.Queue()
         now = time.monotonic()
-        req = LiveRequest(submit, deadline=now + timeout + SERVER_GRACE_S, sink=events)
+        req = LiveRequest.start(submit, now + timeout + SERVER_GRACE_S, events, self._decode)
         self._conn.send(self._session.submit(req, now))
         self._waker.wake()  # the reader's clocks changed: let it recompute its wait
         return AsyncPendingRequest(req.request_id, events, req.deadline, self._abort_soon)

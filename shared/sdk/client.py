@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import zmq
 
+from pagedserve.shared.completion_text import text_decoder
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.sdk.connection import Connection, SocketOptions, Waker
 from pagedserve.shared.sdk.request_state import Event, LiveRequest, make_submit
@@ -56,7 +57,10 @@ class Client:
     are live; after `reconnect_after_s` of silence (or when the connection drops) the client opens
     a new socket and re-attaches its live requests, without a gap or a repeat in their streams.
     For CURVE encryption pass the server's public key, and optionally this client's key pair
-    (see `load_client_keys`).
+    (see `load_client_keys`). Given the model's `tokenizer` (anything with `decode(ids,
+    skip_special_tokens)` and `encode(text)`), the client tokenizes prompts, makes the text and
+    matches stop strings itself, and the scheduler deals in token ids only: that work leaves the
+    scheduler's one thread.
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class Client:
         max_message_bytes: int = 64 << 20,
         curve_server_public_key: bytes | None = None,
         curve_client_keys: tuple[bytes, bytes] | None = None,
+        tokenizer: Any | None = None,
     ) -> None:
         check_positive(
             timeout_s=timeout_s,
@@ -80,6 +85,9 @@ class Client:
         )
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        # Given the model's tokenizer, this client makes the text itself (shared/sdk/client_text.py).
+        self._tokenizer = tokenizer
+        self._decode = text_decoder(tokenizer)
         options = SocketOptions(endpoint, max_message_bytes, curve_server_public_key, curve_client_keys)
         self._ctx = zmq.Context()
         self._session = Session(heartbeat_s, reconnect_after_s, max_message_bytes, idle_timeout_s)
@@ -201,9 +209,10 @@ class Client:
             stream=stream,
             sampling_params=sampling_params,
             sampling=sampling,
+            tokenizer=self._tokenizer,
         )
         events: queue.SimpleQueue[Event] = queue.SimpleQueue()
-        req = LiveRequest(submit, deadline=time.monotonic() + timeout + SERVER_GRACE_S, sink=events)
+        req = LiveRequest.start(submit, time.monotonic() + timeout + SERVER_GRACE_S, events, self._decode)
         self._command(("submit", req))
         return PendingRequest(req.request_id, events, req.deadline, self._abort_quietly)
 

@@ -91,6 +91,8 @@ class Connection:
                 except zmq.Again:
                     break
                 session.on_frame(frame, now)
+            for frame in session.take_outbox():
+                self.send(frame)
         if self.monitor in ready:
             self._lost |= self._drain_monitor()
         if not session.live:

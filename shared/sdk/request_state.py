@@ -11,9 +11,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pagedserve.shared.completion_text import Decode
 from pagedserve.shared.protocol.frontend import Delta, Finished, SamplingParams, Submit
 from pagedserve.shared.protocol.messages import encode_message
 from pagedserve.shared.protocol.prompt_logprobs import PromptLogprobs
+from pagedserve.shared.sdk.client_text import ClientText, text_on_client
 from pagedserve.shared.sdk.results import RequestError, Result, StreamDelta
 
 Event = StreamDelta | Result | RequestError
@@ -34,9 +36,12 @@ def make_submit(
     stream: bool,
     sampling_params: SamplingParams | None,
     sampling: dict[str, Any],
+    tokenizer: Any | None = None,
 ) -> Submit:
     """Validate everything on the caller's side: a bad field raises pydantic's ValidationError
-    here, before anything is sent."""
+    here, before anything is sent. With the client's `tokenizer`, a text prompt goes as token ids."""
+    if tokenizer is not None and prompt and prompt_token_ids is None:
+        prompt, prompt_token_ids = None, list(tokenizer.encode(prompt))
     if sampling_params is not None:
         sampling = {**sampling_params.model_dump(), **sampling}
     sampling = dict(sampling)
@@ -56,15 +61,29 @@ def make_submit(
 
 @dataclass(slots=True)
 class LiveRequest:
-    submit: Submit
+    submit: Submit  # as sent
     deadline: float  # monotonic; past it the client answers "timeout" itself
     sink: EventSink
+    # Set when this side makes the text (client_text.py): the caller's stream wish, as the wire's may differ.
+    text: ClientText | None = None
+    streams: bool = True
     last_event: float = 0.0  # monotonic: the last Accepted or Delta (a stream's idle clock)
     num_prompt_tokens: int | None = None
     aborting: bool = False
     tokens_seen: dict[int, int] = field(default_factory=dict)  # completion index -> tokens delivered
     chars_seen: dict[int, int] = field(default_factory=dict)  # completion index -> characters delivered
     prompt_logprobs_seen: bool = False
+    stops: list[tuple[int, int]] = field(default_factory=list)  # (index, tokens) to send as StopAt
+
+    @classmethod
+    def start(
+        cls, submit: Submit, deadline: float, sink: EventSink, decode: Decode | None = None
+    ) -> LiveRequest:
+        """A request to send; with `decode`, this side makes its text (the scheduler sends token ids)."""
+        if decode is None:
+            return cls(submit, deadline, sink, streams=submit.stream)
+        wire, text = text_on_client(submit, decode)
+        return cls(wire, deadline, sink, text=text, streams=submit.stream)
 
     @property
     def request_id(self) -> str:
@@ -82,24 +101,34 @@ class LiveRequest:
     def take_delta(self, delta: Delta) -> StreamDelta | None:
         """The part of `delta` the caller has not seen, or None when it is all a repeat."""
         tokens, logprobs = self._new_tokens(delta.index, delta.offset, delta.token_ids, delta.logprobs)
-        text = self._new_text(delta.index, delta.text_offset, delta.text)
+        if self.text is not None:
+            tokens, logprobs, text, stop = self.text.take(delta.index, tokens, logprobs)
+            if stop is not None:
+                self.stops.append((delta.index, stop))
+        else:
+            text = self._new_text(delta.index, delta.text_offset, delta.text)
         if not tokens and not text:
             return None
         return StreamDelta(
             self.request_id, delta.index, tokens, text, logprobs, self._prompt(delta.prompt_logprobs)
         )
 
-    def take_rest(self, finished: Finished) -> list[StreamDelta]:
-        """What the final result holds past the last delta: all of it when the request finished
-        while we were disconnected (the re-submit is answered with the stored Finished alone)."""
+    def finish(self, finished: Finished) -> tuple[list[StreamDelta], Finished]:
+        """What the final result holds past the last delta (all of it when the request finished while
+        we were disconnected: the re-submit is answered with the stored Finished alone), and the result
+        as the caller gets it (with the text made here, cut at a stop string, when this side makes it)."""
         rest = []
         for out in sorted(finished.outputs, key=lambda o: o.index):
             tokens, logprobs = self._new_tokens(out.index, 0, out.token_ids, out.logprobs)
-            text = self._new_text(out.index, 0, out.text)
+            if self.text is not None:
+                tokens, logprobs, text, _ = self.text.take(out.index, tokens, logprobs)
+                text += self.text.close(out.index)
+            else:
+                text = self._new_text(out.index, 0, out.text)
             if tokens or text:
                 prompt = self._prompt(finished.prompt_logprobs)
                 rest.append(StreamDelta(self.request_id, out.index, tokens, text, logprobs, prompt))
-        return rest
+        return rest, (finished if self.text is None else self.text.finished(finished))
 
     def _prompt(self, prompt_logprobs: PromptLogprobs | None) -> PromptLogprobs | None:
         """Once per request: a replay after a reconnect sends them again."""

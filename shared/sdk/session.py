@@ -12,7 +12,16 @@ import logging
 from pydantic import ValidationError
 
 from pagedserve.shared.protocol.codec import ProtocolError, decode
-from pagedserve.shared.protocol.frontend import SERVER_MESSAGES, Abort, Accepted, Delta, Error, Finished, Ping
+from pagedserve.shared.protocol.frontend import (
+    SERVER_MESSAGES,
+    Abort,
+    Accepted,
+    Delta,
+    Error,
+    Finished,
+    Ping,
+    StopAt,
+)
 from pagedserve.shared.protocol.messages import encode_message, read_message
 from pagedserve.shared.sdk.request_state import LiveRequest
 from pagedserve.shared.sdk.results import RequestError, Result
@@ -42,6 +51,7 @@ class Session:
         self._seq = 0
         self._last_rx = 0.0
         self._next_ping = 0.0
+        self.outbox: list[bytes] = []  # frames that answering the server's made (StopAt)
 
     # ------------------------------------------------------------------ caller -> server
 
@@ -151,6 +161,18 @@ class Session:
 
     # ------------------------------------------------------------------ server -> caller
 
+    def _stops(self, req: LiveRequest) -> None:
+        """Stop strings this side found: the scheduler stops those completions there."""
+        for index, num_tokens in req.stops:
+            self.outbox.append(
+                encode_message(StopAt(request_id=req.request_id, index=index, num_tokens=num_tokens))
+            )
+        req.stops.clear()
+
+    def take_outbox(self) -> list[bytes]:
+        frames, self.outbox = self.outbox, []
+        return frames
+
     def on_frame(self, frame: bytes, now: float) -> None:
         self._last_rx = now  # anything at all proves the connection is alive
         try:
@@ -170,15 +192,17 @@ class Session:
                 req.last_event = now
             if req is not None and req.submit.stream:
                 delta = req.take_delta(message)
-                if delta is not None:
+                if delta is not None and req.streams:
                     req.sink.put_nowait(delta)
+                self._stops(req)
         elif isinstance(message, Finished):
             req = self.live.pop(message.request_id, None)
             if req is not None:
-                if req.submit.stream:
-                    for delta in req.take_rest(message):
+                rest, finished = req.finish(message)
+                if req.streams:
+                    for delta in rest:
                         req.sink.put_nowait(delta)
-                req.sink.put_nowait(Result.from_finished(message, req.num_prompt_tokens))
+                req.sink.put_nowait(Result.from_finished(finished, req.num_prompt_tokens))
         elif isinstance(message, Error):
             req = self.live.pop(message.request_id, None) if message.request_id else None
             if req is not None:

@@ -16,9 +16,9 @@ from harness.gguf_models import write_gguf
 from harness.pooling_models import make_tiny_reranker
 
 from pagedserve.services.checkpoint import load_tokenizer
-from pagedserve.services.scheduler.stopping import CompletionText, text_decoder
 from pagedserve.services.text_tokenizer import TextTokenizer
 from pagedserve.services.worker.weights.bundled import find_bundled_gguf
+from pagedserve.shared.completion_text import CompletionText, text_decoder
 
 # Every feature of transformers' template environment a Hub template uses: namespace, loop controls,
 # tojson (indent, non-ASCII, sort_keys), raise_exception, dict, {% generation %}, tools, documents,

@@ -14,7 +14,7 @@ from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.checkpoint import load_tokenizer
 from pagedserve.services.scheduler.outputs import OutputEvent, RequestDone
 from pagedserve.services.scheduler.scheduler import Scheduler, SchedulerLimits
-from pagedserve.services.scheduler.stopping import CompletionText, text_decoder
+from pagedserve.shared.completion_text import CompletionText, text_decoder
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import StepResult
 

@@ -47,7 +47,7 @@ def test_finished_fills_in_what_the_deltas_did_not_bring() -> None:
         outputs=[CompletionOutput(index=0, token_ids=[1, 2, 3], text="abc", finish_reason="length")],
         usage=Usage(prompt_tokens=1, completion_tokens=3),
     )
-    [rest] = req.take_rest(done)
+    [rest], _ = req.finish(done)
     assert (rest.token_ids, rest.text) == ([2, 3], "bc")
 
 
@@ -130,5 +130,5 @@ def test_prompt_logprobs_reach_the_caller_once_whatever_is_replayed() -> None:
         usage=Usage(prompt_tokens=2, completion_tokens=1),
         prompt_logprobs=prompt,
     )
-    (rest,) = late.take_rest(done)
+    (rest,), _ = late.finish(done)
     assert rest.prompt_logprobs == prompt and prompt.logprobs() == [None, -2.0]
