@@ -55,3 +55,11 @@ def write_json(out: str | Path, report: Any, *, echo: bool = False) -> None:
     if echo:
         print(json.dumps(report, indent=2, default=str))
     Path(out).write_text(json.dumps(portable(report), indent=2, default=str) + "\n")
+
+
+def save_report(out: Path, report: Any) -> int:
+    """A benchmark's last step: its result file written (folders made), its path said; exit code 0."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, report)
+    print(f"JSON: {out}")
+    return 0

@@ -45,7 +45,7 @@ from typing import Any
 from pagedserve.ops.deploy.process_group import RestartPolicy
 from pagedserve.ops.deploy.shards import ROUTER, ShardedDeployment
 from pagedserve.ops.deploy.supervisor import Supervisor
-from pagedserve.ops.results import write_json
+from pagedserve.ops.results import save_report
 from pagedserve.shared.config import ServeConfig, add_config_flag
 
 IDLE_TARGET = 0.05
@@ -300,10 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         "largest_fleet_under_idle_target": max(under) if under else None,
     }
     print(f"largest fleet under {IDLE_TARGET:.0%} idle: {report['largest_fleet_under_idle_target']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.out, report)
-    print(f"JSON: {args.out}")
-    return 0
+    return save_report(args.out, report)
 
 
 if __name__ == "__main__":

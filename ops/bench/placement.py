@@ -32,7 +32,7 @@ from typing import Any
 
 from pagedserve.ops.deploy import ops_client
 from pagedserve.ops.deploy.shards import ShardedDeployment
-from pagedserve.ops.results import write_json
+from pagedserve.ops.results import save_report
 
 WORDS = ["account", "billing", "invoice", "policy", "refund", "customer", "order", "shipping", "delay", "warehouse", "contract", "clause", "payment", "schedule", "renewal", "discount", "tier", "support", "ticket", "escalation", "priority", "region", "language", "tone", "summary", "report", "quarter", "revenue", "forecast", "inventory", "supplier", "audit", "compliance", "review", "approval"]
 
@@ -183,10 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             f"cache-aware / round-robin: hit rate x{report['cache_hit_ratio']}, "
             f"p50 TTFT {report['ttft_p50_reduction']:.0%} lower"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.out, report)
-    print(f"JSON: {args.out}")
-    return 0
+    return save_report(args.out, report)
 
 
 if __name__ == "__main__":
