@@ -33,6 +33,7 @@ from typing import Any
 from pagedserve.ops.deploy import ops_client
 from pagedserve.ops.deploy.shards import ShardedDeployment
 from pagedserve.ops.results import save_report
+from pagedserve.shared.config import add_config_flag
 
 WORDS = ["account", "billing", "invoice", "policy", "refund", "customer", "order", "shipping", "delay", "warehouse", "contract", "clause", "payment", "schedule", "renewal", "discount", "tier", "support", "ticket", "escalation", "priority", "region", "language", "tone", "summary", "report", "quarter", "revenue", "forecast", "inventory", "supplier", "audit", "compliance", "review", "approval"]
 
@@ -43,7 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--model", default="smollm2-135m", help="checkpoint or GGUF (default: the bundled model)")
+    add_config_flag(ap, "model")
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--policies", default="cache_aware,round_robin", help="router policies, in order")
     ap.add_argument("--conversations", type=int, default=8)
