@@ -243,6 +243,7 @@ class WorkerService:
             **self.runner.runtime,  # dtype, attention backend, the ISA path of each C++ op
             **self.pool_facts(),  # how many tokens the pool holds, and how it was sized
             startup=self.startup,
+            tensor_parallel_size=1 if self.group is None else self.group.shard.size,
             pool_epoch=self.pool.epoch,
             pool_continued=self.pool_continued,
         )
