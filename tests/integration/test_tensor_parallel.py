@@ -1,7 +1,8 @@
 """Tensor parallelism through the real worker path: a deployment whose one worker is a group of two
 gloo ranks (each holding half the heads and half of every MLP) gives the greedy tokens of the
-in-process engine's one process, for the Llama family (Llama, Qwen2 with its q/k/v biases) and a
-mixture of experts (Mixtral)."""
+in-process engine's one process, for the Llama family (Llama; Qwen2 with its q/k/v biases; Gemma 3 with
+its four norms a layer; Phi-3, whose checkpoint stores q/k/v and gate/up fused) and mixtures of experts
+(Mixtral; Qwen2-MoE with its shared expert and dense layers between sparse ones)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,15 @@ import pytest
 from harness.tensor_parallel import group_greedy, one_process_greedy
 
 MAX_TOKENS = 24
-# Mixtral's tiny model has 3 kv heads: 2 here, so that both head counts split over two ranks.
-MODELS = {"llama": {}, "qwen2": {}, "mixtral": {"num_key_value_heads": 2}}
+# Some tiny models have 3 heads or 3 kv heads: changed here, so that both counts split over two ranks.
+MODELS = {
+    "llama": {},
+    "qwen2": {},
+    "gemma3": {},
+    "phi3": {},
+    "mixtral": {"num_key_value_heads": 2},
+    "qwen2_moe": {"num_attention_heads": 4, "num_key_value_heads": 2},
+}
 
 
 def prompts() -> list[list[int]]:

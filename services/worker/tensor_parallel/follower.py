@@ -19,6 +19,7 @@ import torch.distributed as dist
 import zmq
 
 from pagedserve.services.worker.runner import ModelRunner
+from pagedserve.services.worker.tensor_parallel import GroupRefused
 from pagedserve.services.worker.tensor_parallel.group import join_group, rank_device
 from pagedserve.services.worker.tensor_parallel.orders import forward_inputs
 from pagedserve.services.worker.tensor_parallel.shard import RankShard
@@ -53,13 +54,17 @@ def main() -> None:
         torch.set_num_threads(config.num_threads)
     device = rank_device(config.device, rank)
     join_group(start["folder"], rank, config.tensor_parallel_size, device, config.step_timeout_s)
-    runner = ModelRunner.from_config(
-        start["model_path"],
-        config.model_copy(update={"device": str(device)}),
-        shard=RankShard(rank, config.tensor_parallel_size),
-        prepack_weights=config.prepack_weights,
-        defer_pool=True,  # rank 0 sizes the pool; we allocate as many blocks
-    )
+    try:
+        runner = ModelRunner.from_config(
+            start["model_path"],
+            config.model_copy(update={"device": str(device)}),
+            shard=RankShard(rank, config.tensor_parallel_size),
+            prepack_weights=config.prepack_weights,
+            defer_pool=True,  # rank 0 sizes the pool; we allocate as many blocks
+        )
+    except GroupRefused:
+        sys.exit(1)  # rank 0 runs the same check and says why, once
+
     dist.barrier()  # RankGroup.loaded: every rank holds its weights
     ctx = zmq.Context()
     orders = ctx.socket(zmq.PULL)
