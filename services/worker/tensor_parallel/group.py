@@ -36,6 +36,7 @@ from pagedserve.shared.parent_death import die_with_parent
 from pagedserve.shared.protocol.ranks import AttachPool, Forward, ForwardBatch, RankOrder, encode_order
 
 FOLLOWER = "pagedserve.services.worker.tensor_parallel.follower"
+FOLDER_PREFIX = "pagedserve-tp-"  # then rank 0's pid
 
 
 class RankLost(RuntimeError):
@@ -60,6 +61,15 @@ def rank_device(device: str, rank: int) -> torch.device:
     return base if base.type != "cuda" else torch.device("cuda", (base.index or 0) + rank)
 
 
+def sweep_dead_groups() -> None:
+    """Remove the folders of groups whose rank 0 died without `stop` (SIGKILLed, crashed): a few
+    bytes each, but a chaos run restarts groups by the hundred."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
+        pid = folder.name.removeprefix(FOLDER_PREFIX).split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     """The sum of every rank's partial `x`, in place (after a row-parallel projection)."""
     dist.all_reduce(x)
@@ -76,7 +86,8 @@ class RankGroup:
         # Gloo binds the address the host name resolves to unless told: loopback, as every rank is here.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         # The group's own folder: its rendezvous file and the ranks' order sockets.
-        self.folder = Path(tempfile.mkdtemp(prefix="pagedserve-tp-"))
+        sweep_dead_groups()
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
         self.ranks: list[subprocess.Popen[bytes]] = []
         for rank in range(1, size):
             start = {
