@@ -20,7 +20,7 @@ import zmq
 
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.services.worker.tensor_parallel import GroupRefused
-from pagedserve.services.worker.tensor_parallel.group import join_group, rank_device
+from pagedserve.services.worker.tensor_parallel.group import join_group, rank_device, share_cores
 from pagedserve.services.worker.tensor_parallel.orders import forward_inputs
 from pagedserve.services.worker.tensor_parallel.shard import RankShard
 from pagedserve.shared import failpoints
@@ -52,6 +52,7 @@ def main() -> None:
     )
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
+    share_cores(config)
     device = rank_device(config.device, rank)
     join_group(start["folder"], rank, config.tensor_parallel_size, device, config.step_timeout_s)
     try:

@@ -55,6 +55,13 @@ def join_group(folder: str, rank: int, size: int, device: torch.device, timeout_
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=size, timeout=timeout)
 
 
+def share_cores(config: ServeConfig) -> None:
+    """Without `num_threads`, each CPU rank takes its share of the cores torch would give one process:
+    N ranks of all the cores each would fight over them at every all-reduce."""
+    if config.num_threads is None and torch.device(config.device).type == "cpu":
+        torch.set_num_threads(max(1, torch.get_num_threads() // config.tensor_parallel_size))
+
+
 def rank_device(device: str, rank: int) -> torch.device:
     """Rank r's device: the r-th GPU after rank 0's, or the CPU every rank shares."""
     base = torch.device(device)
@@ -83,6 +90,7 @@ class RankGroup:
         size = config.tensor_parallel_size
         self.shard = RankShard(0, size)
         self.log = log
+        share_cores(config)
         # Gloo binds the address the host name resolves to unless told: loopback, as every rank is here.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         # The group's own folder: its rendezvous file and the ranks' order sockets.
