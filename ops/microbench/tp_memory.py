@@ -23,6 +23,7 @@ from pagedserve.services.worker.kv_cache import KVCacheShape
 from pagedserve.services.worker.tensor_parallel import GroupRefused
 from pagedserve.services.worker.tensor_parallel.shard import COLUMN_PARALLEL, ROW_PARALLEL, RankShard
 from pagedserve.services.worker.weights.loader import load_model, torch_dtype
+from pagedserve.shared.config import add_config_flag
 
 MiB = 1 << 20
 SPLIT = COLUMN_PARALLEL | ROW_PARALLEL | {"qkv_proj", "gate_up_proj"}  # our fused names too
@@ -56,10 +57,10 @@ def rank_row(model_path: Path, size: int, dtype: str, block_size: int) -> dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--block-size", type=int, default=16)
+    add_config_flag(parser, "model")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 3], help="tensor_parallel_size values")
+    add_config_flag(parser, "dtype", default="float32")
+    add_config_flag(parser, "block_size")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
