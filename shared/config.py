@@ -94,6 +94,13 @@ class ServeConfig(BaseSettings):
     simulate_step_ms: float | None = Field(
         None, gt=0.0, le=60_000.0, description="worker runs no model: each step sleeps this long, fake tokens"
     )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="processes one worker's model is split over (its heads and MLP columns; gloo on the CPU, "
+        "NCCL on GPUs); rank 0 speaks for the group, which lives and dies as one (docs/tensor-parallel.md)",
+    )
 
     # --- KV cache
     block_size: int = Field(16, description="tokens per KV block: a power of two, 8 to 128")
@@ -337,6 +344,8 @@ class ServeConfig(BaseSettings):
             )
         if self.api_key is not None and self.api_keys_file is not None:
             raise ValueError("set api_key or api_keys_file, not both: a key without a name has no user")
+        if self.tensor_parallel_size > 1:
+            _check_tensor_parallel(self)
         if self.heartbeat_interval_s >= self.worker_timeout_s:
             raise ValueError(
                 f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be shorter than "
@@ -345,13 +354,31 @@ class ServeConfig(BaseSettings):
         return self
 
 
+def _check_tensor_parallel(config: ServeConfig) -> None:
+    """What a tensor-parallel group does not run (yet): each named, refused at start."""
+    size = config.tensor_parallel_size
+    if config.max_loras:
+        raise ValueError(f"tensor_parallel_size {size} does not run LoRA adapters: set max_loras 0")
+    if config.speculative_config is not None:
+        raise ValueError(
+            f"tensor_parallel_size {size} does not run speculative decoding: unset speculative_config"
+        )
+    if config.quantization not in ("auto", "none"):
+        # Packed blocks slice cleanly by rows, but a row-parallel slice must fall on quant-block bounds:
+        # not built. `auto` loads such a checkpoint dense under tensor parallelism.
+        raise ValueError(
+            f"tensor_parallel_size {size} loads weights dense: quantization {config.quantization!r} is not "
+            "supported with it (use auto or none)"
+        )
+
+
 # The fields in sections, each field in one (a test holds it), and the sections each command runs:
 # a command takes the flags of its sections only (`pagedserve block-manager --help` lists no model or
 # API flag); every field stays settable by its PAGEDSERVE_* variable everywhere.
 SECTIONS: dict[str, tuple[str, ...]] = {
     "model": (
         "model", "tokenizer", "dtype", "device", "attention_backend", "prepack_weights", "quantization",
-        "num_threads", "worker_id", "simulate_step_ms",
+        "num_threads", "worker_id", "simulate_step_ms", "tensor_parallel_size",
     ),
     "lora": ("max_loras", "max_lora_rank", "max_cpu_loras", "lora_modules"),
     "cache": (

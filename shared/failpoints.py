@@ -45,6 +45,7 @@ POINTS = {
     "worker.prefill_kv_write": "as worker.kv_write, counting only steps that compute part of a prompt",
     "worker.mid_verification": "the worker has scored proposed tokens (speculative decoding) and not yet sampled them",
     "worker.lora_load": "the worker has read and checked a LoRA adapter a step needs and not yet cached or slotted it",
+    "worker.rank_forward": "a tensor-parallel rank > 0 has a step's forward to run and has not started it",
 }
 
 _TERM = re.compile(
@@ -92,6 +93,7 @@ class Failpoint:
 
 
 _points: dict[str, Failpoint] = {}
+_spec: str | None = None  # as given to configure
 
 
 def parse(spec: str) -> dict[str, Failpoint]:
@@ -125,9 +127,17 @@ def parse(spec: str) -> dict[str, Failpoint]:
 
 def configure(spec: str | None) -> None:
     """Arm this process's failpoints from a spec (None or "" disarms all)."""
+    global _spec
     _points.clear()
     if spec:
         _points.update(parse(spec))
+    _spec = spec or None
+
+
+def spec() -> str | None:
+    """The spec this process was armed with: for the processes it starts itself (a worker's other
+    tensor-parallel ranks), which count their own hits."""
+    return _spec
 
 
 def armed() -> list[str]:

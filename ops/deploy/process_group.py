@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import functools
 import json
 import os
@@ -23,9 +22,10 @@ from typing import IO
 
 import structlog
 
+from pagedserve.shared.parent_death import die_with_parent
+
 log = structlog.get_logger("supervisor")
 
-_PR_SET_PDEATHSIG = 1
 # sysexits.h EX_CONFIG: a child that refuses its configuration (a KV pool too small for max_model_len)
 # would refuse it again on every restart; it is given up at once, its message in its log.
 EXIT_CONFIG = 78
@@ -189,7 +189,7 @@ class ProcessGroup:
             stderr=subprocess.STDOUT if stdout is not None else None,
             # Own session: a Ctrl-C in the terminal reaches only us, and we stop children in order.
             start_new_session=True,
-            preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )
         child.started_at = time.monotonic()
         child.restart_at = None
@@ -336,14 +336,3 @@ def _signal(proc: subprocess.Popen[bytes] | None, sig: int) -> None:
     if proc is not None and proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             deliver(proc.pid, sig)
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Linux: the kernel SIGKILLs the child when the spawning thread dies without stop() (we were
-    SIGKILLed, or crashed), so no orphan keeps the ports. SIGKILL, not SIGTERM: nobody is left to
-    SIGCONT a stopped child, and a stopped child never runs a SIGTERM handler."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    # The parent may have died between fork and prctl: then nobody would ever stop us.
-    if os.getppid() != parent_pid:
-        os._exit(1)

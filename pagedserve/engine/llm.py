@@ -74,6 +74,11 @@ class LLM:
         if isinstance(loras, dict):
             overrides["lora_modules"] = [f"{name}={path}" for name, path in loras.items()]
         config = config_of(model=model, **overrides)
+        if config.tensor_parallel_size > 1:  # its other ranks are processes a worker starts and watches
+            raise ValueError(
+                f"tensor_parallel_size {config.tensor_parallel_size} needs a deployment (pagedserve up / "
+                "worker): the in-process engine runs one process"
+            )
         tokenizer, max_model_len = config.tokenizer, config.max_model_len
         checkpoint = load_checkpoint(model, tokenizer)
         self.tokenizer = load_tokenizer(checkpoint.tokenizer_path)

@@ -11,7 +11,7 @@ import functools
 import mmap
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,12 +31,17 @@ from pagedserve.services.worker.proposers import Proposer, make_proposer, propos
 from pagedserve.services.worker.proposers.draft_model import TargetFacts
 from pagedserve.services.worker.request_constraints import RequestConstraints
 from pagedserve.services.worker.sampler import Sampler, SamplingRequest
+from pagedserve.services.worker.tensor_parallel.orders import batch_to_wire
 from pagedserve.services.worker.verification import ScoredRequest, accepted_run, sampling_rows
 from pagedserve.services.worker.weights.loader import load_model, resolve_dtype, torch_dtype
 from pagedserve.shared import failpoints
 from pagedserve.shared.config import ServeConfig, config_default
 from pagedserve.shared.protocol.step import Execute, Fork, Speculated, StepResult
 from pagedserve.shared.speculative_config import SpeculativeConfig
+
+if TYPE_CHECKING:
+    from pagedserve.services.worker.tensor_parallel.group import RankGroup
+    from pagedserve.services.worker.tensor_parallel.shard import RankShard
 
 # The ServeConfig fields a runner takes as they are, by the same names (ModelRunner.from_config).
 CONFIGURED = (
@@ -92,13 +97,17 @@ class ModelRunner:
         max_lora_rank: int = config_default("max_lora_rank"),
         max_cpu_loras: int = config_default("max_cpu_loras"),
         defer_pool: bool = False,
+        shard: RankShard | None = None,
+        ranks: RankGroup | None = None,
     ) -> None:
         """model_path: a checkpoint folder or a .gguf file (services/checkpoint.py resolve_model).
         tokenizer: a folder whose tokenizer replaces the model's (--tokenizer; structured outputs use it).
         allow_slow_dtype: load bfloat16/float16 even on a CPU without native support for it (tests of
         the model code in those dtypes on tiny models); a server refuses it (cpu_dtype.py).
         defer_pool: no KV pool until `attach_pool` (a worker that maps a shared-memory segment, or a
-        standby that learns its name later)."""
+        standby that learns its name later).
+        shard: a tensor-parallel rank's part of the model (tensor_parallel/shard.py); ranks: rank 0's
+        group, which every step's forward inputs are sent to first (its shard is rank 0's)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = torch.device(device)
@@ -114,8 +123,16 @@ class ModelRunner:
         self.attention_backend = backend.name
         self.prefilling = False  # the step being run computes part of a prompt (for failpoints)
         self.model_path = Path(model_path)
-        loaded = load_model(model_path, backend, dtype=dtype, device=self.device, quantization=quantization)
+        shard = ranks.shard if ranks is not None else shard
+        loaded = load_model(
+            model_path, backend, dtype=dtype, device=self.device, quantization=quantization, shard=shard
+        )
         self.model = loaded.model
+        self.ranks = ranks
+        if shard is not None:
+            from pagedserve.services.worker.tensor_parallel.group import all_reduce_sum
+
+            self.model.use_all_reduce(all_reduce_sum)
         # How many linears run on packed weights (0: off, or not available for this dtype/device).
         self.num_prepacked = self.model.prepack_weights() if prepack_weights else 0
         self._config = loaded.config
@@ -188,6 +205,8 @@ class ModelRunner:
         if num_blocks is not None and num_blocks != self.pool_sizing.num_blocks:
             self.pool_sizing = dataclasses.replace(self.pool_sizing, num_blocks=num_blocks)
         self._kv_cache = KVCache(self.kv_shape, self.pool_sizing.num_blocks, self.device, memory, offset)
+        if self.ranks is not None:
+            self.ranks.attach_pool(self.pool_sizing.num_blocks)  # the same block ids on every rank
 
     @property
     def kv_cache(self) -> KVCache:
@@ -281,6 +300,8 @@ class ModelRunner:
         if not scheduled:
             if step.forks:
                 raise ValueError(f"step {step.step} forks requests but computes no tokens")
+            if self.ranks is not None and step.copies:
+                self.ranks.forward(step.copies, None)
             return StepResult(step.step, timings={"step_s": time.perf_counter() - t_start}), None
         proposed = self._propose(scheduled, lookahead) if lookahead else {}
         batch = pack_batch(scheduled, self.block_size, self.device, proposed)
@@ -294,14 +315,11 @@ class ModelRunner:
                 ],
             )
         self.prefilling = any(n > 1 for _state, n in scheduled)
+        long_tokens = self._long_tokens(scheduled, proposed, batch)
         t_forward = time.perf_counter()
-        hidden = self.model(
-            batch.input_ids,
-            batch.positions,
-            self.kv_cache.layers(),
-            batch.meta,
-            self._long_tokens(scheduled, proposed, batch),
-        )
+        if self.ranks is not None:  # the other ranks run the same forward on their heads
+            self.ranks.forward(step.copies, batch_to_wire(batch, long_tokens))
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_cache.layers(), batch.meta, long_tokens)
         # Each request's rows in the packed batch: its scheduled tokens, then any proposals after them.
         scored = [(s, n + len(proposed.get(i, ()))) for i, (s, n) in enumerate(scheduled)]
         if self.prompt_tallies:

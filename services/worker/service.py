@@ -28,6 +28,7 @@ from pagedserve.services.worker.kv_budget import PoolTooSmall, check_fits
 from pagedserve.services.worker.kv_segment import NameHeld, lock_name
 from pagedserve.services.worker.pool_attach import PoolAttachment, attach_pool
 from pagedserve.services.worker.simulated import SimulatedRunner
+from pagedserve.services.worker.tensor_parallel import GroupRefused
 from pagedserve.shared import failpoints
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
@@ -41,6 +42,7 @@ from pagedserve.shared.transport import CurveKeys, make_socket, send
 
 if TYPE_CHECKING:
     from pagedserve.services.worker.runner import ModelRunner
+    from pagedserve.services.worker.tensor_parallel.group import RankGroup
 
 # What the scheduler sends a worker's step socket, and its heartbeat socket.
 _FROM_SCHEDULER = message_table(ExecuteMessage, Reset)
@@ -71,6 +73,7 @@ class WorkerService:
             else None
         )
         self.runner: ModelRunner | SimulatedRunner
+        self.group: RankGroup | None = None  # the other tensor-parallel ranks, when we are rank 0
         if config.simulate_step_ms is not None:  # no torch, no weights: a fleet on one machine
             self.runner = SimulatedRunner(
                 self.model_path,
@@ -85,15 +88,22 @@ class WorkerService:
                 import torch
 
                 torch.set_num_threads(config.num_threads)
+            if config.tensor_parallel_size > 1:
+                from pagedserve.services.worker.tensor_parallel.group import RankGroup
+
+                self.group = RankGroup(config, Path(self.model_path), self.log)
             self.runner = ModelRunner.from_config(
                 self.model_path,
                 config,
                 # What only a deployment's worker reads (an engine in one process keeps the defaults).
-                workers_per_machine=config.workers_per_machine,
+                workers_per_machine=config.workers_per_machine * ranks_per_machine(config),
                 gpu_memory_utilization=config.gpu_memory_utilization,
                 prepack_weights=config.prepack_weights,
                 defer_pool=True,  # its name decides which segment holds it
+                ranks=self.group,
             )
+            if self.group is not None:
+                self.group.loaded()
             # The start-time adapters are checked against the model now: a bad one stops the worker
             # with the file or module named, not the first request that uses it.
             if self.runner.loras is not None:
@@ -119,7 +129,10 @@ class WorkerService:
         if isinstance(self.runner, SimulatedRunner):
             return
         started = time.monotonic()
-        self.pool = attach_pool(self.runner, config.kv_segment_dir, self.worker_id, self.log, self.name_lock)
+        # A group's other ranks keep their K/V in private memory: a segment of rank 0's alone, continued
+        # after a restart, would pair its K/V with the others' lost ones. The group's pool dies with it.
+        segment_dir = config.kv_segment_dir if self.group is None else None
+        self.pool = attach_pool(self.runner, segment_dir, self.worker_id, self.log, self.name_lock)
         from pagedserve.services.worker.kv_failpoints import watch_kv_writes  # lazily: torch
 
         runner = self.runner
@@ -230,6 +243,7 @@ class WorkerService:
             **self.runner.runtime,  # dtype, attention backend, the ISA path of each C++ op
             **self.pool_facts(),  # how many tokens the pool holds, and how it was sized
             startup=self.startup,
+            tensor_parallel_size=1 if self.group is None else self.group.shard.size,
             pool_epoch=self.pool.epoch,
             pool_continued=self.pool_continued,
         )
@@ -237,6 +251,8 @@ class WorkerService:
         last_hello = 0.0
         try:
             while not self.stopping.is_set():
+                if self.group is not None:
+                    self.group.check()  # a rank gone between steps: exit now, the group restarts whole
                 if connects.poll(0):
                     # A (re)connected step socket: the scheduler's route to our name moves to it,
                     # and steps it sent on the old connection are gone. Say so now, busy or not.
@@ -303,6 +319,12 @@ def process_age_s() -> float:
         return 0.0
 
 
+def ranks_per_machine(config: ServeConfig) -> int:
+    """The processes of one worker sharing this machine's memory: a CPU group's ranks each hold a pool
+    of as many blocks as rank 0's (of fewer heads), so rank 0 sizes it from its share of the budget."""
+    return config.tensor_parallel_size if config.device == "cpu" else 1
+
+
 # sysexits.h EX_CONFIG: the supervisor does not restart a child that refuses its configuration.
 EXIT_CONFIG = 78
 
@@ -316,7 +338,7 @@ def run(config: ServeConfig, standby: bool = False) -> None:
             from pagedserve.services.worker.standby import wait_for_name
 
             service.take_name(wait_for_name(config, service.log))
-    except (PoolTooSmall, NameHeld) as e:
+    except (PoolTooSmall, NameHeld, GroupRefused) as e:
         print(f"pagedserve worker: {e}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG)
     on_stop_signals(service.stopping.set)
@@ -327,3 +349,5 @@ def run(config: ServeConfig, standby: bool = False) -> None:
         sys.exit(1)
     finally:
         service.pool.close()
+        if service.group is not None:
+            service.group.stop()

@@ -34,7 +34,7 @@ class GemmaDecoderLayer(LlamaDecoderLayer):
         x, residual = self.pre_feedforward_layernorm.add_and_norm(
             self.post_attention_layernorm.forward(x), residual
         )
-        return self.post_feedforward_layernorm.forward(self.mlp.forward(x)), residual
+        return self.post_feedforward_layernorm.forward(self.reduce(self.mlp.forward(x))), residual
 
 
 class GemmaForCausalLM(LlamaForCausalLM):

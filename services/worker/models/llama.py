@@ -18,7 +18,7 @@ sets through its config (models/registry.py): the embedding scale, the final log
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -42,6 +42,10 @@ KVCaches = Sequence[tuple[torch.Tensor, torch.Tensor]]  # per layer (k_cache, v_
 Rows = slice | tuple[int | slice, ...] | None  # the part of a parameter a checkpoint tensor fills
 
 
+def unchanged(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 def hidden_norm(cfg: ModelConfig) -> RMSNorm:
     """A norm of the hidden state, by the family's config (Gemma's multiply by 1 + w)."""
     return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=cfg.norm_unit_offset)
@@ -54,6 +58,9 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = Attention(cfg, backend, layer)
         self.post_attention_layernorm = hidden_norm(cfg)
         self.mlp = mlp
+        # Under tensor parallelism each sub-layer's output is this rank's partial sum (its heads, its
+        # MLP columns): the all-reduce that adds them up (tensor_parallel/shard.py); alone, nothing.
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] = unchanged
 
     def forward(
         self,
@@ -73,12 +80,13 @@ class LlamaDecoderLayer(nn.Module):
             x, residual = self.input_layernorm.forward(x), x
         else:
             x, residual = self.input_layernorm.add_and_norm(x, residual)
-        return self.feed_forward(self.self_attn.forward(x, cos, sin, k_cache, v_cache, meta), residual)
+        attended = self.reduce(self.self_attn.forward(x, cos, sin, k_cache, v_cache, meta))
+        return self.feed_forward(attended, residual)
 
     def feed_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The attention's output -> (the MLP's output, the residual stream without it)."""
         x, residual = self.post_attention_layernorm.add_and_norm(x, residual)
-        return self.mlp.forward(x), residual
+        return self.reduce(self.mlp.forward(x)), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -144,6 +152,12 @@ class LlamaForCausalLM(nn.Module):
                 module.ops = ops
         self.layer_ops = ops
         return ops.name
+
+    def use_all_reduce(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """A tensor-parallel rank's model: every decoder layer sums its sub-layers' partial outputs."""
+        for layer in self.layers:
+            assert isinstance(layer, LlamaDecoderLayer)  # every family's layer is one
+            layer.reduce = reduce
 
     def forward(
         self,

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 import torch
@@ -31,6 +32,9 @@ from pagedserve.services.worker.weights.quantized_load import (
     one_thread,
     quantization_config,
 )
+
+if TYPE_CHECKING:
+    from pagedserve.services.worker.tensor_parallel.shard import RankShard
 
 __all__ = ["QUANTIZATIONS", "LoadedModel", "checkpoint_files", "load_model", "resolve_dtype", "torch_dtype"]
 
@@ -83,6 +87,7 @@ def load_model(
     dtype: str = "float32",
     device: str | torch.device = "cpu",
     quantization: str = "none",
+    shard: RankShard | None = None,
 ) -> LoadedModel:
     """path: a checkpoint folder or a .gguf file (services/checkpoint.py resolve_model).
 
@@ -91,10 +96,17 @@ def load_model(
     types; `gptq` / `awq` / `compressed-tensors` keep such a checkpoint's linears quantized, repacked into
     the kernel's blocks, every one of them (ValueError where it cannot); `auto` keeps a GGUF, else such a
     checkpoint's linears, quantized where this worker can run them (CPU, float32, the kernel builds),
-    dequantizing any linear that has no kernel format (logged), else loads dense."""
+    dequantizing any linear that has no kernel format (logged), else loads dense.
+
+    shard: a tensor-parallel rank's part (tensor_parallel/shard.py): the model is built from its
+    smaller config and every checkpoint tensor cut to it; loaded dense (packed blocks are not cut)."""
     checkpoint = read_checkpoint(Path(path))
     folder = checkpoint.path if checkpoint.path.is_dir() else None
-    model_class, config = resolve(checkpoint.config)
+    model_class, whole = resolve(checkpoint.config)
+    config = whole if shard is None else shard.local_config(whole)
+    if shard is not None and quantization != "none":  # ServeConfig admits only auto here
+        log.info("quantization none", reason="a tensor-parallel rank loads its slice of the weights dense")
+        quantization = "none"
     device = torch.device(device)
     keep_gguf = keeps_gguf(checkpoint.gguf_files, quantization, dtype, device)
     quant_config = {"quantization_config": quantization_config(folder, checkpoint.config) if folder else None}
@@ -135,7 +147,10 @@ def load_model(
         model.to_empty(device=device)
         from_folder = folder is not None and (has_safetensors(folder) or not checkpoint.gguf_files)
         stored = checkpoint_tensors(folder, skip) if folder is not None and from_folder else ()
-        _fill_parameters(model, checkpoint.path, itertools.chain(stored, dense))
+        tensors = itertools.chain(stored, dense)
+        if shard is not None:
+            tensors = ((name, shard.rank_part(name, t, whole)) for name, t in tensors)
+        _fill_parameters(model, checkpoint.path, tensors)
         model.weights_loaded(offset_stored)
     model.eval().requires_grad_(False)
     return LoadedModel(model, config, checkpoint.eos_token_ids, checkpoint.tokenizer_path)
