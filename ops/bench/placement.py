@@ -35,7 +35,13 @@ from pagedserve.ops.deploy.shards import ShardedDeployment
 from pagedserve.ops.results import save_report
 from pagedserve.shared.config import add_config_flag
 
-WORDS = ["account", "billing", "invoice", "policy", "refund", "customer", "order", "shipping", "delay", "warehouse", "contract", "clause", "payment", "schedule", "renewal", "discount", "tier", "support", "ticket", "escalation", "priority", "region", "language", "tone", "summary", "report", "quarter", "revenue", "forecast", "inventory", "supplier", "audit", "compliance", "review", "approval"]
+# The words the conversations are made of: business chat, so a system prompt reads as one.
+_VOCABULARY = (
+    "account billing invoice policy refund customer order shipping delay warehouse contract clause payment "
+    "schedule renewal discount tier support ticket escalation priority region language tone summary report "
+    "quarter revenue forecast inventory supplier audit compliance review approval"
+)
+WORDS = _VOCABULARY.split()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

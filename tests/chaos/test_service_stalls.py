@@ -29,7 +29,9 @@ STALL_S = 2.0  # longer than worker_timeout_s (1.5 s), shorter than rpc_timeout_
 
 
 def simulated_deployment(tmp_path) -> Supervisor:
-    config = deployment_config(simulated_model(tmp_path), num_blocks=256, simulate_step_ms=10, rpc_timeout_s=4 * STALL_S)
+    config = deployment_config(
+        simulated_model(tmp_path), num_blocks=256, simulate_step_ms=10, rpc_timeout_s=4 * STALL_S
+    )
     assert config.worker_timeout_s < STALL_S
     return Supervisor(config, workers=1, log_dir=tmp_path / "logs").start()
 
