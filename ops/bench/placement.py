@@ -6,7 +6,7 @@
 The workload is multi-turn chat with shared system prompts: `--conversations` conversations run at
 once, each under one of `--system-prompts` long system prompts; every turn sends the system prompt,
 the whole history and a new user message, and waits for the (greedy, `--max-tokens`) reply before the
-next turn. Each policy gets a fresh deployment (`pagedserve up --schedulers 2` as processes: cold
+next turn (after up to `--think-s` of seeded think time). Each policy gets a fresh deployment (`pagedserve up --schedulers 2` as processes: cold
 caches both ways) and the same requests. Reported per policy:
 
 - prefix-cache hit rate: prompt tokens served from the cache over all prompt tokens (each request's
@@ -58,6 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--system-words", type=int, default=180, help="words per system prompt (default: 180)")
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--think-s", type=float, default=0.5, help="most seconds a user waits between turns")
     ap.add_argument("--ready-timeout", type=float, default=600.0)
     ap.add_argument("--out", type=Path, default=Path("bench/results/placement.json"))
     return ap.parse_args(argv)
@@ -87,6 +88,10 @@ async def converse(endpoint: str, args: argparse.Namespace, tag: str) -> list[di
             rng = random.Random(1000 + c)
             history = systems[c % len(systems)]
             for turn in range(args.turns):
+                # A user reads and types between turns: seeded think time, so that the conversations do
+                # not move in lockstep (in lockstep, round-robin over 2 shards sends each conversation
+                # to the same shard every turn by accident, and measures affinity, not round-robin).
+                await asyncio.sleep(rng.uniform(0.0, args.think_s))
                 history += f"User: {words(rng, 20)}?\nAssistant:"
                 started = time.monotonic()
                 first = None
