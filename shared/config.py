@@ -249,6 +249,10 @@ class ServeConfig(BaseSettings):
         3.0, gt=0.0, description="a shard silent this long is lost: its requests start over on the others"
     )
     router_ops_port: int = Field(8090, ge=0, le=65535, description="router ops HTTP port (0 = off)")
+    router_shard_ops: list[str] = Field(
+        default_factory=list,
+        description="each shard scheduler's ops URL, in router_shards' order: LoRA admin reaches them all",
+    )
 
     # --- the OpenAI-compatible HTTP API (services/api)
     api_host: str = Field("127.0.0.1", description="address the OpenAI-compatible API binds")
@@ -407,7 +411,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     ),
     "router": (
         "router_shards", "router_policy", "router_cache_threshold", "router_balance_abs", "router_balance_rel",
-        "router_shard_timeout_s", "router_ops_port",
+        "router_shard_timeout_s", "router_ops_port", "router_shard_ops",
     ),
     "security": ("curve_keys_dir", "admin_token"),
     "logging": ("log_format", "log_level"),

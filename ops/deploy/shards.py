@@ -3,7 +3,8 @@ supervisor.py runs them) behind one `pagedserve router`, and the API as the rout
 
 Shard i's sockets and ops ports are the deployment's own moved up by (i + 1) x SHARD_PORT_STEP, so the
 router takes the deployment's front endpoint and clients connect where they always did. Every shard
-runs the same model and LoRA modules; the API reads model facts and the LoRA list from shard 0.
+runs the same model and LoRA modules; LoRA adapters loaded at run time (through the API, which asks the
+router's ops endpoint) are loaded on every shard.
 """
 
 from __future__ import annotations
@@ -76,17 +77,21 @@ class ShardedDeployment(ConfigEndpoints):
             )
             for i in range(schedulers)
         ]
-        self.config = config.model_copy(update={"router_shards": [s.front_endpoint for s in self.shards]})
+        self.config = config.model_copy(
+            update={
+                "router_shards": [s.front_endpoint for s in self.shards],
+                "router_shard_ops": [s.scheduler_ops_url for s in self.shards],
+            }
+        )
         self.workers = workers * schedulers
         self.api = api
         env = config_env(self.config)
         specs = [ChildSpec(ROUTER, launcher(ROUTER, None), env)]
         if api:
-            # The API is the router's client; model facts, LoRA listing and health come from shard 0.
+            # The API is the router's client, and asks the router's ops endpoint what it would ask a
+            # scheduler's: readiness (a shard answers) and LoRA admin (made on every shard).
             api_env = config_env(
-                self.config.model_copy(
-                    update={"scheduler_ops_port": self.shards[0].config.scheduler_ops_port}
-                )
+                self.config.model_copy(update={"scheduler_ops_port": config.router_ops_port})
             )
             specs += [
                 ChildSpec(api_name(i), launcher(API, None), api_env) for i in range(config.api_processes)

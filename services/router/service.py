@@ -13,11 +13,13 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
+from typing import Any
 
 import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from zmq.utils.monitor import recv_monitor_message
 
+from pagedserve.services.router import lora_admin
 from pagedserve.services.router.core import RouterCore, Send
 from pagedserve.services.router.placement import Placement
 from pagedserve.shared.config import ServeConfig
@@ -71,6 +73,10 @@ class RouterService:
     def __init__(self, config: ServeConfig) -> None:
         if not config.router_shards:
             raise ValueError("router_shards: give the front endpoint of at least one scheduler")
+        if config.router_shard_ops and len(config.router_shard_ops) != len(config.router_shards):
+            raise ValueError(
+                f"router_shard_ops: {len(config.router_shard_ops)} URLs for {len(config.router_shards)} shards"
+            )
         self.config = config
         self.log = configure_logging("router", config.log_format, config.log_level)
         placement = Placement(
@@ -113,9 +119,27 @@ class RouterService:
                     "/readyz": self._readyz,
                     "/shards": lambda: json_response({"shards": self._shards_view()}),
                     "/metrics": self._metrics,
+                    **(
+                        {"/loras": lambda: lora_admin.listing(config.router_shard_ops, config.admin_token)}
+                        if config.router_shard_ops
+                        else {}
+                    ),
                 },
                 admin_token=config.admin_token,
+                post_json=self._lora_routes(),
             ).start()
+
+    def _lora_routes(self) -> dict[str, Any]:
+        """The API's LoRA admin, made on every shard (lora_admin.py); none without the shards' ops URLs."""
+        shards, token = self.config.router_shard_ops, self.config.admin_token
+        if not shards:
+            return {}
+        return {
+            f"/loras/{action}": (
+                lambda body, action=action: lora_admin.everywhere(shards, action, body, token)
+            )
+            for action in ("load", "unload")
+        }
 
     def _shards_view(self) -> list[dict[str, object]]:
         view = self.core.placement.view()

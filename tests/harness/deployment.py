@@ -111,6 +111,12 @@ def get_text(url: str) -> str:
         return resp.read().decode()
 
 
+def metric_sum(ops_url: str, name: str) -> float:
+    """A Prometheus metric of an ops server, summed over its labels (0 when it has no sample yet)."""
+    lines = get_text(f"{ops_url}/metrics").splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith((f"{name} ", f"{name}{{")))
+
+
 def blocks(sup: Supervisor) -> dict[str, Any]:
     return get_json(f"{sup.block_manager_ops_url}/blocks")
 

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from harness.deployment import free_ports, get_json, simulated_model, wait_for
+from harness.deployment import free_ports, get_json, metric_sum, simulated_model, wait_for
 
 from pagedserve import Client
 
@@ -46,7 +46,10 @@ def test_up_with_two_schedulers_serves_through_the_router_and_stops_cleanly(tmp_
             ]
         assert all(len(r.token_ids) == 4 for r in results)
         # Each shard's own scheduler finished some of them: idle shards take turns.
-        metrics = [_finished_count(f"http://127.0.0.1:{sched_ops + 100 * (i + 1)}/metrics") for i in range(2)]
+        metrics = [
+            metric_sum(f"http://127.0.0.1:{sched_ops + 100 * (i + 1)}", "pagedserve_requests_finished_total")
+            for i in range(2)
+        ]
         assert sum(metrics) == 4 and all(m >= 1 for m in metrics), metrics
     finally:
         up.send_signal(signal.SIGTERM)
@@ -61,13 +64,3 @@ def test_up_with_two_schedulers_serves_through_the_router_and_stops_cleanly(tmp_
         "shard-1/block-manager",
     ):
         assert f"{child}=" in stopped, stopped
-
-
-def _finished_count(url: str) -> float:
-    from harness.deployment import get_text
-
-    return sum(
-        float(line.split()[-1])
-        for line in get_text(url).splitlines()
-        if line.startswith("pagedserve_requests_finished_total")
-    )
