@@ -19,6 +19,7 @@ MARKERS_BY_PLACE: dict[str, tuple[str, ...]] = {
     "slow": ("slow",),  # the real SmolLM2
     "integration": ("integration",),  # real processes over real sockets
     "integration/test_ray_deployment.py": ("ray",),  # a Ray cluster on this machine
+    "integration/test_ray_shards.py": ("ray",),
     "packaging/test_wheel.py": ("packaging",),  # builds and installs a wheel
     "packaging/test_types.py": ("packaging",),  # the type checker over the sources: about a minute
     "unit/kernels/test_triton_": ("triton",),  # the Triton kernels, under the interpreter on a CPU

@@ -127,6 +127,7 @@ def read(deployment: Supervisor | ShardedDeployment) -> Reading:
     reading = Reading(time.monotonic(), {}, {}, 0.0, 0.0, 0.0)
     sharded = isinstance(deployment, ShardedDeployment)
     for sup in deployment.shards if sharded else [deployment]:
+        assert isinstance(sup, Supervisor), "the fleet runs its shards as local processes"
         _, sched = ops_client.get(f"{sup.scheduler_ops_url}/metrics", timeout_s=5.0)
         _, bm = ops_client.get(f"{sup.block_manager_ops_url}/metrics", timeout_s=5.0)
         sched_pid, bm_pid = sup.pid("scheduler"), sup.pid("block-manager")
@@ -136,6 +137,7 @@ def read(deployment: Supervisor | ShardedDeployment) -> Reading:
         reading.scheduler_cpu += cpu_seconds(sched_pid)
         reading.bm_cpu += cpu_seconds(bm_pid)
     if sharded:
+        assert deployment.group is not None
         router_pid = deployment.group.pid(ROUTER)
         assert router_pid is not None, "the router died during the benchmark"
         reading.router_cpu = cpu_seconds(router_pid)
@@ -247,6 +249,7 @@ def run_fleet(size: int, model: Path, args: argparse.Namespace, log_dir: Path) -
     with start_fleet(config, size, args.shards, log_dir / f"fleet-{size}") as sup:
         sup.wait_ready(timeout_s=args.ready_timeout)
         for shard in sup.shards if isinstance(sup, ShardedDeployment) else [sup]:
+            assert isinstance(shard, Supervisor)
             wait_workers(shard, size // args.shards, args.ready_timeout)
         start = time.monotonic()
         until = start + args.warmup + args.measure

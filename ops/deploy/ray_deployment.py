@@ -58,7 +58,9 @@ class RayDeployment(ConfigEndpoints):
         log_dir: Path | None = None,
         policy: RestartPolicy | None = None,
         api: bool = False,
+        prefix: str = "",
     ) -> None:
+        """`prefix` goes before every actor's name: one shard's of `up --ray --schedulers N`."""
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
         if api and config.api_processes > 1:
@@ -73,6 +75,7 @@ class RayDeployment(ConfigEndpoints):
         self.log_dir = log_dir
         self.policy = policy or RestartPolicy()
         self.api = api
+        self.prefix = prefix
         self.worker_names = [worker_name(i) for i in range(workers)]
         self.names = [*CORE_SERVICES, *self.worker_names, *([API] if api else [])]
         self.watch = ActorWatch(self.names)  # told the cluster's health checks once connected
@@ -112,6 +115,10 @@ class RayDeployment(ConfigEndpoints):
         return self
 
     def _connect(self) -> None:
+        if ray.is_initialized():  # another shard of this driver connected: it disconnects, last
+            self.ray_address = ray.get_runtime_context().gcs_address
+            self.watch = ActorWatch(self.names, node_death_s=node_death_s())
+            return
         # ray.init puts in its own SIGTERM handler (sys.exit); `pagedserve up`'s must stay, or a
         # SIGTERM would skip the orderly stop.
         main = threading.current_thread() is threading.main_thread()
@@ -131,6 +138,7 @@ class RayDeployment(ConfigEndpoints):
         self, name: str, service: str, worker_id: str | None, config: ServeConfig, options: dict[str, Any]
     ) -> Any:
         log_dir = None if self.log_dir is None else str(self.log_dir)
+        name = self.prefix + name
         try:
             return (
                 ray.remote(ServiceActor)
