@@ -64,6 +64,9 @@ class RouterCore:
         self.last_heard = [float("-inf")] * placement.num_shards
         self.next_ping = 0.0
         self.stranded: list[str] = []  # placed on a lost shard while no shard was alive
+        # Client frames that came while no shard was alive (a router just started, all shards
+        # restarting): taken up when one answers, refused at their deadline.
+        self.held: list[tuple[Route, dict[str, Any], bytes, float]] = []
         self.counts: dict[str, int] = {}  # what happened, by name: the router's metrics read it
 
     def _count(self, what: str) -> None:
@@ -76,11 +79,12 @@ class RouterCore:
         rid = msg.get("request_id")
         if kind == "ping":
             return [to_client(client, Pong()), *(Send(s, client, frame) for s in self.book.shards_of(client))]
+        alive = self.placement.alive()
+        if not alive:
+            self.held.append((client, msg, frame, now + self.shard_timeout_s))
+            return []
         if not isinstance(rid, str) or kind not in _BY_REQUEST:
             # Not ours to judge: any live shard answers it with the Error a direct client would get.
-            alive = self.placement.alive()
-            if not alive:
-                return [_unavailable(client, rid if isinstance(rid, str) else None)]
             return [Send(alive[0], client, frame)]
         placed = self.book.placed.get(rid)
         if placed is not None:
@@ -122,10 +126,9 @@ class RouterCore:
     def _locate(
         self, rid: str, client: Route, frame: bytes, kind: str, msg: dict[str, Any], now: float
     ) -> list[Send]:
+        if rid in self.book.locating:
+            return []  # asked already (a second re-submit): the first answer serves it
         alive = self.placement.alive()
-        if rid in self.book.locating or not alive:
-            # Asked already (a second re-submit), or nobody to ask: the client's retry comes back.
-            return [_unavailable(client, rid)] if not alive else []
         self._count("locates")
         blocks, cost = self._shape(msg) if kind == "submit" else ([], 0)
         self.book.locating[rid] = Locating(
@@ -155,7 +158,7 @@ class RouterCore:
 
     def on_shard(self, shard: int, route: Route, msg: dict[str, Any], frame: bytes, now: float) -> list[Send]:
         self.last_heard[shard] = now
-        out = [] if self.placement.shards[shard].alive else self._shard_up(shard)
+        out = [] if self.placement.shards[shard].alive else self._shard_up(shard, now)
         kind = msg.get("type")
         rid = msg.get("request_id")
         if not isinstance(rid, str):
@@ -199,13 +202,21 @@ class RouterCore:
                 out += self.shard_lost(shard, "silent")
         for rid in self.book.lapsed_locates(now):
             out += self._located(rid, None)  # a shard that does not answer in time does not hold it
+        lapsed = [h for h in self.held if now >= h[3]]
+        if lapsed:
+            self.held = [h for h in self.held if now < h[3]]
+            out += [_unavailable(client, msg.get("request_id")) for client, msg, _, _ in lapsed]
         return out
 
-    def _shard_up(self, shard: int) -> list[Send]:
+    def _shard_up(self, shard: int, now: float) -> list[Send]:
         self._count("shards_up")
         self.placement.set_alive(shard, True)
         stranded, self.stranded = self.stranded, []
-        return [send for rid in stranded for send in self._replace(rid)]
+        held, self.held = self.held, []
+        out = [send for rid in stranded for send in self._replace(rid)]
+        return out + [
+            send for client, msg, frame, _ in held for send in self.on_client(client, msg, frame, now)
+        ]
 
     def shard_lost(self, shard: int, why: str) -> list[Send]:
         """The shard's scheduler is gone (silent, or its connection dropped: a restart forgot every
@@ -239,10 +250,14 @@ class RouterCore:
         return [Send(placed.shard, placed.client, placed.frame)]
 
 
-def _unavailable(client: Route, rid: str | None) -> Send:
+def _unavailable(client: Route, rid: object) -> Send:
     return to_client(
         client,
-        Error(code="no_workers", message="no scheduler shard is reachable; retry later", request_id=rid),
+        Error(
+            code="no_workers",
+            message="no scheduler shard answered in time; retry later",
+            request_id=rid if isinstance(rid, str) else None,
+        ),
     )
 
 

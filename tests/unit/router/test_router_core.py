@@ -106,13 +106,20 @@ def test_a_lost_shards_requests_start_over_on_the_other_and_its_late_replies_are
     assert kinds(reply(core, 1 - lost, finished("r1"))) == [(None, "finished")]
 
 
-def test_with_no_shard_alive_a_submit_is_refused_and_a_stranded_request_waits_for_one():
+def test_with_no_shard_alive_frames_wait_for_one_until_their_deadline():
     core = router(shards=1)
     (first,) = submit(core, "r1")
     assert core.shard_lost(0, "disconnected") == []
-    assert kinds(submit(core, "r2")) == [(None, "error")]
+    assert submit(core, "r2", now=1.5) == []  # held: a shard may be restarting
     back = reply(core, 0, Pong(), route=SELF, now=2.0)  # the restarted scheduler answers
-    assert [(s.shard, s.frame) for s in back] == [(0, first.frame)]
+    assert [(s.shard, s.frame) for s in back][0] == (0, first.frame)  # the stranded one placed again
+    assert [decode(s.frame)["request_id"] for s in back] == ["r1", "r2"]
+
+    fresh = RouterCore(Placement(1), 16, ping_interval_s=0.5, shard_timeout_s=3.0, locate_timeout_s=2.0)
+    assert submit(fresh, "r3", now=0.0) == []  # a router just started: nobody heard yet
+    assert fresh.tick(1.0) == [Send(0, SELF, PING)]
+    refused = [s for s in fresh.tick(3.5) if s.shard is None]
+    assert [decode(s.frame)["code"] for s in refused] == ["no_workers"]
 
 
 def test_a_silent_shard_is_lost_after_its_timeout_and_pings_go_out_every_interval():
