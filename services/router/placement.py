@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pagedserve.services.router.prefix_index import SeenPrefixes
 
@@ -91,7 +91,7 @@ class Placement:
             s.seen.clear()  # a restarted scheduler's workers may be new: nothing cached is known
         s.alive = alive
 
-    def view(self) -> list[dict[str, object]]:
+    def view(self) -> list[dict[str, Any]]:
         return [
             {
                 "shard": i,

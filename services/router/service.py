@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import generate_latest
 from zmq.utils.monitor import recv_monitor_message
 
 from pagedserve.services.router import lora_admin
 from pagedserve.services.router.core import RouterCore, Send
+from pagedserve.services.router.metrics import RouterMetrics
 from pagedserve.services.router.placement import Placement
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
@@ -37,36 +38,6 @@ from pagedserve.shared.transport import (
 _POLL_S = 0.01
 _BATCH = 512
 _LOCATE_TIMEOUT_S = 2.0
-
-
-class RouterMetrics:
-    def __init__(self) -> None:
-        self.registry = r = CollectorRegistry()
-        self.events = Counter(
-            "pagedserve_router_events", "placements, locates, shard losses", ["event"], registry=r
-        )
-        self.relayed = Counter("pagedserve_router_frames", "frames relayed", ["direction"], registry=r)
-        self.shard_up = Gauge(
-            "pagedserve_router_shard_up", "1 while the shard answers", ["shard"], registry=r
-        )
-        self.requests = Gauge(
-            "pagedserve_router_shard_requests", "requests placed and not ended", ["shard"], registry=r
-        )
-        self.tokens = Gauge(
-            "pagedserve_router_shard_tokens", "outstanding tokens placed", ["shard"], registry=r
-        )
-        self._seen: dict[str, int] = {}
-
-    def sync(self, core: RouterCore) -> None:
-        for event, count in core.counts.items():
-            new = count - self._seen.get(event, 0)
-            if new:
-                self.events.labels(event).inc(new)
-                self._seen[event] = count
-        for i, s in enumerate(core.placement.shards):
-            self.shard_up.labels(str(i)).set(int(s.alive))
-            self.requests.labels(str(i)).set(s.requests)
-            self.tokens.labels(str(i)).set(s.tokens)
 
 
 class RouterService:
@@ -141,7 +112,7 @@ class RouterService:
             for action in ("load", "unload")
         }
 
-    def _shards_view(self) -> list[dict[str, object]]:
+    def _shards_view(self) -> list[dict[str, Any]]:
         view = self.core.placement.view()
         for entry, endpoint in zip(view, self.config.router_shards, strict=True):
             entry["endpoint"] = endpoint
