@@ -130,7 +130,15 @@ def run_policy(policy: str, args: argparse.Namespace, log_dir: Path) -> dict[str
     from pagedserve.ops.deploy.supervisor import resolve_model_first
 
     config = resolve_model_first(
-        local_config(args.model, router_policy=policy, num_threads=1, log_level="warning")
+        local_config(
+            args.model,
+            router_policy=policy,
+            num_threads=1,
+            log_level="warning",
+            # No warm spares: nothing fails here, and a spare loading the model steals the first turns' CPU.
+            standby_workers=0,
+            standby_api=0,
+        )
     )
     samples: list[list[int]] = []
     with ShardedDeployment(config, args.shards, 1, log_dir=log_dir / policy) as deployment:

@@ -17,8 +17,9 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from pagedserve.ops.bench.peers import WARMUP_PROMPTS, WARMUP_TOKENS, BenchSettings, PathResult
 from pagedserve.ops.bench.workload import Workload
@@ -53,19 +54,44 @@ def parse_metrics(text: str) -> dict[str, float]:
     return totals
 
 
+@dataclass(slots=True)
+class _Measured:
+    counts: list[int]
+    warm_end: float  # the warm-up's last result in (perf_counter)
+    t0: float
+    wall_s: float
+    before: dict[str, float]
+    after: dict[str, float]
+
+
 async def _generate_all(
-    endpoint: str, prompts: list[list[int]], output_lens: list[int], temperature: float
+    client: Any, prompts: list[list[int]], output_lens: list[int], temperature: float
 ) -> list[int]:
+    results = await asyncio.gather(
+        *(
+            client.generate(prompt_token_ids=p, max_tokens=n, temperature=temperature, ignore_eos=True)
+            for p, n in zip(prompts, output_lens, strict=True)
+        )
+    )
+    return [len(r.token_ids) for r in results]
+
+
+async def _warm_then_measure(
+    endpoint: str, ops_url: str, workload: Workload, temperature: float
+) -> _Measured:
+    """Warm up and run on one client, so the warm-up ends when its last result is in (not after the
+    client closes): the worker's idle before the run's first step is then this side's to subtract."""
     from pagedserve.shared.sdk import AsyncClient
 
     async with AsyncClient(endpoint, timeout_s=7200.0) as client:
-        results = await asyncio.gather(
-            *(
-                client.generate(prompt_token_ids=p, max_tokens=n, temperature=temperature, ignore_eos=True)
-                for p, n in zip(prompts, output_lens, strict=True)
-            )
-        )
-    return [len(r.token_ids) for r in results]
+        await _generate_all(client, WARMUP_PROMPTS, [WARMUP_TOKENS] * len(WARMUP_PROMPTS), temperature)
+        warm_end = time.perf_counter()
+        before = await asyncio.to_thread(read_metrics, ops_url)
+        t0 = time.perf_counter()
+        counts = await _generate_all(client, workload.prompts, workload.output_lens, temperature)
+        wall_s = time.perf_counter() - t0
+    after = await asyncio.to_thread(read_metrics, ops_url)
+    return _Measured(counts, warm_end, t0, wall_s, before, after)
 
 
 def run_services_depth(workload: Workload, settings: BenchSettings, depth: int, threads: int) -> PathResult:
@@ -101,30 +127,20 @@ def run_services_depth(workload: Workload, settings: BenchSettings, depth: int, 
     supervisor.start()
     try:
         supervisor.wait_ready(timeout_s=600)
-        asyncio.run(
-            _generate_all(
-                config.front_endpoint,
-                WARMUP_PROMPTS,
-                [WARMUP_TOKENS] * len(WARMUP_PROMPTS),
-                settings.temperature,
+        m = asyncio.run(
+            _warm_then_measure(
+                config.front_endpoint, supervisor.scheduler_ops_url, workload, settings.temperature
             )
         )
-        warm_end = time.perf_counter()
-        before = read_metrics(supervisor.scheduler_ops_url)
-        t0 = time.perf_counter()
-        counts = asyncio.run(
-            _generate_all(config.front_endpoint, workload.prompts, workload.output_lens, settings.temperature)
-        )
-        result.wall_s = time.perf_counter() - t0
-        after = read_metrics(supervisor.scheduler_ops_url)
-        result.output_tokens = sum(counts)
-        delta = {k: after[k] - before[k] for k in METRICS}
+        result.wall_s = m.wall_s
+        result.output_tokens = sum(m.counts)
+        delta = {k: m.after[k] - m.before[k] for k in METRICS}
         result.details.update(
             steps=int(delta["pagedserve_step_seconds_count"]),
             # The first step's idle reaches back to the warm-up's last step, across the metrics read
             # before t0 (seconds on a loaded machine, against a wall of under one on a tiny model):
             # that stretch is outside the run, so it comes off.
-            idle_fraction=max(0.0, delta["pagedserve_worker_idle_seconds_total"] - (t0 - warm_end))
+            idle_fraction=max(0.0, delta["pagedserve_worker_idle_seconds_total"] - (m.t0 - m.warm_end))
             / result.wall_s,
             busy_fraction=delta["pagedserve_step_seconds_sum"] / result.wall_s,
         )
