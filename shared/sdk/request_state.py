@@ -64,9 +64,8 @@ class LiveRequest:
     submit: Submit  # as sent
     deadline: float  # monotonic; past it the client answers "timeout" itself
     sink: EventSink
-    # Set when this side makes the text (client_text.py): the caller's stream wish, as the wire's may differ.
-    text: ClientText | None = None
-    streams: bool = True
+    text: ClientText | None = None  # set when this side makes the text (client_text.py)
+    streams: bool = True  # whether the caller streams: the wire may stream when it does not
     last_event: float = 0.0  # monotonic: the last Accepted or Delta (a stream's idle clock)
     num_prompt_tokens: int | None = None
     aborting: bool = False

@@ -51,7 +51,7 @@ class Session:
         self._seq = 0
         self._last_rx = 0.0
         self._next_ping = 0.0
-        self.outbox: list[bytes] = []  # frames that answering the server's made (StopAt)
+        self.outbox: list[bytes] = []  # frames the server's messages call for (StopAt), sent after reading
 
     # ------------------------------------------------------------------ caller -> server
 
