@@ -18,10 +18,9 @@ from pathlib import Path
 
 from harness.deployment import (
     assert_no_leak,
-    deployment_config,
-    free_ports,
     get_json,
     get_text,
+    sharded_config,
     simulated_model,
     stream_greedy,
     wait_for,
@@ -35,10 +34,10 @@ PROMPTS = [[11 + i, 12, 13, 14, 15 + i] for i in range(REQUESTS)]
 
 
 def sharded(tmp_path: Path, **overrides) -> ShardedDeployment:
-    config = deployment_config(
+    config = sharded_config(
         simulated_model(tmp_path),
+        2,
         simulate_step_ms=10,
-        router_ops_port=free_ports(1)[0],
         lease_ttl_s=3.0,
         lease_renew_interval_s=1.0,
         reap_interval_s=0.25,

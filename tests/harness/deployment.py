@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import socket
 import time
 import urllib.request
@@ -28,6 +29,46 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def sharded_ports(shards: int, count: int = 6) -> list[int]:
+    """`count` ports for a sharded deployment (front, workers, block manager, scheduler ops, block-manager
+    ops, and one more), every shard's moved copy of them free too (ops/deploy/shards.py adds 100 x
+    (i + 1)). Taken below Linux's ephemeral range, where processes that bind port 0 (Ray's, a peer
+    test's) never land on them meanwhile."""
+    from pagedserve.ops.deploy.shards import SHARD_PORT_STEP
+
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20_000, 30_000 - SHARD_PORT_STEP * (shards + 1), count)
+        wanted = [base + k + SHARD_PORT_STEP * i for k in range(count) for i in range(shards + 1)]
+        if all(_bindable(port) for port in wanted):
+            return [base + k for k in range(count)]
+    raise RuntimeError(f"no {count} ports free below 30000 for {shards} shards")
+
+
+def sharded_config(model: Path | str, shards: int, **overrides: Any) -> ServeConfig:
+    """deployment_config on ports that every shard's moved copy finds free (sharded_ports); the sixth
+    is the router's ops port."""
+    front, workers, bm, sched_ops, bm_ops, router_ops = sharded_ports(shards)
+    ports = {
+        "front_endpoint": f"tcp://127.0.0.1:{front}",
+        "worker_endpoint": f"tcp://127.0.0.1:{workers}",
+        "block_manager_endpoint": f"tcp://127.0.0.1:{bm}",
+        "scheduler_ops_port": sched_ops,
+        "block_manager_ops_port": bm_ops,
+        "router_ops_port": router_ops,
+    }
+    return deployment_config(model, **(ports | overrides))
 
 
 def simulated_model(root: Path, max_len: int = 512) -> Path:

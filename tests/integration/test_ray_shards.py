@@ -6,7 +6,7 @@ removes every actor and disconnects."""
 from __future__ import annotations
 
 import ray
-from harness.deployment import deployment_config, free_ports, metric_sum, simulated_model
+from harness.deployment import metric_sum, sharded_config, simulated_model
 from ray.cluster_utils import Cluster
 
 from pagedserve import Client
@@ -17,9 +17,7 @@ from pagedserve.ops.deploy.shards import ShardedDeployment
 def test_two_shards_on_ray_behind_the_router(tmp_path):
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "object_store_memory": 80 << 20})
     try:
-        config = deployment_config(
-            simulated_model(tmp_path), simulate_step_ms=10, router_ops_port=free_ports(1)[0]
-        )
+        config = sharded_config(simulated_model(tmp_path), 2, simulate_step_ms=10)
         placement = RayPlacement(cluster.address, {"CPU": 0.5})
         deployment = ShardedDeployment(config, 2, 1, log_dir=tmp_path / "logs", ray=placement)
         deployment.start()

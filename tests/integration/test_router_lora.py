@@ -5,7 +5,7 @@ whichever shard they are placed; a refused load leaves no shard holding it."""
 from __future__ import annotations
 
 import httpx
-from harness.deployment import deployment_config, free_ports, metric_sum
+from harness.deployment import free_ports, metric_sum, sharded_config
 from harness.lora_adapters import make_peft_adapter
 
 from pagedserve.ops.deploy.shards import ShardedDeployment
@@ -27,10 +27,7 @@ def shard_loras(deployment: ShardedDeployment) -> list[list[str]]:
 def test_runtime_adapters_reach_every_shard(tiny_model, tmp_path):
     base = tiny_model("llama")
     adapter = make_peft_adapter(base, tmp_path / "late", seed=3, rank=4)
-    api_port, router_ops = free_ports(2)
-    config = deployment_config(
-        base, api_port=api_port, router_ops_port=router_ops, max_loras=2, admin_token=ADMIN
-    )
+    config = sharded_config(base, 2, api_port=free_ports(1)[0], max_loras=2, admin_token=ADMIN)
     deployment = ShardedDeployment(config, schedulers=2, workers=1, log_dir=tmp_path / "logs", api=True)
     deployment.start()
     try:

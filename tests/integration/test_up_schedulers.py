@@ -8,13 +8,13 @@ import signal
 import subprocess
 import sys
 
-from harness.deployment import free_ports, get_json, metric_sum, simulated_model, wait_for
+from harness.deployment import get_json, metric_sum, sharded_ports, simulated_model, wait_for
 
 from pagedserve import Client
 
 
 def test_up_with_two_schedulers_serves_through_the_router_and_stops_cleanly(tmp_path):
-    front, worker_port, bm, sched_ops, bm_ops, router_ops = free_ports(6)
+    front, worker_port, bm, sched_ops, bm_ops, router_ops = sharded_ports(2)
     env = os.environ | {"PAGEDSERVE_LOG_FORMAT": "json"}
     up = subprocess.Popen(
         [
