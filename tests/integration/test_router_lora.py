@@ -49,7 +49,19 @@ def test_runtime_adapters_reach_every_shard(tiny_model, tmp_path):
         )
         assert shard_loras(deployment) == [[], []]
 
+        # Taken by one shard, refused by the other (it holds the name already): undone on the first.
         load = {"lora_name": "late", "lora_path": str(adapter)}
+        bearer = {"Authorization": f"Bearer {ADMIN}"}
+        shard_1 = deployment.shards[1].scheduler_ops_url
+        assert httpx.post(f"{shard_1}/loras/load", json=load, headers=bearer, timeout=30).status_code == 200
+        split = httpx.post(f"{api}/load_lora_adapter", json=load, headers=admin, timeout=30)
+        assert split.status_code == 400 and "shard 1: " in split.text and "already loaded" in split.text
+        assert shard_loras(deployment) == [[], ["late"]]
+        unload = {"lora_name": "late"}
+        assert (
+            httpx.post(f"{shard_1}/loras/unload", json=unload, headers=bearer, timeout=30).status_code == 200
+        )
+
         loaded = httpx.post(f"{api}/load_lora_adapter", json=load, headers=admin, timeout=30)
         assert loaded.status_code == 200, loaded.text
         assert shard_loras(deployment) == [["late"], ["late"]]
