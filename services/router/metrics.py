@@ -29,7 +29,9 @@ class RouterMetrics:
         self._counted: dict[str, int] = {}  # the core's counts already added to `events`
 
     def sync(self, core: RouterCore) -> None:
-        for event, count in core.counts.items():
+        """Run on the ops server's thread while the loop counts on: a copy, so a new event's key
+        cannot change the dict under the iteration."""
+        for event, count in dict(core.counts).items():
             new = count - self._counted.get(event, 0)
             if new:
                 self.events.labels(event).inc(new)
