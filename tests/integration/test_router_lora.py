@@ -86,6 +86,17 @@ def test_runtime_adapters_reach_every_shard(tiny_model, tmp_path):
             for s in deployment.shards
         )  # both shards ran the adapter
 
+        # In use on one shard: that shard refuses the unload, and the other's is undone.
+        long = {**body, "max_tokens": 480, "stream": True}
+        with httpx.stream("POST", f"{api}/completions", json=long, timeout=60) as live:
+            lines = live.iter_lines()  # kept: a dropped iterator closes the response (a disconnect)
+            next(lines)
+            busy = httpx.post(
+                f"{api}/unload_lora_adapter", json={"lora_name": "late"}, headers=admin, timeout=30
+            )
+            assert busy.status_code == 409 and "in use by running requests" in busy.text, busy.text
+            assert shard_loras(deployment) == [["late"], ["late"]]
+
         unloaded = httpx.post(
             f"{api}/unload_lora_adapter", json={"lora_name": "late"}, headers=admin, timeout=30
         )
