@@ -31,7 +31,7 @@ from pagedserve.services.worker.proposers import Proposer, make_proposer, propos
 from pagedserve.services.worker.proposers.draft_model import TargetFacts
 from pagedserve.services.worker.request_constraints import RequestConstraints
 from pagedserve.services.worker.sampler import Sampler, SamplingRequest
-from pagedserve.services.worker.tensor_parallel.orders import batch_to_wire
+from pagedserve.services.worker.tensor_parallel.orders import forward_batch
 from pagedserve.services.worker.verification import ScoredRequest, accepted_run, sampling_rows
 from pagedserve.services.worker.weights.loader import load_model, resolve_dtype, torch_dtype
 from pagedserve.shared import failpoints
@@ -318,7 +318,7 @@ class ModelRunner:
         long_tokens = self._long_tokens(scheduled, proposed, batch)
         t_forward = time.perf_counter()
         if self.ranks is not None:  # the other ranks run the same forward on their heads
-            self.ranks.forward(step.copies, batch_to_wire(batch, long_tokens))
+            self.ranks.forward(step.copies, forward_batch(batch, long_tokens))
         hidden = self.model(batch.input_ids, batch.positions, self.kv_cache.layers(), batch.meta, long_tokens)
         # Each request's rows in the packed batch: its scheduled tokens, then any proposals after them.
         scored = [(s, n + len(proposed.get(i, ()))) for i, (s, n) in enumerate(scheduled)]

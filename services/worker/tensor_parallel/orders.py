@@ -13,12 +13,12 @@ from pagedserve.services.worker.packed_batch import PackedBatch
 from pagedserve.shared.protocol.ranks import ForwardBatch, WireTensor
 
 
-def to_wire(tensor: torch.Tensor) -> WireTensor:
+def wire_tensor(tensor: torch.Tensor) -> WireTensor:
     host = tensor.detach().contiguous().cpu()
     return WireTensor(str(host.dtype).removeprefix("torch."), list(host.shape), host.numpy().tobytes())
 
 
-def from_wire(wire: WireTensor, device: torch.device) -> torch.Tensor:
+def local_tensor(wire: WireTensor, device: torch.device) -> torch.Tensor:
     dtype = getattr(torch, wire.dtype)
     if not wire.data:  # frombuffer refuses an empty buffer
         return torch.empty(wire.shape, dtype=dtype, device=device)
@@ -26,20 +26,20 @@ def from_wire(wire: WireTensor, device: torch.device) -> torch.Tensor:
     return torch.frombuffer(bytearray(wire.data), dtype=dtype).reshape(wire.shape).to(device)
 
 
-def batch_to_wire(batch: PackedBatch, long_tokens: torch.Tensor | None) -> ForwardBatch:
+def forward_batch(batch: PackedBatch, long_tokens: torch.Tensor | None) -> ForwardBatch:
     meta = batch.meta
     return ForwardBatch(
-        input_ids=to_wire(batch.input_ids),
-        positions=to_wire(batch.positions),
-        slot_mapping=to_wire(meta.slot_mapping),
-        query_start_loc=to_wire(meta.query_start_loc),
-        seq_lens=to_wire(meta.seq_lens),
-        block_tables=to_wire(meta.block_tables),
+        input_ids=wire_tensor(batch.input_ids),
+        positions=wire_tensor(batch.positions),
+        slot_mapping=wire_tensor(meta.slot_mapping),
+        query_start_loc=wire_tensor(meta.query_start_loc),
+        seq_lens=wire_tensor(meta.seq_lens),
+        block_tables=wire_tensor(meta.block_tables),
         max_query_len=meta.max_query_len,
         max_seq_len=meta.max_seq_len,
         query_lens_cpu=meta.query_lens_cpu,
         seq_lens_cpu=meta.seq_lens_cpu,
-        long_tokens=None if long_tokens is None else to_wire(long_tokens),
+        long_tokens=None if long_tokens is None else wire_tensor(long_tokens),
     )
 
 
@@ -48,14 +48,14 @@ def forward_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor | None]:
     """-> (input_ids, positions, meta, long_tokens): the model's arguments besides the KV caches."""
     meta = AttentionMetadata(
-        slot_mapping=from_wire(wire.slot_mapping, device),
-        query_start_loc=from_wire(wire.query_start_loc, device),
-        seq_lens=from_wire(wire.seq_lens, device),
-        block_tables=from_wire(wire.block_tables, device),
+        slot_mapping=local_tensor(wire.slot_mapping, device),
+        query_start_loc=local_tensor(wire.query_start_loc, device),
+        seq_lens=local_tensor(wire.seq_lens, device),
+        block_tables=local_tensor(wire.block_tables, device),
         max_query_len=wire.max_query_len,
         max_seq_len=wire.max_seq_len,
         query_lens_cpu=wire.query_lens_cpu,
         seq_lens_cpu=wire.seq_lens_cpu,
     )
-    long_tokens = None if wire.long_tokens is None else from_wire(wire.long_tokens, device)
-    return from_wire(wire.input_ids, device), from_wire(wire.positions, device), meta, long_tokens
+    long_tokens = None if wire.long_tokens is None else local_tensor(wire.long_tokens, device)
+    return local_tensor(wire.input_ids, device), local_tensor(wire.positions, device), meta, long_tokens
