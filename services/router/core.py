@@ -89,8 +89,7 @@ class RouterCore:
         placed = self.book.placed.get(rid)
         if placed is not None:
             if kind == "submit" and msg.get("attach"):
-                placed.client = client  # the client reconnected: replies follow it
-                self.book.by_client.setdefault(client, set()).add(rid)
+                self.book.reroute(rid, client)
             return [Send(placed.shard, client, frame)]
         if kind == "submit" and not msg.get("attach"):
             return self._place(rid, client, frame, msg)

@@ -48,15 +48,25 @@ class RouterBook:
         self.placed[request_id] = placed
         self.by_client.setdefault(placed.client, set()).add(request_id)
 
+    def reroute(self, request_id: str, client: Route) -> None:
+        """The client reconnected (a new route): replies and pings follow it, the old route lets go."""
+        placed = self.placed[request_id]
+        self._forget(placed.client, request_id)
+        placed.client = client
+        self.by_client.setdefault(client, set()).add(request_id)
+
     def end(self, request_id: str) -> Placed | None:
         placed = self.placed.pop(request_id, None)
         if placed is not None:
-            ids = self.by_client.get(placed.client)
-            if ids is not None:
-                ids.discard(request_id)
-                if not ids:
-                    del self.by_client[placed.client]
+            self._forget(placed.client, request_id)
         return placed
+
+    def _forget(self, client: Route, request_id: str) -> None:
+        ids = self.by_client.get(client)
+        if ids is not None:
+            ids.discard(request_id)
+            if not ids:
+                del self.by_client[client]
 
     def shards_of(self, client: Route) -> set[int]:
         """The shards holding the client's live requests: where its pings must go on."""

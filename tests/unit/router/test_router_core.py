@@ -130,3 +130,18 @@ def test_a_silent_shard_is_lost_after_its_timeout_and_pings_go_out_every_interva
     reply(core, 0, Pong(), route=SELF, now=3.5)
     core.tick(3.6)
     assert core.placement.alive() == [0]
+
+
+def test_a_reattached_request_follows_its_new_route_and_the_old_one_lets_go():
+    core = router()
+    (first,) = submit(core, "r1")
+    shard = first.shard
+    assert shard is not None
+    moved = (b"\x00client-again",)
+    (again,) = submit(core, "r1", attach=True, client=moved)
+    assert (again.shard, again.route) == (shard, moved)
+    assert core.book.shards_of(CLIENT) == set() and core.book.shards_of(moved) == {shard}
+    delta = reply(core, shard, Delta(request_id="r1", token_ids=[5], text="x"), route=moved)
+    assert [s.route for s in delta] == [moved]
+    reply(core, shard, finished("r1"), route=moved)
+    assert core.book.by_client == {}
