@@ -67,9 +67,11 @@ class Placement:
         if max(loads) - min(loads) > self.balance_abs and max(loads) > self.balance_rel * min(loads):
             return least, "balance"
         if blocks:
-            # The longest seen start wins; among equals, the lighter shard.
-            best = max(alive, key=lambda i: (self.shards[i].seen.matched(blocks), -self.shards[i].tokens))
-            matched = self.shards[best].seen.matched(blocks)
+            # The longest seen start wins; among equals, the lighter shard, then the first.
+            matched, _, first = max(
+                (self.shards[i].seen.matched(blocks), -self.shards[i].tokens, -i) for i in alive
+            )
+            best = -first
             if matched and matched / len(blocks) >= self.cache_threshold:
                 return best, "cache"
         return least, "least_load"
