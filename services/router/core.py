@@ -92,16 +92,10 @@ class RouterCore:
                 self.book.reroute(rid, client)
             return [Send(placed.shard, client, frame)]
         if kind == "submit" and not msg.get("attach"):
-            return self._place(rid, client, frame, msg)
+            return self._place(rid, client, frame, *self._shape(msg))
         return self._locate(rid, client, frame, kind, msg, now)
 
-    def _place(self, rid: str, client: Route, frame: bytes, msg: dict[str, Any]) -> list[Send]:
-        blocks, cost = self._shape(msg)
-        return self._place_shaped(rid, client, frame, blocks, cost)
-
-    def _place_shaped(
-        self, rid: str, client: Route, frame: bytes, blocks: list[int], cost: int
-    ) -> list[Send]:
+    def _place(self, rid: str, client: Route, frame: bytes, blocks: list[int], cost: int) -> list[Send]:
         chosen = self.placement.choose(blocks)
         if chosen is None:
             return [_unavailable(client, rid)]
@@ -145,7 +139,7 @@ class RouterCore:
                 self.book.place(rid, Placed(loc.client, shard, loc.frame, loc.blocks, loc.cost))
             return [Send(shard, loc.client, loc.frame)]
         if loc.kind == "submit":
-            return self._place_shaped(rid, loc.client, loc.frame, loc.blocks, loc.cost)
+            return self._place(rid, loc.client, loc.frame, loc.blocks, loc.cost)
         if loc.kind == "locate":
             return [to_client(loc.client, Location(request_id=rid, state="unknown"))]
         if loc.kind == "stop_at":
