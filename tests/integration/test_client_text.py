@@ -1,14 +1,15 @@
 """A client that makes its own text (the SDK given the model's tokenizer, as the API runs it) gets what
 the scheduler would have sent: the same text, token ids, finish reasons and streamed pieces, stop
 strings across token boundaries and inside multi-byte characters included, with n > 1 and without
-streaming; and a stop string it finds stops the scheduler early (StopAt), not at max_tokens.
+streaming; and a stop string it finds stops the scheduler early (StopAt), not at max_tokens, with
+every block given back.
 
 The tiny model's tokenizer is byte-level: a stop string always spans several tokens."""
 
 from __future__ import annotations
 
 import pytest
-from harness.deployment import get_text, start
+from harness.deployment import assert_no_leak, get_text, start
 
 from pagedserve import Client
 from pagedserve.services.checkpoint import load_tokenizer
@@ -99,3 +100,5 @@ def test_text_made_by_the_client_is_the_text_the_scheduler_makes(deployment):
         result = client_side.generate(**cases[2])
         assert result.finish_reason == "stop" and len(result.token_ids) < 20
         assert generated(sup) - before < MAX_TOKENS / 4
+    # Completions ended by StopAt gave their blocks back like any other end.
+    assert_no_leak(sup, expect_pools=1)
