@@ -76,22 +76,27 @@ struct Decoder : GroupSource<T> {
       const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * c)));
       return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
     } else {
-      __m512i q;
-      if constexpr (T == Q8_0) {
-        q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * c)));
-      } else if constexpr (direct<T>()) {
-        // Q4_0/Q4_1: chunk 0 is the low nibbles of bytes 0-15, chunk 1 their high nibbles.
-        const uint8_t* bytes = T == Q4_K ? p + 16 * c : p;
-        const int s = T == Q4_K ? shift : static_cast<int>(4 * c);
-        q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
-        q = _mm512_and_si512(_mm512_srl_epi32(q, _mm_cvtsi32_si128(s)), _mm512_set1_epi32(0xF));
-      } else {
-        const __m128i half = c == 0 ? _mm256_castsi256_si128(codes) : _mm256_extracti128_si256(codes, 1);
-        q = signed_codes(T) ? _mm512_cvtepi8_epi32(half) : _mm512_cvtepu8_epi32(half);
-      }
       // A vector is a half-group here.
-      return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), c == 0 ? a0 : a1, c == 0 ? b0 : b1);
+      return _mm512_fmadd_ps(raw(c), c == 0 ? a0 : a1, c == 0 ? b0 : b1);
     }
+  }
+  // Chunk c's codes as floats, unscaled (integer types only).
+  inline Vec raw(int64_t c) const {
+    __m512i q;
+    if constexpr (T == Q8_0) {
+      q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * c)));
+    } else if constexpr (T == Q4_0 || T == Q4_1) {
+      // Chunk 0 is the low nibbles of bytes 0-15, chunk 1 their high nibbles (no mask needed).
+      const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      q = c == 0 ? _mm512_and_si512(bytes, _mm512_set1_epi32(0xF)) : _mm512_srli_epi32(bytes, 4);
+    } else if constexpr (T == Q4_K) {
+      q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * c)));
+      q = _mm512_and_si512(_mm512_srl_epi32(q, _mm_cvtsi32_si128(shift)), _mm512_set1_epi32(0xF));
+    } else {
+      const __m128i half = c == 0 ? _mm256_castsi256_si128(codes) : _mm256_extracti128_si256(codes, 1);
+      q = signed_codes(T) ? _mm512_cvtepi8_epi32(half) : _mm512_cvtepu8_epi32(half);
+    }
+    return _mm512_cvtepi32_ps(q);
   }
 };
 
@@ -109,22 +114,28 @@ struct Decoder : GroupSource<T> {
       const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * c)));
       return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
     } else {
-      __m256i q;
-      if constexpr (T == Q8_0) {
-        q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * c)));
-      } else if constexpr (direct<T>()) {
-        // Q4_0/Q4_1: chunks 0-1 are the low nibbles of bytes 0-15, chunks 2-3 their high nibbles.
-        const uint8_t* bytes = T == Q4_K ? p + 8 * c : p + 8 * (c & 1);
-        const int s = T == Q4_K ? shift : static_cast<int>(4 * (c >> 1));
-        q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
-        q = _mm256_and_si256(_mm256_srl_epi32(q, _mm_cvtsi32_si128(s)), _mm256_set1_epi32(0xF));
-      } else {
-        __m128i half = c < 2 ? _mm256_castsi256_si128(codes) : _mm256_extracti128_si256(codes, 1);
-        if (c & 1) half = _mm_srli_si128(half, 8);
-        q = signed_codes(T) ? _mm256_cvtepi8_epi32(half) : _mm256_cvtepu8_epi32(half);
-      }
-      return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), c < 2 ? a0 : a1, c < 2 ? b0 : b1);
+      return _mm256_fmadd_ps(raw(c), c < 2 ? a0 : a1, c < 2 ? b0 : b1);
     }
+  }
+  // Chunk c's codes as floats, unscaled (integer types only).
+  inline Vec raw(int64_t c) const {
+    __m256i q;
+    if constexpr (T == Q8_0) {
+      q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * c)));
+    } else if constexpr (T == Q4_0 || T == Q4_1) {
+      // Chunks 0-1 are the low nibbles of bytes 0-15, chunks 2-3 their high nibbles: chunks c and c + 2
+      // widen the same 8 bytes (the compiler loads them once), the high nibbles need no mask.
+      const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * (c & 1))));
+      q = c < 2 ? _mm256_and_si256(bytes, _mm256_set1_epi32(0xF)) : _mm256_srli_epi32(bytes, 4);
+    } else if constexpr (T == Q4_K) {
+      q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * c)));
+      q = _mm256_and_si256(_mm256_srl_epi32(q, _mm_cvtsi32_si128(shift)), _mm256_set1_epi32(0xF));
+    } else {
+      __m128i half = c < 2 ? _mm256_castsi256_si128(codes) : _mm256_extracti128_si256(codes, 1);
+      if (c & 1) half = _mm_srli_si128(half, 8);
+      q = signed_codes(T) ? _mm256_cvtepi8_epi32(half) : _mm256_cvtepu8_epi32(half);
+    }
+    return _mm256_cvtepi32_ps(q);
   }
 };
 
@@ -133,65 +144,129 @@ struct Decoder : GroupSource<T> {
 template <int64_t T>
 struct Decoder {
   alignas(64) float w[kGroup];
-  Decoder(const uint8_t* row, int64_t g, const Scales& sc) { weights_at<T>(row, g, sc, w); }
+  alignas(64) float q[kGroup];
+  Decoder(const uint8_t* row, int64_t g, const Scales& sc) {
+    weights_at<T>(row, g, sc, w);
+    if constexpr (!float_weights(T)) {
+      int16_t codes[kGroup];
+      codes_at<T>(row, g, codes);
+      for (int64_t i = 0; i < kGroup; ++i) q[i] = static_cast<float>(codes[i]);
+    }
+  }
   inline Vec chunk(int64_t c) const { return Vec::loadu(w + c * kLanes); }
+  inline Vec raw(int64_t c) const { return Vec::loadu(q + c * kLanes); }
 };
 
 #endif
 
 // out[m0 + i][n0 + j] for i < MT rows of x, j < NT weight rows: each group decoded once per tile.
+// The scales are factored out of the products: a group's weights are a * code + b (per half-group), so
+// its share of a dot product is a * sum(code * x) + b * sum(x). The codes meet x as unscaled floats, a
+// multiplies one vector per (row, group) and half, and b meets the half's sum of x (`xsum`, computed
+// once per call) as a scalar. At one row this is half the vector work of scaling every weight first
+// (the a * code + b of each lane was an FMA per 8 or 16 weights and output); from four rows on the two
+// cost the same. Every row of a tile is summed in the same order whatever MT is, so a row's result does
+// not depend on how many rows the call has (below the panel path).
 template <int64_t T, int MT, int NT>
-inline void tile(const float* x, int64_t x_stride, const uint8_t* w, int64_t w_stride, int64_t groups,
-                 const float* bias, float* out, int64_t out_stride) {
+inline void tile(const float* x, int64_t x_stride, const float* xsum, const uint8_t* w, int64_t w_stride,
+                 int64_t groups, const float* bias, float* out, int64_t out_stride) {
+  constexpr int64_t half = kChunks / 2;  // vectors per half-group
   Vec acc[MT][NT];
   for (int i = 0; i < MT; ++i)
     for (int j = 0; j < NT; ++j) acc[i][j] = Vec(0.0f);
   ScaleReader<T> scales0(w), scales1(w + (NT > 1 ? w_stride : 0));
   for (int64_t g = 0; g < groups; ++g) {
-    // Two decoders side by side (NT <= 2): constructed per group, their scales live in registers.
-    const Scales s0 = scales0.at(g);
-    Decoder<T> dec0(w, g, s0);
-    Decoder<T> dec1(NT > 1 ? w + w_stride : w, g, NT > 1 ? scales1.at(g) : s0);
-    for (int64_t c = 0; c < kChunks; ++c) {
-      const Vec w0 = dec0.chunk(c);
-      const Vec w1 = NT > 1 ? dec1.chunk(c) : w0;
-      for (int i = 0; i < MT; ++i) {
-        const Vec xv = Vec::loadu(x + i * x_stride + g * kGroup + c * kLanes);
-        acc[i][0] = at::vec::fmadd(xv, w0, acc[i][0]);
-        if (NT > 1) acc[i][NT - 1] = at::vec::fmadd(xv, w1, acc[i][NT - 1]);
+    for (int j = 0; j < NT; ++j) {
+      const Scales sc = (j == 0 ? scales0 : scales1).at(g);
+      const Decoder<T> dec(w + j * w_stride, g, sc);
+      if constexpr (float_weights(T)) {
+        for (int64_t c = 0; c < kChunks; ++c) {
+          const Vec wv = dec.chunk(c);
+          for (int i = 0; i < MT; ++i)
+            acc[i][j] = at::vec::fmadd(Vec::loadu(x + i * x_stride + g * kGroup + c * kLanes), wv, acc[i][j]);
+        }
+      } else {
+        Vec q[kChunks];
+        for (int64_t c = 0; c < kChunks; ++c) q[c] = dec.raw(c);
+        for (int i = 0; i < MT; ++i) {
+          const float* xg = x + i * x_stride + g * kGroup;
+          if constexpr (half_scales(T)) {  // a scale per half: a dot product per half
+            Vec d0 = q[0] * Vec::loadu(xg), d1 = q[half] * Vec::loadu(xg + half * kLanes);
+            for (int64_t c = 1; c < half; ++c) {
+              d0 = at::vec::fmadd(q[c], Vec::loadu(xg + c * kLanes), d0);
+              d1 = at::vec::fmadd(q[half + c], Vec::loadu(xg + (half + c) * kLanes), d1);
+            }
+            acc[i][j] = at::vec::fmadd(d1, Vec(sc.a[1]), at::vec::fmadd(d0, Vec(sc.a[0]), acc[i][j]));
+          } else {
+            Vec d = q[0] * Vec::loadu(xg);
+            for (int64_t c = 1; c < kChunks; ++c) d = at::vec::fmadd(q[c], Vec::loadu(xg + c * kLanes), d);
+            acc[i][j] = at::vec::fmadd(d, Vec(sc.a[0]), acc[i][j]);
+          }
+        }
+      }
+    }
+  }
+  // The offsets, in a pass of their own over the scales (a scalar accumulator per (row, output) in the
+  // loop above would take the registers the vectors need).
+  float offset[MT][NT] = {};
+  if constexpr (!float_weights(T)) {
+    for (int j = 0; j < NT; ++j) {
+      ScaleReader<T> scales(w + j * w_stride);
+      for (int64_t g = 0; g < groups; ++g) {
+        const Scales sc = scales.at(g);
+        for (int i = 0; i < MT; ++i) {
+          const float* xs = xsum + i * 2 * groups + 2 * g;
+          offset[i][j] += sc.b[0] * xs[0] + sc.b[1] * xs[1];
+        }
       }
     }
   }
   for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j) out[i * out_stride + j] = sum_lanes(acc[i][j]) + (bias ? bias[j] : 0.0f);
+    for (int j = 0; j < NT; ++j)
+      out[i * out_stride + j] = sum_lanes(acc[i][j]) + offset[i][j] + (bias ? bias[j] : 0.0f);
 }
 
 template <int64_t T, int NT>
-inline void rows_tile(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w_stride,
-                      const float* bias, float* out, int64_t N) {
+inline void rows_tile(const float* x, int64_t M, int64_t K, const float* xsum, const uint8_t* w,
+                      int64_t w_stride, const float* bias, float* out, int64_t N) {
   const int64_t groups = K / kGroup;
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) tile<T, 4, NT>(x + m * K, K, w, w_stride, groups, bias, out + m * N, N);
+  const auto at_row = [&](int64_t r) { return xsum + r * 2 * groups; };
+  for (; m + 4 <= M; m += 4) tile<T, 4, NT>(x + m * K, K, at_row(m), w, w_stride, groups, bias, out + m * N, N);
   switch (M - m) {
-    case 3: tile<T, 3, NT>(x + m * K, K, w, w_stride, groups, bias, out + m * N, N); break;
-    case 2: tile<T, 2, NT>(x + m * K, K, w, w_stride, groups, bias, out + m * N, N); break;
-    case 1: tile<T, 1, NT>(x + m * K, K, w, w_stride, groups, bias, out + m * N, N); break;
+    case 3: tile<T, 3, NT>(x + m * K, K, at_row(m), w, w_stride, groups, bias, out + m * N, N); break;
+    case 2: tile<T, 2, NT>(x + m * K, K, at_row(m), w, w_stride, groups, bias, out + m * N, N); break;
+    case 1: tile<T, 1, NT>(x + m * K, K, at_row(m), w, w_stride, groups, bias, out + m * N, N); break;
     default: break;
   }
+}
+
+// Each half-group's sum of x, [M][2 * groups]: what the weights' offsets b multiply.
+inline std::vector<float> half_sums(const float* x, int64_t M, int64_t K) {
+  std::vector<float> sums(M * (K / 16));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t h = 0; h < K / 16; ++h) {
+      Vec v = Vec::loadu(x + m * K + h * 16);
+      if constexpr (kLanes < 16)
+        for (int64_t c = 1; c < 16 / kLanes; ++c) v = v + Vec::loadu(x + m * K + h * 16 + c * kLanes);
+      sums[m * (K / 16) + h] = sum_lanes(v);
+    }
+  return sums;
 }
 
 template <int64_t T>
 void tiles_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w_stride, const float* bias,
                 float* out, int64_t N) {
+  const std::vector<float> xsum = float_weights(T) ? std::vector<float>() : half_sums(x, M, K);
   const int64_t pairs = (N + 1) / 2;
   at::parallel_for(0, pairs, (grain(M, K) + 1) / 2, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t n = 2 * p;
       const float* b = bias ? bias + n : nullptr;
       if (n + 1 < N)
-        rows_tile<T, 2>(x, M, K, w + n * w_stride, w_stride, b, out + n, N);
+        rows_tile<T, 2>(x, M, K, xsum.data(), w + n * w_stride, w_stride, b, out + n, N);
       else
-        rows_tile<T, 1>(x, M, K, w + n * w_stride, w_stride, b, out + n, N);
+        rows_tile<T, 1>(x, M, K, xsum.data(), w + n * w_stride, w_stride, b, out + n, N);
     }
   });
 }
