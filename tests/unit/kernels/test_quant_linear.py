@@ -94,6 +94,20 @@ def test_both_float_paths_match_the_reference_at_any_row_count(ops: Any, type_na
             )
 
 
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "Q6_K", "IQ4_XS", "BF16"])
+def test_a_tile_row_scores_as_it_would_alone(ops: Any, type_name: str) -> None:
+    """Below the panel threshold each row's sum runs in one order whatever the row count, so the k + 1
+    rows a speculative verify step scores give bit for bit what k + 1 one-row decodes would: greedy
+    acceptance cannot flip on rounding."""
+    blocks, _ = weights(type_name, 37, 512, seed=2)
+    x = torch.randn(PANEL_ROWS - 1, 512, generator=torch.Generator().manual_seed(7))
+    together = ops.quant_linear(x, blocks, TYPES[type_name], None, TILES)
+    for i in range(len(x)):
+        assert torch.equal(
+            together[i], ops.quant_linear(x[i : i + 1], blocks, TYPES[type_name], None, TILES)[0]
+        )
+
+
 def test_panels_cover_outputs_past_the_first_panel(ops: Any) -> None:
     # A panel is 4 MiB of float32 rows: 2048 rows of K = 512, so 2100 outputs take a second, partial one.
     n, k = 2100, 512
