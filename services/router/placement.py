@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pagedserve.services.router.prefix_index import SeenPrefixes
+from pagedserve.shared.config import config_default
+from pagedserve.shared.config_sections import RouterSection
 
 Policy = Literal["cache_aware", "round_robin", "least_load"]
 # Why a shard was chosen: the label of the router's placement counter.
@@ -34,16 +36,27 @@ class Shard:
 @dataclass(slots=True)
 class Placement:
     num_shards: int
-    policy: Policy = "cache_aware"
-    cache_threshold: float = 0.3
-    balance_abs: int = 4096
-    balance_rel: float = 1.5
+    policy: Policy = config_default("router_policy")
+    cache_threshold: float = config_default("router_cache_threshold")
+    balance_abs: int = config_default("router_balance_abs")
+    balance_rel: float = config_default("router_balance_rel")
     seen_capacity: int = 65536
     shards: list[Shard] = field(init=False)
     _turn: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self.shards = [Shard(SeenPrefixes(self.seen_capacity)) for _ in range(self.num_shards)]
+
+    @classmethod
+    def of(cls, router: RouterSection) -> Placement:
+        """The placement a router's section asks for, over its shards."""
+        return cls(
+            len(router.router_shards),
+            router.router_policy,
+            router.router_cache_threshold,
+            router.router_balance_abs,
+            router.router_balance_rel,
+        )
 
     def alive(self) -> list[int]:
         return [i for i, s in enumerate(self.shards) if s.alive]

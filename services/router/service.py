@@ -24,6 +24,7 @@ from pagedserve.services.router.core import RouterCore, Send
 from pagedserve.services.router.metrics import RouterMetrics
 from pagedserve.services.router.placement import Placement
 from pagedserve.shared.config import ServeConfig
+from pagedserve.shared.config_sections import RouterSection
 from pagedserve.shared.log import configure_logging, on_stop_signals
 from pagedserve.shared.ops_server import OpsServer, json_response
 from pagedserve.shared.protocol.codec import ProtocolError, decode
@@ -42,21 +43,16 @@ _LOCATE_TIMEOUT_S = 2.0
 
 class RouterService:
     def __init__(self, config: ServeConfig) -> None:
-        if not config.router_shards:
+        router = config.section(RouterSection)
+        if not router.router_shards:
             raise ValueError("router_shards: give the front endpoint of at least one scheduler")
-        if config.router_shard_ops and len(config.router_shard_ops) != len(config.router_shards):
+        if router.router_shard_ops and len(router.router_shard_ops) != len(router.router_shards):
             raise ValueError(
-                f"router_shard_ops: {len(config.router_shard_ops)} URLs for {len(config.router_shards)} shards"
+                f"router_shard_ops: {len(router.router_shard_ops)} URLs for {len(router.router_shards)} shards"
             )
         self.config = config
         self.log = configure_logging("router", config.log_format, config.log_level)
-        placement = Placement(
-            len(config.router_shards),
-            config.router_policy,
-            config.router_cache_threshold,
-            config.router_balance_abs,
-            config.router_balance_rel,
-        )
+        placement = Placement.of(router)
         self.core = RouterCore(
             placement,
             config.block_size,

@@ -13,17 +13,39 @@ from pydantic import ValidationError
 
 from pagedserve import LLM
 from pagedserve.shared import config as config_module
+from pagedserve.shared import config_sections
 from pagedserve.shared.config import SECTIONS, ServeConfig, add_config_flag, command_fields, config_of
+from pagedserve.shared.config_sections import CacheSection, RouterSection
 
 
 def test_no_field_is_declared_twice_in_serve_config():
-    """A second annotation of a name in the class body silently replaces the first (its default, its
-    limits, its help): the module's source must hold each field once."""
-    tree = ast.parse(Path(inspect.getfile(config_module)).read_text())
-    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServeConfig").body
-    names = [n.target.id for n in body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    """A second annotation of a name silently replaces the first (its default, its limits, its help),
+    in one class body or between two sections that ServeConfig inherits: the sections' source must
+    hold each field once, and ServeConfig itself declares none."""
+    names: list[str] = []
+    for module in (config_sections, config_module):
+        tree = ast.parse(Path(inspect.getfile(module)).read_text())
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                names += [
+                    n.target.id
+                    for n in node.body
+                    if isinstance(n, ast.AnnAssign)
+                    and isinstance(n.target, ast.Name)
+                    and n.target.id != "model_config"
+                ]
     assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)
-    assert set(names) - {"model_config"} == set(ServeConfig.model_fields)
+    assert set(names) == set(ServeConfig.model_fields)
+
+
+def test_a_section_is_its_fields_read_only():
+    config = config_of(router_policy="least_load", router_balance_abs=17, block_size=32)
+    router = config.section(RouterSection)
+    assert type(router) is RouterSection and set(type(router).model_fields) == set(SECTIONS["router"])
+    assert router.router_policy == "least_load" and router.router_balance_abs == 17
+    with pytest.raises(ValidationError):
+        router.router_policy = "round_robin"  # type: ignore[misc]
+    assert config.section(CacheSection).block_size == 32
 
 
 def test_llm_declares_no_field_of_its_own():
