@@ -91,7 +91,7 @@ def dequantized_checkpoint(gguf_file: Path) -> dict[str, object]:
     import gguf
     import torch
 
-    from pagedserve.services.worker.weights.gguf_weights import _unpermute_rows, hf_name
+    from pagedserve.services.worker.weights.gguf_weights import hf_name, unpermute_rows
 
     reader = gguf.GGUFReader(gguf_file)
     heads = int(reader.fields["llama.attention.head_count"].contents())
@@ -103,7 +103,7 @@ def dequantized_checkpoint(gguf_file: Path) -> dict[str, object]:
             continue
         dense = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
         if ".q_proj." in name or ".k_proj." in name:
-            dense = dense[_unpermute_rows(dense.shape[0], heads if ".q_proj." in name else kv_heads)]
+            dense = dense[unpermute_rows(dense.shape[0], heads if ".q_proj." in name else kv_heads)]
         out[name] = torch.from_numpy(np.ascontiguousarray(dense))
     return out
 

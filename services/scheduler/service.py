@@ -31,6 +31,7 @@ from prometheus_client import generate_latest
 
 from pagedserve.services.checkpoint import read_checkpoint
 from pagedserve.services.constraints import preload as preload_constraints
+from pagedserve.services.lora_check import check_adapter
 from pagedserve.services.scheduler.block_client import BlockManagerClient
 from pagedserve.services.scheduler.clients import ClientBook, FinishedStore
 from pagedserve.services.scheduler.frontdoor import FrontDoor
@@ -46,7 +47,7 @@ from pagedserve.services.scheduler.step_clock import StepClock
 from pagedserve.shared import ops_page
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
-from pagedserve.shared.lora_modules import check_adapter, parse_lora_modules
+from pagedserve.shared.lora_modules import parse_lora_modules
 from pagedserve.shared.ops_server import OpsServer, json_response
 from pagedserve.shared.protocol.blocks import BlockAnswers, Free
 from pagedserve.shared.protocol.codec import ProtocolError

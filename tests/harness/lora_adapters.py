@@ -54,3 +54,52 @@ def merged_model(base: Path, adapter: Path | None) -> Any:
     if adapter is None:
         return model.eval()
     return peft.PeftModel.from_pretrained(model, adapter).merge_and_unload().eval()
+
+
+def peft_to_gguf(adapter: Path, base: Path, out: Path, outtype: str = "F32") -> Path:
+    """The PEFT adapter at `adapter` written as llama.cpp's convert_lora_to_gguf.py writes one (our own
+    writer, from the format: the converter itself runs in test_lora_gguf.py where it is installed):
+    general.type adapter, adapter.type lora, adapter.lora.alpha; `<tensor>.lora_a` / `.lora_b` under
+    llama.cpp's names, B's q/k rows in llama.cpp's order for a Llama base; outtype F32, F16 or Q8_0."""
+    import json
+
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from pagedserve.services.worker.weights.gguf_weights import _ARCH_LAYER, _LAYER, PERMUTED_QK
+
+    config = json.loads((base / "config.json").read_text())
+    arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[
+        config["architectures"][0]
+    ]
+    to_gguf = {hf: part for part, hf in _ARCH_LAYER.get(arch, _LAYER).items()}
+    peft_config = json.loads((adapter / "adapter_config.json").read_text())
+    writer = gguf.GGUFWriter(out, arch)
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(peft_config["lora_alpha"]))
+    kind = gguf.GGMLQuantizationType[outtype]
+    for key, values in sorted(load_file(adapter / "adapter_model.safetensors").items()):
+        # base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight
+        module, side = key.removeprefix("base_model.model.model.layers.").split(".lora_")
+        layer, hf_part = module.split(".", 1)
+        name = f"blk.{layer}.{to_gguf[hf_part]}.weight.lora_{side[0].lower()}"
+        values = values.astype(np.float32)
+        if side[0] == "B" and arch in PERMUTED_QK and hf_part in ("self_attn.q_proj", "self_attn.k_proj"):
+            heads = config["num_attention_heads" if hf_part.endswith("q_proj") else "num_key_value_heads"]
+            rows = values.shape[0]
+            values = values.reshape(heads, 2, rows // heads // 2, -1).swapaxes(1, 2).reshape(rows, -1)
+        # As the converter does: a row that is not whole quantization blocks (B's, of rank r) stays F16.
+        block = gguf.GGML_QUANT_SIZES[kind][0]
+        this = kind if values.shape[-1] % block == 0 else gguf.GGMLQuantizationType.F16
+        if this == gguf.GGMLQuantizationType.F16:
+            values = values.astype(np.float16)
+        elif this != gguf.GGMLQuantizationType.F32:
+            values = gguf.quants.quantize(values, this)
+        writer.add_tensor(name, np.ascontiguousarray(values), raw_dtype=this)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out

@@ -94,7 +94,7 @@ def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
     return None
 
 
-def _unpermute_rows(n_rows: int, n_heads: int) -> np.ndarray:
+def unpermute_rows(n_rows: int, n_heads: int) -> np.ndarray:
     """Row order that undoes llama.cpp's q/k reordering: per head, its row 2i+j goes back to j*hd/2+i."""
     head_dim = n_rows // n_heads
     return np.arange(n_rows).reshape(n_heads, head_dim // 2, 2).transpose(0, 2, 1).reshape(-1)
@@ -129,7 +129,7 @@ class MappedGGUF:
         heads = self.model.arch_key("attention.head_count")
         kv_heads = self.model.arch_key("attention.head_count_kv") or heads
         length = info.dims[-1] if len(info.dims) == 2 else info.dims[0]  # rows, or a bias's elements
-        return _unpermute_rows(length, heads if ".q_proj." in name else kv_heads)
+        return unpermute_rows(length, heads if ".q_proj." in name else kv_heads)
 
 
 def map_gguf(files: Path | Sequence[Path]) -> MappedGGUF:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -118,11 +119,65 @@ def load_lora_adapter(
     max_rank: int,
     dtype: torch.dtype,
 ) -> LoRAAdapter:
-    """Read and pack a PEFT adapter for `model`; `targets`: our module path -> the linear it adapts."""
-    folder = Path(path)
+    """Read and pack an adapter for `model`: a PEFT folder, or a `.gguf` file from llama.cpp's
+    convert_lora_to_gguf.py (lora_gguf.py). `targets`: our module path -> the linear it adapts."""
+    source = Path(path)
+    if source.is_file() and source.suffix == ".gguf":
+        pairs, scale = _gguf_pairs(source, model)
+    else:
+        pairs, scale = _peft_pairs(source)
+    parts: dict[str, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+    for module, ab in sorted(pairs.items()):
+        if set(ab) != {"A", "B"}:
+            raise AdapterError(
+                f"LoRA adapter {source}: module {module} lacks lora_{'B' if 'A' in ab else 'A'}"
+            )
+        target = model.checkpoint_target(module + ".weight")
+        ours = None if target is None else target[0].removesuffix(".weight")
+        if target is None or ours is None or ours not in targets:
+            raise AdapterError(
+                f"LoRA adapter {source}: module {module} is not one this server adapts "
+                "(the attention and MLP projections: q/k/v/o_proj, gate/up/down_proj)"
+            )
+        linear = targets[ours]
+        rows = target[1] or slice(0, linear.out_features)
+        layout = getattr(linear, "parts", [slice(0, linear.out_features)])
+        if not isinstance(rows, slice) or rows not in layout:  # a tuple: an expert's slice of a stack
+            where = f"rows {rows.start}:{rows.stop}" if isinstance(rows, slice) else f"the part {rows}"
+            raise AdapterError(
+                f"LoRA adapter {source}: module {module} fills {where} of {ours}, which is not one of its parts"
+            )
+        a, b = ab["A"], ab["B"]
+        rank = a.shape[0]
+        out = rows.stop - rows.start
+        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != linear.in_features or b.shape != (out, rank):
+            raise AdapterError(
+                f"LoRA adapter {source}: module {module} has lora_A {tuple(a.shape)} and lora_B "
+                f"{tuple(b.shape)}; the base model needs [r, {linear.in_features}] and [{out}, r]"
+            )
+        if rank > max_rank:
+            raise AdapterError(
+                f"LoRA adapter {source}: module {module} has rank {rank} > max_lora_rank {max_rank}"
+            )
+        parts.setdefault(ours, []).append((layout.index(rows), a, b.to(torch.float32) * scale(module, rank)))
+    packed = {
+        ours: PackedLoRA(tuple((part, _weight(a, dtype), _weight(b, dtype)) for part, a, b in linear_parts))
+        for ours, linear_parts in parts.items()
+    }
+    rank = max(a.shape[0] for linear_parts in parts.values() for _, a, _ in linear_parts)
+    return LoRAAdapter(name, str(source), rank, packed)
+
+
+# A format reader's result: module (Hugging Face name) -> {"A": ..., "B": ...}, and the scale of a
+# module's delta given its rank.
+Pairs = dict[str, dict[str, torch.Tensor]]
+Scale = Callable[[str, int], float]
+
+
+def _peft_pairs(folder: Path) -> tuple[Pairs, Scale]:
     config = read_adapter_config(folder)
     tensors = read_adapter_tensors(folder)
-    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    pairs: Pairs = {}
     for key, tensor in tensors.items():
         match = re.fullmatch(r"(.+)\.lora_([AB])(?:\.[^.]+)?\.weight", key)
         if match is None:
@@ -141,48 +196,34 @@ def load_lora_adapter(
         raise AdapterError(f"LoRA adapter {folder / WEIGHTS_FILE}: holds no lora_A/lora_B weights")
     alpha = float(config.get("lora_alpha", config.get("r", 8)))
     rslora = bool(config.get("use_rslora", False))
-    parts: dict[str, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
-    for module, ab in sorted(pairs.items()):
-        if set(ab) != {"A", "B"}:
-            raise AdapterError(
-                f"LoRA adapter {folder}: module {module} lacks lora_{'B' if 'A' in ab else 'A'}"
-            )
-        target = model.checkpoint_target(module + ".weight")
-        ours = None if target is None else target[0].removesuffix(".weight")
-        if target is None or ours is None or ours not in targets:
-            raise AdapterError(
-                f"LoRA adapter {folder}: module {module} is not one this server adapts "
-                "(the attention and MLP projections: q/k/v/o_proj, gate/up/down_proj)"
-            )
-        linear = targets[ours]
-        rows = target[1] or slice(0, linear.out_features)
-        layout = getattr(linear, "parts", [slice(0, linear.out_features)])
-        if not isinstance(rows, slice) or rows not in layout:  # a tuple: an expert's slice of a stack
-            where = f"rows {rows.start}:{rows.stop}" if isinstance(rows, slice) else f"the part {rows}"
-            raise AdapterError(
-                f"LoRA adapter {folder}: module {module} fills {where} of {ours}, which is not one of its parts"
-            )
-        a, b = ab["A"], ab["B"]
-        rank = a.shape[0]
-        out = rows.stop - rows.start
-        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != linear.in_features or b.shape != (out, rank):
-            raise AdapterError(
-                f"LoRA adapter {folder}: module {module} has lora_A {tuple(a.shape)} and lora_B "
-                f"{tuple(b.shape)}; the base model needs [r, {linear.in_features}] and [{out}, r]"
-            )
-        if rank > max_rank:
-            raise AdapterError(
-                f"LoRA adapter {folder}: module {module} has rank {rank} > max_lora_rank {max_rank}"
-            )
-        module_alpha = float(_pattern_value(config.get("alpha_pattern") or {}, module, alpha))
-        scale = module_alpha / (math.sqrt(rank) if rslora else rank)
-        parts.setdefault(ours, []).append((layout.index(rows), a, b.to(torch.float32) * scale))
-    packed = {
-        ours: PackedLoRA(tuple((part, _weight(a, dtype), _weight(b, dtype)) for part, a, b in linear_parts))
-        for ours, linear_parts in parts.items()
-    }
-    rank = max(a.shape[0] for linear_parts in parts.values() for _, a, _ in linear_parts)
-    return LoRAAdapter(name, str(folder), rank, packed)
+    patterns = config.get("alpha_pattern") or {}
+
+    def scale(module: str, rank: int) -> float:
+        module_alpha = float(_pattern_value(patterns, module, alpha))
+        return module_alpha / (math.sqrt(rank) if rslora else rank)
+
+    return pairs, scale
+
+
+def _gguf_pairs(path: Path, model: LlamaForCausalLM) -> tuple[Pairs, Scale]:
+    from pagedserve.services.worker.weights.lora_gguf import (
+        BASE_ARCHITECTURES,
+        GGUFAdapterError,
+        read_gguf_adapter,
+    )
+
+    cfg = model.config
+    try:
+        adapter = read_gguf_adapter(path, cfg.num_heads, cfg.num_kv_heads)
+    except GGUFAdapterError as exc:
+        raise AdapterError(f"LoRA adapter {exc}") from None
+    made_for = BASE_ARCHITECTURES.get(adapter.architecture, set())
+    if cfg.architecture not in made_for:
+        raise AdapterError(
+            f"LoRA adapter {path}: made for a {adapter.architecture!r} model (general.architecture); "
+            f"this one is {cfg.architecture}"
+        )
+    return adapter.pairs, lambda _module, rank: adapter.alpha / rank
 
 
 def _weight(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

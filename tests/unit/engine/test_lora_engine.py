@@ -95,3 +95,20 @@ def test_load_and_unload_refusals_change_nothing(served, tmp_path):
         llm.generate([[5, 6, 7]], GREEDY, lora="d")
     llm.load_lora("d", str(folders["d"]))  # a new load: a new cache namespace, the same tokens
     assert llm.generate([[5, 6, 7]], GREEDY, lora="d")[0].token_ids == before
+
+
+def test_a_gguf_adapter_file_serves_as_its_peft_folder_does(served, tmp_path):
+    """llama.cpp users' form of the same adapter, loaded at run time beside the folders: the same
+    greedy tokens, in a batch with the folders' adapters and the base."""
+    from harness.lora_adapters import peft_to_gguf
+
+    llm, base, folders = served
+    llm.load_lora("a-gguf", str(peft_to_gguf(folders["a"], base, tmp_path / "a.gguf")))
+    try:
+        got = llm.generate(PROMPTS[:4], GREEDY, lora=["a-gguf", "a", "b", "a-gguf"])
+        assert (
+            got[0].token_ids == got[1].token_ids == llm.generate([PROMPTS[0]], GREEDY, lora="a")[0].token_ids
+        )
+        assert got[3].token_ids == llm.generate([PROMPTS[3]], GREEDY, lora="a")[0].token_ids
+    finally:
+        llm.unload_lora("a-gguf")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+import numpy as np
 import pytest
 
 from pagedserve.ops.deploy.supervisor import config_env
@@ -36,10 +37,36 @@ def test_the_registry_refuses_bad_names_taken_names_and_missing_folders(tmp_path
         registry.add("sql", str(tmp_path))
     with pytest.raises(ValueError, match="without spaces"):
         registry.add("a b", str(tmp_path))
-    with pytest.raises(ValueError, match="no adapter_config.json"):
+    with pytest.raises(ValueError, match="no adapter_config.json there"):
         registry.add("other", str(tmp_path / "missing"))
     registry.remove("sql")
     again = registry.add("sql", str(tmp_path))
     assert again.namespace != first.namespace  # a reload never shares the old load's cached KV
     with pytest.raises(KeyError, match="'x' is not loaded"):
         registry.remove("x")
+
+
+def test_a_gguf_adapter_file_is_registered_and_checked_from_its_tensor_table(tiny_model, tmp_path):
+    import gguf
+    from harness.lora_adapters import make_peft_adapter, peft_to_gguf
+
+    from pagedserve.services.lora_check import check_adapter
+
+    base = tiny_model("qwen2")
+    hf_config = json.loads((base / "config.json").read_text())
+    good = peft_to_gguf(make_peft_adapter(base, tmp_path / "peft", rank=8), base, tmp_path / "good.gguf")
+    registry = LoRARegistry(check=lambda path: check_adapter(path, hf_config, 16))
+    assert registry.add("g", str(good)).path == str(good.resolve())
+    with pytest.raises(ValueError, match=r"good.gguf: blk.0.\w+.weight.lora_a has rank 8 > max_lora_rank 4"):
+        check_adapter(good, hf_config, 4)
+    model_file = tmp_path / "weights.gguf"  # weights, not an adapter
+    writer = gguf.GGUFWriter(model_file, "qwen2")
+    writer.add_tensor("blk.0.attn_q.weight", np.zeros((8, 32), np.float32))
+    for step in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+        step()
+    writer.close()
+    with pytest.raises(ValueError, match=r"weights.gguf: not a LoRA adapter file \(general.type None"):
+        registry.add("w", str(model_file))
+    with pytest.raises(ValueError, match="neither a PEFT adapter folder .* nor a .gguf adapter file"):
+        registry.add("x", str(tmp_path / "missing.gguf"))
+    assert registry.names() == ["g"]
