@@ -63,7 +63,7 @@ def run(llm, prompts: list[list[int]], loras: list[str | None], max_tokens: int)
 
 
 def hot_load_stall(
-    llm, spare: str, args: argparse.Namespace, running: int = 8, cached: str | None = None
+    llm, spare: str, args: argparse.Namespace, running: int = 8, cached: str | None = None, name: str = "hot"
 ) -> dict[str, float]:
     """While `running` requests decode (base model), a new request names an adapter the worker has
     never read (registered with the scheduler only: the path a fresh worker takes). Wall time of every
@@ -79,7 +79,7 @@ def hot_load_stall(
     now = time.monotonic()
     for i in range(running):
         prompt = [(11 * i + 5 * j) % 4000 + 100 for j in range(args.prompt_len)]
-        llm.scheduler.add_request(f"stall-{i}", prompt, params, now)
+        llm.scheduler.add_request(f"stall-{name}-{i}", prompt, params, now)
     before: list[float] = []
     window: list[float] = []
     arrived_at = None
@@ -89,10 +89,10 @@ def hot_load_stall(
     while done < running + 1:
         if step == args.prompt_len // 4 + 20 and arrived_at is None:  # well into the decode
             module = (
-                llm.scheduler.loras.add("hot", spare) if cached is None else llm.scheduler.loras.get(cached)
+                llm.scheduler.loras.add(name, spare) if cached is None else llm.scheduler.loras.get(cached)
             )
             llm.scheduler.add_request(
-                "stall-hot", [101 + j for j in range(8)], params, time.monotonic(), lora=module
+                f"stall-{name}-new", [101 + j for j in range(8)], params, time.monotonic(), lora=module
             )
             arrived_at = step
         loads = loras.num_loads
@@ -104,7 +104,7 @@ def hot_load_stall(
         if arrived_at is None:
             if step >= 4:  # past the prefill
                 before.append(seconds)
-        elif (cached is None and "hot" not in loras.cached) or step - arrived_at < 3:
+        elif (cached is None and name not in loras.cached) or step - arrived_at < 3:
             window.append(seconds)
         done += sum(isinstance(e, RequestDone) for e in events)
         step += 1
@@ -132,7 +132,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--cases", default="8:4,64:8", help="requests:adapters, comma-separated")
+    parser.add_argument("--cases", default="8:4,64:8", help="requests:adapters, comma-separated ('' = none)")
+    parser.add_argument("--hot-loads", type=int, default=3, help="hot loads measured, each a new adapter")
     parser.add_argument("--repeats", type=int, default=3, help="base/LoRA run pairs per case (median ratio)")
     parser.add_argument(
         "--torch-paths", action="store_true", help="LoRA deltas by torch's GEMMs, not the C++ kernel (A/B)"
@@ -144,8 +145,8 @@ def main() -> None:
     from pagedserve.services.checkpoint import load_checkpoint
 
     base = load_checkpoint("smollm2-135m").config
-    cases = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",")]
-    most = max(a for _, a in cases)
+    cases = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",") if c]
+    most = max([a for _, a in cases] or [1])
     results: dict[str, object] = {
         "cpu": cpu_model(platform.processor()),
         "threads": args.threads,
@@ -156,9 +157,9 @@ def main() -> None:
         "cases": [],
     }
     with tempfile.TemporaryDirectory() as tmp:
-        adapters = make_adapters(base, Path(tmp), most + 1, args.rank)
-        spare = adapters.pop(f"lora{most}")
-        llm = LLM("smollm2-135m", max_loras=most, max_cpu_loras=most + 1, lora_modules=adapters)
+        adapters = make_adapters(base, Path(tmp), most + args.hot_loads, args.rank)
+        spares = [adapters.pop(f"lora{most + i}") for i in range(args.hot_loads)]
+        llm = LLM("smollm2-135m", max_loras=most, max_cpu_loras=most + args.hot_loads, lora_modules=adapters)
         llm.runner.loras.batch.cpp = not args.torch_paths
         results["lora_kernel"] = "torch" if args.torch_paths else "cpp"
         for requests, count in cases:
@@ -182,13 +183,19 @@ def main() -> None:
             results["cases"].append(case)  # type: ignore[union-attr]
             print(json.dumps(case))
         # the baseline first, while lora0 is still in a slot (the hot load may evict it)
-        results["cached_arrival"] = arrival = hot_load_stall(llm, spare, args, cached="lora0")
-        results["hot_load"] = hot_load = hot_load_stall(llm, spare, args)
-        # What the load adds to the step that admits its request, over that same admission without one.
-        hot_load["p99_ratio_to_cached_arrival"] = (
-            hot_load["step_p99_in_window_s"] / arrival["step_p99_in_window_s"]
+        results["cached_arrival"] = arrival = hot_load_stall(
+            llm, spares[0], args, cached="lora0", name="cached"
         )
-        print(json.dumps({"hot_load": hot_load, "cached_arrival": arrival}))
+        print(json.dumps({"cached_arrival": arrival}))
+        results["hot_loads"] = []
+        for i, spare in enumerate(spares):
+            hot_load = hot_load_stall(llm, spare, args, name=f"hot{i}")
+            # What the load adds to the steps, over the same arrival without one.
+            hot_load["p99_ratio_to_cached_arrival"] = (
+                hot_load["step_p99_in_window_s"] / arrival["step_p99_in_window_s"]
+            )
+            results["hot_loads"].append(hot_load)  # type: ignore[union-attr]
+            print(json.dumps({"hot_load": hot_load}))
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -38,6 +38,10 @@ class WorkerState:
     suspended_at: float | None = None
     pool_epoch: str = ""  # of the pool they wait for
     incarnation: str = ""  # of the process that was lost
+    # The LoRA adapters (name, path) it has read, as its last result said (None: it does not say), and
+    # when a waiting request first asked it to read one (planning.py _adapter_unread).
+    loras_ready: set[tuple[str, str]] | None = None
+    lora_asks: dict[tuple[str, str], float] = field(default_factory=dict)
 
     @property
     def load(self) -> int:

@@ -26,6 +26,9 @@ from pagedserve.services.scheduler.speculation import SpeculationPolicy
 from pagedserve.shared.paging import blocks_for
 from pagedserve.shared.protocol.blocks import Alloc, BlockOp, Fork, Free, Grow, Resume
 
+# How long a request waits for its worker to read its LoRA adapter on the side before the read happens
+# inside a step after all (a read takes 0.02 s for rank 16 on the bundled model: docs/lora.md).
+LORA_READ_PATIENCE_S = 2.0
 LONG_ROPE_SALT = "longrope-long"  # the prefix-cache namespace of requests rotated with the long factors
 
 
@@ -46,6 +49,9 @@ class StepPlan:
     block_ops: list[BlockOp]
     entries: list[PlanEntry]
     forget: list[str]  # ids the worker drops before this step
+    # LoRA adapters (name, path) waiting requests need and the worker has not read: it reads them on
+    # the side (Execute.prefetch_loras) while these requests wait.
+    prefetch: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -130,6 +136,7 @@ class _Draft:
     blocks: int  # free blocks left (as far as the mirror knows)
     ops: list[BlockOp] = field(default_factory=list)
     entries: list[PlanEntry] = field(default_factory=list)
+    prefetch: list[tuple[str, str]] = field(default_factory=list)
 
 
 class Planner:
@@ -161,7 +168,7 @@ class Planner:
         self._plan_running(draft)
         self._plan_admission(draft, now)
         forget, state.forget = state.forget, []
-        return StepPlan(state.worker_id, draft.ops, draft.entries, forget)
+        return StepPlan(state.worker_id, draft.ops, draft.entries, forget, draft.prefetch)
 
     def _plan_running(self, draft: _Draft) -> None:
         state, bs = draft.state, draft.state.block_size
@@ -237,6 +244,8 @@ class Planner:
                 continue
             if req.lora is not None and not self._adapter_fits(req, draft):
                 break  # head of line: it runs once a running adapter's requests have finished
+            if req.lora is not None and self._adapter_unread(req, draft, now):
+                break  # head of line: it runs once its worker has read the adapter on the side
             max_new = min(draft.tokens, len(tokens))
             need = blocks_for(max_new, bs)
             if need + self.limits.watermark_blocks > draft.blocks and not (
@@ -271,6 +280,21 @@ class Planner:
         running = {r.lora.name for r in draft.state.running if r.lora is not None}
         running.update(e.request.lora.name for e in draft.entries if e.new and e.request.lora is not None)
         return req.lora.name in running or len(running) < self.limits.max_loras
+
+    def _adapter_unread(self, req: Request, draft: _Draft, now: float) -> bool:
+        """Whether `req` waits while its worker reads its adapter off the step path (asked for in this
+        step): only where the worker says what it has read (StepResult.loras_ready) and runs requests
+        that a read inside a step would stall; for LORA_READ_PATIENCE_S at most (a worker that never
+        answers the ask reads it inside the step, as one with nobody to stall does)."""
+        assert req.lora is not None
+        state, key = draft.state, (req.lora.name, req.lora.path)
+        if state.loras_ready is None or key in state.loras_ready or not state.running:
+            return False
+        if now - state.lora_asks.setdefault(key, now) > LORA_READ_PATIENCE_S:
+            return False
+        if key not in draft.prefetch:
+            draft.prefetch.append(key)
+        return True
 
     def _preempt_for(self, draft: _Draft) -> None:
         """Free memory by preempting the lowest-priority, newest running request.

@@ -386,7 +386,7 @@ class Scheduler:
         state.planned = None
         results = reply.results
         state.free_blocks = reply.free_blocks.get(plan.worker_id, state.free_blocks)
-        execute = Execute(step=-1, finished_ids=plan.forget)
+        execute = Execute(step=-1, finished_ids=plan.forget, prefetch_loras=plan.prefetch)
         sampled_ids: list[str] = []
         lookahead: dict[str, int] = {}
         for entry in plan.entries:
@@ -525,6 +525,10 @@ class Scheduler:
         if state is None:
             return []  # a result from a worker already declared lost
         step = state.window.close(result.step)
+        if result.loras_ready is not None:
+            state.loras_ready = {(name, path) for name, path in result.loras_ready}
+            for key in state.loras_ready & state.lora_asks.keys():
+                del state.lora_asks[key]
         events: list[Event] = []
         done_groups: set[str] = set()
         logprobs = result.logprobs or [None] * len(result.request_ids)

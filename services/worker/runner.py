@@ -291,6 +291,18 @@ class ModelRunner:
     @torch.inference_mode()
     def _execute(self, step: Execute, keep_logits: bool) -> tuple[StepResult, torch.Tensor | None]:
         t_start = time.perf_counter()
+        if self.loras is not None:  # adapters read in the background join the cache between steps
+            self.loras.take_prefetched()
+            for name, path in step.prefetch_loras:
+                self.loras.prefetch(name, path)
+        result, logits = self._run(step, keep_logits, t_start)
+        if self.loras is not None:
+            result.loras_ready = self.loras.ready()
+        return result, logits
+
+    def _run(
+        self, step: Execute, keep_logits: bool, t_start: float
+    ) -> tuple[StepResult, torch.Tensor | None]:
         scheduled, lookahead = self._update_states(step)
         if self.loras is not None and len(scheduled) > 1:
             scheduled, lookahead = _group_by_adapter(scheduled, lookahead)

@@ -134,6 +134,9 @@ class Execute(msgspec.Struct, array_like=True):
     finished_ids: list[str] = []
     copies: list[tuple[int, int]] = []  # (src block, dst block)
     forks: list[Fork] = []
+    # LoRA adapters (name, path) a waiting request needs: read them off the step path, and say so in
+    # StepResult.loras_ready; the request is scheduled once they are (services/worker/lora_slots.py).
+    prefetch_loras: list[tuple[str, str]] = []
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -175,6 +178,10 @@ class StepResult(msgspec.Struct, array_like=True):
     speculation: list[Speculated] = []
     # Pooling requests that computed their prompt's end: a vector each, and no entry in request_ids.
     pooled: list[PooledOutput] = []
+    # The LoRA adapters (name, path) this worker holds parsed, or failed to read (a step naming one
+    # meets the same error at once): what the scheduler may schedule without a read inside the step.
+    # None: a worker without adapter slots (or one that does not report them).
+    loras_ready: list[tuple[str, str]] | None = None
 
 
 # ---------------------------------------------------------------- frames

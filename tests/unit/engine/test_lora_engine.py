@@ -112,3 +112,74 @@ def test_a_gguf_adapter_file_serves_as_its_peft_folder_does(served, tmp_path):
         assert got[3].token_ids == llm.generate([PROMPTS[3]], GREEDY, lora="a")[0].token_ids
     finally:
         llm.unload_lora("a-gguf")
+
+
+def test_a_hot_loaded_adapter_is_read_off_the_step_path_while_others_run(served, tmp_path):
+    """A request naming an adapter its worker has never read, arriving while others decode, waits (a
+    few steps) while the worker reads the adapter on its reader thread; no step carries the read, and
+    the request's tokens are what it gets alone."""
+    from pagedserve.engine.engine import RequestDone
+
+    llm, base, _folders = served
+    fresh = make_peft_adapter(base, tmp_path / "fresh", seed=30, rank=6)
+    loras = llm.runner.loras
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    now = 0.0
+    for i in range(3):
+        llm.scheduler.add_request(f"hot-base-{i}", PROMPTS[i], params, now)
+    for _ in range(3):
+        llm.engine.step()
+    module = llm.scheduler.loras.add("fresh", str(fresh))
+    direct, loads = loras.direct_reads, loras.num_loads
+    llm.scheduler.add_request("hot-fresh", PROMPTS[5], GREEDY, now, lora=module)
+    tokens: dict[str, list[int]] = {}
+    for _ in range(500):
+        for event in llm.engine.step():
+            if isinstance(event, RequestDone):
+                tokens[event.request_id] = list(event.completions[0].output_token_ids)
+        if len(tokens) == 4:
+            break
+    llm.engine.flush()
+    try:
+        assert len(tokens) == 4
+        assert loras.direct_reads == direct and loras.num_loads == loads + 1  # read once, on the side
+        assert tokens["hot-fresh"] == llm.generate([PROMPTS[5]], GREEDY, lora="fresh")[0].token_ids
+    finally:
+        llm.unload_lora("fresh")
+
+
+def test_a_worker_that_never_reads_the_adapter_on_the_side_reads_it_in_a_step_after_the_patience(
+    served, tmp_path, monkeypatch
+):
+    from itertools import count
+
+    from pagedserve.engine.engine import RequestDone
+    from pagedserve.services.scheduler.planning import LORA_READ_PATIENCE_S
+
+    llm, base, _folders = served
+    fresh = make_peft_adapter(base, tmp_path / "late", seed=31, rank=4)
+    loras = llm.runner.loras
+    monkeypatch.setattr(loras, "prefetch", lambda name, path: None)  # the ask is never answered
+    ticks = count()
+    monkeypatch.setattr(llm.engine, "clock", lambda: next(ticks) * 0.05)  # 20 calls a second
+    params = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
+    llm.scheduler.add_request("late-base", PROMPTS[0], params, 0.0)
+    llm.engine.step()
+    module = llm.scheduler.loras.add("late", str(fresh))
+    direct = loras.direct_reads
+    llm.scheduler.add_request("late-fresh", PROMPTS[5], GREEDY, llm.engine.clock(), lora=module)
+    asked_at = llm.engine.clock()
+    started_at = None
+    for _ in range(2000):
+        for event in llm.engine.step():
+            if isinstance(event, RequestDone) and event.request_id == "late-fresh":
+                started_at = llm.engine.clock()
+        if started_at is not None:
+            break
+    llm.scheduler.abort("late-base")
+    llm.engine.flush()
+    try:
+        assert started_at is not None and started_at - asked_at > LORA_READ_PATIENCE_S
+        assert loras.direct_reads == direct + 1
+    finally:
+        llm.unload_lora("late")

@@ -253,3 +253,37 @@ def test_lora_linear_fused_parts_of_different_ranks_and_a_missing_part():
                 got = layer(x)
             torch.testing.assert_close(got, expected(adapters), atol=1e-5, rtol=1e-5)
         layer.fill(1, None)
+
+
+def test_an_adapter_asked_for_is_read_on_the_side_and_reported_ready(adapters, tmp_path):
+    runner, _base, folders = _runner_with_nothing_loaded(adapters)
+    loras = runner.loras
+    assert loras is not None
+    path = str(folders["all"])
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "adapter_config.json").write_text("{}")  # no weights file: the read fails
+    result = runner.execute(Execute(0, prefetch_loras=[("all", path), ("bad", str(bad))]))
+    assert result.loras_ready == []  # asked, not read yet
+    assert loras._reader is not None
+    loras._reader.submit(lambda: None).result()  # one reader thread: both reads are done after this
+    result = runner.execute(Execute(1))
+    assert sorted(result.loras_ready or []) == [("all", path), ("bad", str(bad))]
+    assert "all" in loras.cached and "no adapter_model.safetensors" in loras.failed[("bad", str(bad))]
+    # A step naming it finds it read; asked again, nothing is read twice.
+    runner.execute(Execute(2, prefetch_loras=[("all", path)]))
+    _result, logits = runner.execute_with_logits(_step(PROMPTS[:1], [("all", folders["all"])]))
+    assert logits is not None and loras.num_loads == 1 and loras.direct_reads == 0
+    # A step naming the failed one reads it again and fails the same way; nothing else changed.
+    with pytest.raises(AdapterError, match="no adapter_model.safetensors"):
+        loras.load("bad", str(bad))
+    assert list(loras.cached) == ["all"]
+
+
+def test_a_step_naming_an_adapter_being_read_waits_for_that_read(adapters):
+    runner, _base, folders = _runner_with_nothing_loaded(adapters)
+    loras = runner.loras
+    assert loras is not None
+    loras.prefetch("all", str(folders["all"]))
+    _result, logits = runner.execute_with_logits(_step(PROMPTS[:1], [("all", folders["all"])]))
+    assert logits is not None and loras.num_loads == 1 and loras.direct_reads == 0
