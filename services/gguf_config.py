@@ -63,6 +63,25 @@ END_OF_GENERATION_TEXTS = frozenset(
 )
 
 
+# A mixture of experts' keys (`{arch}.<key>` -> config.json field).
+MOE_FIELDS: Mapping[str, str] = {
+    "expert_count": "num_experts",
+    "expert_used_count": "num_experts_per_tok",
+    "expert_feed_forward_length": "moe_intermediate_size",
+}
+
+
+def _moe_layers(config: dict[str, Any], model: GGUFModel) -> None:
+    """Which layers are sparse, from the tensors the file holds: a layer with a router is (llama.cpp's
+    own files have one in every layer; a file may hold dense layers too, which then are served as such)."""
+    layers = config["num_hidden_layers"]
+    config["decoder_sparse_step"] = 1
+    config["mlp_only_layers"] = [
+        i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in model.tensors
+    ]
+    config.setdefault("intermediate_size", config["moe_intermediate_size"])  # a dense layer's, if any
+
+
 @dataclass(frozen=True, slots=True)
 class GGUFArchitecture:
     hf_architecture: str  # config.json's architectures[0]: what the worker's registry knows
@@ -94,6 +113,24 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
         adjust=gguf_gemma_phi.gemma,
     ),
     "phi3": GGUFArchitecture("Phi3ForCausalLM", "phi3", adjust=gguf_gemma_phi.phi3),
+    # Mixtures of experts. llama.cpp renormalises the chosen experts' weights for qwen3moe and not for
+    # qwen2moe, as the released models' Hugging Face configs say (norm_topk_prob).
+    "qwen3moe": GGUFArchitecture(
+        "Qwen3MoeForCausalLM",
+        "qwen3_moe",
+        fields=MOE_FIELDS,
+        fixed={"norm_topk_prob": True},
+        required=tuple(MOE_FIELDS),
+        adjust=_moe_layers,
+    ),
+    "qwen2moe": GGUFArchitecture(
+        "Qwen2MoeForCausalLM",
+        "qwen2_moe",
+        fields={**MOE_FIELDS, "expert_shared_feed_forward_length": "shared_expert_intermediate_size"},
+        fixed={"norm_topk_prob": False},
+        required=(*MOE_FIELDS, "expert_shared_feed_forward_length"),
+        adjust=_moe_layers,
+    ),
 }
 
 

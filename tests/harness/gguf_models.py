@@ -248,6 +248,12 @@ def write_gguf(
     if experts:
         writer.add_uint32(f"{arch}.expert_count", len(next(iter(experts.values()))))
         writer.add_uint32(f"{arch}.expert_used_count", config["num_experts_per_tok"])
+        if "moe_intermediate_size" in config:  # Qwen's: as llama.cpp's converter writes them
+            writer.add_uint32(f"{arch}.expert_feed_forward_length", config["moe_intermediate_size"])
+        if config.get("shared_expert_intermediate_size"):
+            writer.add_uint32(
+                f"{arch}.expert_shared_feed_forward_length", config["shared_expert_intermediate_size"]
+            )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

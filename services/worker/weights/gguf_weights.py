@@ -202,6 +202,8 @@ def dense_tensors(
         else:
             values = torch.from_numpy(gguf.quants.dequantize(raw, kind).astype(np.float32, copy=False))
         values = values.reshape(tuple(reversed(info.dims)))
+        if name.endswith(".shared_expert_gate.weight") and values.dim() == 1:
+            values = values.unsqueeze(0)  # [hidden] in the file, a [1, hidden] linear in the checkpoint
         order = mapped.row_order(name, info)
         if order is not None:
             values = values[torch.from_numpy(order)]

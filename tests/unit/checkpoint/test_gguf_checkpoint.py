@@ -36,7 +36,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
     """arch -> (its checkpoint folder, the same model as one .gguf file), written once."""
     root = tmp_path_factory.mktemp("gguf")
     out = {}
-    for arch, kind in (("llama", "Q8_0"), ("qwen2", "F32"), ("qwen3", "F16"), ("mistral", "Q4_0")):
+    for arch, kind in (
+        ("llama", "Q8_0"), ("qwen2", "F32"), ("qwen3", "F16"), ("mistral", "Q4_0"),
+        ("qwen2_moe", "Q8_0"), ("qwen3_moe", "F32"),
+    ):  # fmt: skip
         folder = make_tiny_model(arch, root / arch)
         out[arch] = folder, write_gguf(folder, root / f"{arch}.gguf", kind)
     return out
@@ -46,6 +49,30 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
 def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
+
+
+def sparse_layers(config: dict) -> list[int]:
+    """The layers a MoE config makes sparse (transformers' rule for the Qwen MoE models)."""
+    step, dense = config.get("decoder_sparse_step", 1), config.get("mlp_only_layers", [])
+    return [i for i in range(config["num_hidden_layers"]) if i not in dense and (i + 1) % step == 0]
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen3_moe"])
+def test_a_mixture_of_experts_file_reads_as_its_folder_does(models, arch: str) -> None:
+    """Its experts, the shared expert's size and which layers are sparse (from the routers the file
+    holds: these tiny models have dense layers too, which llama.cpp's own files never have)."""
+    folder, file = models[arch]
+    from_folder, from_file = load_checkpoint(str(folder)).config, load_checkpoint(str(file)).config
+    for name in (*FIELDS, "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob"):
+        assert from_file.get(name) == pytest.approx(from_folder.get(name)), name
+    # transformers writes either name for the expert count (its configs' attribute_map); the registry reads both
+    assert from_file["num_experts"] == from_folder.get("num_experts", from_folder.get("num_local_experts"))
+    assert from_file.get("shared_expert_intermediate_size") == from_folder.get(
+        "shared_expert_intermediate_size"
+    )
+    assert (
+        sparse_layers(from_file) == sparse_layers(from_folder) != list(range(from_file["num_hidden_layers"]))
+    )
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])

@@ -30,7 +30,10 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     root = tmp_path_factory.mktemp("gguf-load")
     out = {}
-    for arch, kind in (("llama", "Q8_0"), ("qwen2", "F32"), ("qwen3", "F16"), ("mistral", "Q4_0")):
+    for arch, kind in (
+        ("llama", "Q8_0"), ("qwen2", "F32"), ("qwen3", "F16"), ("mistral", "Q4_0"),
+        ("qwen2_moe", "Q8_0"), ("qwen3_moe", "Q8_0"),
+    ):  # fmt: skip
         folder = make_tiny_model(arch, root / arch)
         out[arch] = folder, write_gguf(folder, root / f"{arch}.gguf", kind)
     return out
@@ -41,7 +44,7 @@ def greedy(model: Path, quantization: str = "none", **kwargs) -> tuple[list[list
     return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)], llm.runner.runtime["weights"]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe"])
 def test_a_dense_load_of_the_file_is_the_folders_model(models, arch: str) -> None:
     folder, file = models[arch]
     from_file, weights = greedy(file)
@@ -112,3 +115,14 @@ def test_a_tokenizer_folder_replaces_the_files_own(models) -> None:
     llm = LLM(str(file), num_blocks=64, tokenizer=str(folder))
     assert llm.tokenizer.name_or_path == str(folder)
     assert llm.runner.constraints._tokenizer_source == folder  # structured outputs use it too
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen3_moe"])
+def test_a_mixture_of_experts_file_served_quantized_matches_its_folder(models, arch: str) -> None:
+    """The experts' stacked Q8_0 tensors kept packed, from the file alone (its config from the metadata)."""
+    folder, file = models[arch]
+    quantized, weights = greedy(file, "auto")
+    reference, _ = greedy(folder)
+    assert weights.startswith("gguf Q8_0x"), weights
+    assert [q[0] for q in quantized] == [r[0] for r in reference]
+    assert sum(q == r for q, r in zip(quantized, reference, strict=True)) >= 11
