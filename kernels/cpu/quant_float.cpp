@@ -145,14 +145,7 @@ template <int64_t T>
 struct Decoder {
   alignas(64) float w[kGroup];
   alignas(64) float q[kGroup];
-  Decoder(const uint8_t* row, int64_t g, const Scales& sc) {
-    weights_at<T>(row, g, sc, w);
-    if constexpr (!float_weights(T)) {
-      int16_t codes[kGroup];
-      codes_at<T>(row, g, codes);
-      for (int64_t i = 0; i < kGroup; ++i) q[i] = static_cast<float>(codes[i]);
-    }
-  }
+  Decoder(const uint8_t* row, int64_t g, const Scales& sc) { weights_at<T>(row, g, sc, w, q); }
   inline Vec chunk(int64_t c) const { return Vec::loadu(w + c * kLanes); }
   inline Vec raw(int64_t c) const { return Vec::loadu(q + c * kLanes); }
 };

@@ -315,9 +315,10 @@ inline void codes_at(const uint8_t* row, int64_t g, int16_t* out) {
   }
 }
 
-// Group g's 32 weights as floats (its scales `sc`), plain C++: the portable path's decoder.
+// Group g's 32 weights as floats (its scales `sc`), plain C++: the portable path's decoder. `codes`, if
+// given, also receives the integer types' unscaled codes as floats (what the weights were made from).
 template <int64_t T>
-inline void weights_at(const uint8_t* row, int64_t g, const Scales& sc, float* out) {
+inline void weights_at(const uint8_t* row, int64_t g, const Scales& sc, float* out, float* codes_out = nullptr) {
   if constexpr (T == F16 || T == BF16) {
     for (int64_t i = 0; i < kGroup; ++i) {
       const uint8_t* p = row + (g * kGroup + i) * 2;
@@ -328,6 +329,8 @@ inline void weights_at(const uint8_t* row, int64_t g, const Scales& sc, float* o
     int16_t codes[kGroup];
     codes_at<T>(row, g, codes);
     for (int64_t i = 0; i < kGroup; ++i) out[i] = sc.a[i / 16] * static_cast<float>(codes[i]) + sc.b[i / 16];
+    if (codes_out != nullptr)
+      for (int64_t i = 0; i < kGroup; ++i) codes_out[i] = static_cast<float>(codes[i]);
   }
 }
 
