@@ -14,7 +14,7 @@ import re
 import struct
 from pathlib import Path
 
-from pagedserve.services.gguf_file import GGUFError, read_header
+from pagedserve.services.gguf_file import GGUFError, is_gguf_file, read_header
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -22,7 +22,7 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 def check_adapter(path: str | Path, hf_config: dict, max_rank: int) -> None:
     """ValueError naming the file or module of the adapter at `path` that does not fit the model."""
     folder = Path(path)
-    if folder.is_file() and folder.suffix == ".gguf":
+    if is_gguf_file(folder):
         return _check_gguf_adapter(folder, hf_config, max_rank)
     config_file, weights = folder / "adapter_config.json", folder / "adapter_model.safetensors"
     try:

@@ -91,7 +91,7 @@ def dequantized_checkpoint(gguf_file: Path) -> dict[str, object]:
     import gguf
     import torch
 
-    from pagedserve.services.worker.weights.gguf_weights import hf_name, unpermute_rows
+    from pagedserve.services.worker.weights.gguf_weights import hf_name, qk_row_order
 
     reader = gguf.GGUFReader(gguf_file)
     heads = int(reader.fields["llama.attention.head_count"].contents())
@@ -102,8 +102,10 @@ def dequantized_checkpoint(gguf_file: Path) -> dict[str, object]:
         if name is None:
             continue
         dense = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        if ".q_proj." in name or ".k_proj." in name:
-            dense = dense[unpermute_rows(dense.shape[0], heads if ".q_proj." in name else kv_heads)]
+        # A llama file: the head counts above are read from its llama.* keys.
+        order = qk_row_order("llama", name, dense.shape[0], heads, kv_heads)
+        if order is not None:
+            dense = dense[order]
         out[name] = torch.from_numpy(np.ascontiguousarray(dense))
     return out
 

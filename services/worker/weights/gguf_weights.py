@@ -102,6 +102,34 @@ def unpermute_rows(n_rows: int, n_heads: int) -> np.ndarray:
 
 # Architectures whose q/k rows llama.cpp's converter reorders (its "normal" rotary mode).
 PERMUTED_QK = frozenset({"llama"})
+
+
+def qk_row_order(architecture: str, name: str, n_rows: int, heads: int, kv_heads: int) -> np.ndarray | None:
+    """The gather that undoes llama.cpp's q/k reordering for the tensor of Hugging Face name `name` with
+    `n_rows` rows (a LoRA B's are its outputs too), or None where the converter kept the order."""
+    if architecture not in PERMUTED_QK or not (".q_proj." in name or ".k_proj." in name):
+        return None
+    return unpermute_rows(n_rows, heads if ".q_proj." in name else kv_heads)
+
+
+def tensor_values(raw: np.ndarray, info: TensorInfo) -> torch.Tensor:
+    """A tensor's bytes ([rows, row bytes]) as plain values in PyTorch's shape (ggml's dims reversed):
+    F32/F16/BF16 as stored (views of `raw`), quantized types dequantized to float32."""
+    import gguf
+    from gguf.constants import GGMLQuantizationType
+
+    kind = GGMLQuantizationType(info.type_id)
+    if kind == GGMLQuantizationType.F32:
+        values = torch.from_numpy(raw.view(np.float32))
+    elif kind == GGMLQuantizationType.F16:
+        values = torch.from_numpy(raw.view(np.float16))
+    elif kind == GGMLQuantizationType.BF16:
+        values = torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16)
+    else:
+        values = torch.from_numpy(gguf.quants.dequantize(raw, kind).astype(np.float32, copy=False))
+    return values.reshape(tuple(reversed(info.dims)))
+
+
 # Tensors that are settings rather than weights: services/gguf_config.py reads them into the config.
 CONFIG_TENSORS = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 
@@ -124,12 +152,10 @@ class MappedGGUF:
 
     def row_order(self, name: str, info: TensorInfo) -> np.ndarray | None:
         """The gather that undoes llama.cpp's q/k reordering for this tensor, or None."""
-        if self.model.architecture not in PERMUTED_QK or not (".q_proj." in name or ".k_proj." in name):
-            return None
         heads = self.model.arch_key("attention.head_count")
         kv_heads = self.model.arch_key("attention.head_count_kv") or heads
         length = info.dims[-1] if len(info.dims) == 2 else info.dims[0]  # rows, or a bias's elements
-        return unpermute_rows(length, heads if ".q_proj." in name else kv_heads)
+        return qk_row_order(self.model.architecture, name, length, heads, kv_heads)
 
 
 def map_gguf(files: Path | Sequence[Path]) -> MappedGGUF:
@@ -185,23 +211,10 @@ def dense_tensors(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor but those in `skip`, as plain values in Hugging Face's shape and row order,
     one at a time: F32/F16/BF16 as stored (views of the file), quantized types dequantized in memory."""
-    import gguf
-    from gguf.constants import GGMLQuantizationType
-
     for name, info in mapped.tensors.items():
         if name in skip:
             continue
-        kind = GGMLQuantizationType(info.type_id)
-        raw = mapped.raw(info)
-        if kind == GGMLQuantizationType.F32:
-            values = torch.from_numpy(raw.view(np.float32))
-        elif kind == GGMLQuantizationType.F16:
-            values = torch.from_numpy(raw.view(np.float16))
-        elif kind == GGMLQuantizationType.BF16:
-            values = torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16)
-        else:
-            values = torch.from_numpy(gguf.quants.dequantize(raw, kind).astype(np.float32, copy=False))
-        values = values.reshape(tuple(reversed(info.dims)))
+        values = tensor_values(mapped.raw(info), info)
         if name.endswith(".shared_expert_gate.weight") and values.dim() == 1:
             values = values.unsqueeze(0)  # [hidden] in the file, a [1, hidden] linear in the checkpoint
         order = mapped.row_order(name, info)

@@ -24,6 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pagedserve.services.gguf_file import is_gguf_file
+from pagedserve.services.worker.weights.lora_gguf import (
+    BASE_ARCHITECTURES,
+    GGUFAdapterError,
+    read_gguf_adapter,
+)
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -122,7 +129,7 @@ def load_lora_adapter(
     """Read and pack an adapter for `model`: a PEFT folder, or a `.gguf` file from llama.cpp's
     convert_lora_to_gguf.py (lora_gguf.py). `targets`: our module path -> the linear it adapts."""
     source = Path(path)
-    if source.is_file() and source.suffix == ".gguf":
+    if is_gguf_file(source):
         pairs, scale = _gguf_pairs(source, model)
     else:
         pairs, scale = _peft_pairs(source)
@@ -206,12 +213,6 @@ def _peft_pairs(folder: Path) -> tuple[Pairs, Scale]:
 
 
 def _gguf_pairs(path: Path, model: LlamaForCausalLM) -> tuple[Pairs, Scale]:
-    from pagedserve.services.worker.weights.lora_gguf import (
-        BASE_ARCHITECTURES,
-        GGUFAdapterError,
-        read_gguf_adapter,
-    )
-
     cfg = model.config
     try:
         adapter = read_gguf_adapter(path, cfg.num_heads, cfg.num_kv_heads)

@@ -20,24 +20,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pagedserve.services.gguf_config import GGUF_ARCHITECTURES
 from pagedserve.services.gguf_file import GGUFError, TensorInfo, read_header
-from pagedserve.services.worker.weights.gguf_weights import PERMUTED_QK, hf_name, unpermute_rows
+from pagedserve.services.worker.weights.gguf_weights import hf_name, qk_row_order, tensor_values
 
-ADAPTER_KEYS = ("general.type", "adapter.type", "adapter.lora.alpha")
 _SUFFIXES = {".lora_a": "A", ".lora_b": "B"}
-# llama.cpp's architecture names -> the Hugging Face ones its converter writes them for (Mistral and
-# Mixtral convert as llama): an adapter is read only onto a base of its own architecture.
-BASE_ARCHITECTURES = {
-    "llama": {"LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM"},
-    "qwen2": {"Qwen2ForCausalLM"},
-    "qwen3": {"Qwen3ForCausalLM"},
-    "qwen2moe": {"Qwen2MoeForCausalLM"},
-    "qwen3moe": {"Qwen3MoeForCausalLM"},
-    "olmoe": {"OlmoeForCausalLM"},
-    "gemma2": {"Gemma2ForCausalLM"},
-    "gemma3": {"Gemma3ForCausalLM"},
-    "phi3": {"Phi3ForCausalLM"},
-}
+# llama.cpp's architecture names -> the Hugging Face ones its converter writes them for: an adapter is read
+# only onto a base of its own architecture. GGUF_ARCHITECTURES' own, and what llama.cpp converts under
+# another name (Mistral and Mixtral as llama) or we serve only from a folder (OLMoE).
+BASE_ARCHITECTURES = {arch: {entry.hf_architecture} for arch, entry in GGUF_ARCHITECTURES.items()}
+BASE_ARCHITECTURES["llama"] |= {"MistralForCausalLM", "MixtralForCausalLM"}
+BASE_ARCHITECTURES["olmoe"] = {"OlmoeForCausalLM"}
 
 
 class GGUFAdapterError(ValueError):
@@ -80,13 +73,16 @@ def read_gguf_adapter(path: Path, num_heads: int, num_kv_heads: int) -> GGUFAdap
                 "attention and MLP projections are"
             )
         values = _values(path, info)
-        if side == "B" and architecture in PERMUTED_QK and (".q_proj." in hf or ".k_proj." in hf):
-            heads = num_heads if ".q_proj." in hf else num_kv_heads
-            if values.dim() != 2 or values.shape[0] % (2 * heads):
+        if side == "B":  # its rows are the projection's outputs, reordered as the base model's were
+            try:
+                order = qk_row_order(architecture, hf, values.shape[0], num_heads, num_kv_heads)
+            except ValueError:
                 raise GGUFAdapterError(
-                    f"{path}: {info.name} has {tuple(values.shape)} rows for {heads} heads"
-                )
-            values = values[torch.from_numpy(unpermute_rows(values.shape[0], heads))]
+                    f"{path}: {info.name} has {tuple(values.shape)}: its rows are not whole heads of the base "
+                    f"model ({num_heads} query, {num_kv_heads} key/value heads)"
+                ) from None
+            if order is not None:
+                values = values[torch.from_numpy(order)]
         pairs.setdefault(hf.removesuffix(".weight"), {})[side] = values
     if not pairs:
         raise GGUFAdapterError(f"{path} holds no lora_a/lora_b tensors")
@@ -102,22 +98,10 @@ def _split_name(name: str) -> tuple[str, str | None]:
 
 
 def _values(path: Path, info: TensorInfo) -> torch.Tensor:
-    """A tensor's values as float32, in PyTorch's shape (ggml's dims reversed)."""
-    import gguf
-    from gguf.constants import GGMLQuantizationType
-
+    """A tensor's values in PyTorch's shape, read from the file (gguf_weights.tensor_values)."""
     with path.open("rb") as f:
         f.seek(info.start)
         raw = np.frombuffer(bytearray(f.read(info.nbytes)), dtype=np.uint8)  # writable: torch wants it
     if len(raw) != info.nbytes:
         raise GGUFAdapterError(f"{path}: tensor {info.name} runs past the end of the file")
-    kind = GGMLQuantizationType(info.type_id)
-    if kind == GGMLQuantizationType.F32:
-        values = raw.view(np.float32)
-    elif kind == GGMLQuantizationType.F16:
-        values = raw.view(np.float16).astype(np.float32)
-    elif kind == GGMLQuantizationType.BF16:
-        values = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    else:
-        values = gguf.quants.dequantize(raw.reshape(info.rows, -1), kind).astype(np.float32, copy=False)
-    return torch.from_numpy(np.ascontiguousarray(values).reshape(tuple(reversed(info.dims))))
+    return tensor_values(raw.reshape(info.rows, -1), info)
