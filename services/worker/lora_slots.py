@@ -88,7 +88,9 @@ class LoRASlots:
         reading = self._reading.pop((name, path), None)
         if reading is None:
             self.direct_reads += 1
-        adapter = reading.result() if reading is not None else self._parse(name, path)
+            adapter = self._parse(name, path)
+        else:
+            adapter = reading.result()
         self._keep(adapter)
         return adapter
 
