@@ -53,7 +53,7 @@ _EXPERT_PARTS = {
     "w3": "ffn_up_exps",
     "w2": "ffn_down_exps",
 }
-_ARCH = {
+GGUF_ARCH = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
@@ -188,7 +188,7 @@ def write_gguf(
     from safetensors.torch import load_file, save_file
 
     config = json.loads((folder / "config.json").read_text())
-    arch = _ARCH[config["architectures"][0]]
+    arch = GGUF_ARCH[config["architectures"][0]]
     heads, kv_heads = (
         config["num_attention_heads"],
         config.get("num_key_value_heads") or config["num_attention_heads"],

@@ -67,13 +67,10 @@ def peft_to_gguf(adapter: Path, base: Path, out: Path, outtype: str = "F32") -> 
     import numpy as np
     from safetensors.numpy import load_file
 
-    from pagedserve.services.worker.weights.gguf_weights import _ARCH_LAYER, _LAYER, PERMUTED_QK
+    from harness.gguf_models import GGUF_ARCH, gguf_name, llama_permute
 
     config = json.loads((base / "config.json").read_text())
-    arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[
-        config["architectures"][0]
-    ]
-    to_gguf = {hf: part for part, hf in _ARCH_LAYER.get(arch, _LAYER).items()}
+    arch = GGUF_ARCH[config["architectures"][0]]
     peft_config = json.loads((adapter / "adapter_config.json").read_text())
     writer = gguf.GGUFWriter(out, arch)
     writer.add_type(gguf.GGUFType.ADAPTER)
@@ -82,14 +79,13 @@ def peft_to_gguf(adapter: Path, base: Path, out: Path, outtype: str = "F32") -> 
     kind = gguf.GGMLQuantizationType[outtype]
     for key, values in sorted(load_file(adapter / "adapter_model.safetensors").items()):
         # base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight
-        module, side = key.removeprefix("base_model.model.model.layers.").split(".lora_")
-        layer, hf_part = module.split(".", 1)
-        name = f"blk.{layer}.{to_gguf[hf_part]}.weight.lora_{side[0].lower()}"
+        module, side = key.removeprefix("base_model.model.").split(".lora_")
+        name = f"{gguf_name(module + '.weight')}.lora_{side[0].lower()}"
         values = values.astype(np.float32)
-        if side[0] == "B" and arch in PERMUTED_QK and hf_part in ("self_attn.q_proj", "self_attn.k_proj"):
-            heads = config["num_attention_heads" if hf_part.endswith("q_proj") else "num_key_value_heads"]
-            rows = values.shape[0]
-            values = values.reshape(heads, 2, rows // heads // 2, -1).swapaxes(1, 2).reshape(rows, -1)
+        if side[0] == "B" and arch == "llama" and module.endswith(("q_proj", "k_proj")):
+            values = llama_permute(
+                values, config["num_attention_heads" if module.endswith("q_proj") else "num_key_value_heads"]
+            )
         # As the converter does: a row that is not whole quantization blocks (B's, of rank r) stays F16.
         block = gguf.GGML_QUANT_SIZES[kind][0]
         this = kind if values.shape[-1] % block == 0 else gguf.GGMLQuantizationType.F16
