@@ -219,43 +219,50 @@ inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_s
 
 #elif defined(CPU_CAPABILITY_AVX2)
 
+// The scales are read inline from each group's block (ScaleReader), not from a8/bsc: at one to a few
+// rows, writing 8 copies of a and the b of every group first cost more than the dot products (the int8
+// path ran no faster than the float one at 1 row, where llama.cpp's arithmetic is ~2x cheaper). The b
+// term is a scalar sum per (row, output) in group order, so a row's result is the same in any tile.
 template <int64_t T, int MT, int NT, bool VNNI>
-inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_stride, const float* a8,
-                     const float* bsc, const float* bias, float* out, int64_t out_stride) {
+inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_stride, const float* /*a8*/,
+                     const float* /*bsc*/, const float* bias, float* out, int64_t out_stride) {
   const int64_t G = xq.G, Gp = xq.Gp;
   __m256 acc[MT][NT];
+  float off[MT][NT];
   for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps();
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps(), off[i][j] = 0.0f;
+  ScaleReader<T> scales0(w), scales1(w + (NT > 1 ? w_stride : 0));
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < G; ++g) {
     __m256i wc[NT], wabs[NT];
-    __m256 a[NT];
+    Scales sc[NT];
     for (int j = 0; j < NT; ++j) {
+      sc[j] = (j == 0 ? scales0 : scales1).at(g);
       wc[j] = codes_group<T>(w + j * w_stride, g);
       wabs[j] = signed_codes(T) ? _mm256_abs_epi8(wc[j]) : wc[j];
-      a[j] = _mm256_loadu_ps(a8 + j * Gp * 8 + g * 8);
     }
     for (int i = 0; i < MT; ++i) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q.data() + ((m0 + i) * Gp + g) * kGroup));
-      const __m256 sx = _mm256_loadu_ps(xq.sx8.data() + ((m0 + i) * Gp + g) * 8);
+      const int64_t at = (m0 + i) * Gp + g;
+      const __m256i x = load256(reinterpret_cast<const uint8_t*>(xq.q.data() + at * kGroup));
+      const float sx = xq.sx8[at * 8];
       for (int j = 0; j < NT; ++j) {
         const __m256i xj = signed_codes(T) ? _mm256_sign_epi8(x, wc[j]) : x;
         const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[j], xj), ones);
-        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(a[j], sx), acc[i][j]);
+        // Lanes 0-3 sum the group's first 16 products, 4-7 its last 16 (a scale per half where the type has one).
+        const __m256 scale = half_scales(T) ? _mm256_setr_m128(_mm_set1_ps(sc[j].a[0] * sx), _mm_set1_ps(sc[j].a[1] * sx))
+                                            : _mm256_set1_ps(sc[j].a[0] * sx);
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i][j]);
+        if constexpr (!signed_codes(T))
+          off[i][j] += sc[j].b[0] * xq.sxs[at * 2] + sc[j].b[1] * xq.sxs[at * 2 + 1];
       }
     }
   }
   __m256 sums[(MT * NT + 7) / 8 * 8];
   for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j) {
-      __m256 v = acc[i][j];
-      if constexpr (!signed_codes(T))
-        for (int64_t h = 0; h < 2 * Gp; h += 8)
-          v = _mm256_fmadd_ps(_mm256_loadu_ps(bsc + j * 2 * Gp + h),
-                              _mm256_loadu_ps(xq.sxs.data() + (m0 + i) * 2 * Gp + h), v);
-      sums[i * NT + j] = v;
-    }
+    for (int j = 0; j < NT; ++j) sums[i * NT + j] = acc[i][j];
   store_sums<MT, NT>(sums, bias, out, out_stride);
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) out[i * out_stride + j] += off[i][j];
 }
 
 #else
@@ -287,6 +294,14 @@ inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_s
     }
 }
 
+#endif
+
+// Whether int_tile reads each group's scales from its block (avx2) rather than from a8/bsc, filled per
+// weight row first (avx512's 512-bit pairs of groups, the portable path).
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+constexpr bool kScalesInline = true;
+#else
+constexpr bool kScalesInline = false;
 #endif
 
 // Which signed-code form each path's int_tile reads its b from (see Signed).
@@ -328,8 +343,9 @@ void int8_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w
     for (int64_t p = begin; p < end; ++p) {
       const int64_t n = 2 * p;
       const int nt = n + 1 < N ? 2 : 1;
-      for (int j = 0; j < nt; ++j)
-        weight_scales<T, form>(w + (n + j) * w_stride, xq.G, a8.data() + j * Gp * 8, bsc.data() + j * 2 * Gp);
+      if constexpr (!kScalesInline)
+        for (int j = 0; j < nt; ++j)
+          weight_scales<T, form>(w + (n + j) * w_stride, xq.G, a8.data() + j * Gp * 8, bsc.data() + j * 2 * Gp);
       const float* b = bias ? bias + n : nullptr;
       if (nt == 2)
         int_rows<T, 2, VNNI>(xq, M, w + n * w_stride, w_stride, a8.data(), bsc.data(), b, out + n, N);

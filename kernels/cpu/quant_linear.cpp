@@ -17,8 +17,8 @@
 //
 // mode 0 (the default), float32 activations: results within float rounding of the dequantized reference.
 //
-// modes 1-3, int8 activations (1: from kIntRows = 8 rows on, float below; 2: always; 3: always, without
-// VNNI; quant_int8.cpp): each activation row quantized to int8 per 32-block, then integer dot products
+// modes 1-3, int8 activations (1: from kIntRows rows on, now 1; 2: always; 3: always, without VNNI;
+// quant_int8.cpp): each activation row quantized to int8 per 32-block, then integer dot products
 // with the codes. This is what llama.cpp does (its Q8_0/Q8_1 activations), so it is the fair comparison
 // with it; it moves each output by up to (max|x| of each block / 254) * sum|w| of the block (~0.5%
 // relative on the tiny models' linears), which flips greedy near-ties: on the bundled SmolLM2 3 of 8
@@ -40,8 +40,10 @@ namespace {
 
 using namespace quant;
 
-// Rows from which `mode` 1 runs the integer path (measured: see the header comment).
-constexpr int64_t kIntRows = 8;
+// Rows from which `mode` 1 runs the integer path. 8 until Dec 2026, when the avx2 path at one row ran
+// no faster than float (its scales were copied out per weight row first); the int8 path now is as fast
+// or faster at every row count on every ISA path (docs/cpu-performance.md), so mode 1 is int8 throughout.
+constexpr int64_t kIntRows = 1;
 
 // Rows from which mode 0 runs the panel path (measured: see quant_float.cpp's panel comment).
 constexpr int64_t kPanelRows = 24;

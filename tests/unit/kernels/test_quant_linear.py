@@ -2,14 +2,14 @@
 dequantize-then-float32 reference: the `gguf` package's own dequantizer (an independent reading of the
 formats), then a float32 matmul.
 
-Tolerance, float32 activations (mode 0, the default; mode 1 below its integer threshold): the kernel
+Tolerance, float32 activations (mode 0, the default): the kernel
 and the reference compute the same sum of K products in float32 in different orders, so they differ
 by rounding; each output is held to 1e-5 of the sum of the magnitudes of its products (|x| @ |W|^T),
 which bounds that rounding for K up to several thousand (K * 2^-24 ~ 3e-5 at K = 512 in the worst
 case, far less on average). Embedding rows are decoded exactly (one multiply of a scale by a small
 integer code, exact in float32, and one add: the dequantizer's arithmetic).
 
-Tolerance, int8 activations (modes 2 and 3, and mode 1 from the kernel's threshold on; llama.cpp
+Tolerance, int8 activations (modes 1-3; llama.cpp
 quantizes activations the same way): each 32-element block of a row becomes q = round(x * 127 / m),
 m = max|x| over the block, so each x moves by at most half a step, m / 254. An output then moves by at
 most sum over blocks of (m_block / 254) * sum |w| over the block: (blockmax(|x|) / 254) @ |W|^T, about
@@ -33,8 +33,7 @@ from pagedserve.services.worker.layers.quant_linear import KERNEL_TYPES
 
 TYPES = KERNEL_TYPES  # every type the kernel runs: F16, BF16, Q4_0 ... Q6_K, IQ4_NL, IQ4_XS
 INTEGER_TYPES = [t for t in TYPES if t not in ("F16", "BF16")]  # the int8-activation path's
-INT_ROWS = 8  # quant_linear.cpp's kIntRows: from this many rows mode 1 runs int8 activations
-FLOAT, INT_FROM_THRESHOLD, INT, INT_NO_VNNI, TILES, PANELS = 0, 1, 2, 3, 4, 5  # quant_linear's mode
+FLOAT, INT_ANY_ROWS, INT, INT_NO_VNNI, TILES, PANELS = 0, 1, 2, 3, 4, 5  # quant_linear's mode
 PANEL_ROWS = 24  # quant_linear.cpp's kPanelRows: from this many rows mode 0 decodes panels for a GEMM
 
 
@@ -94,17 +93,18 @@ def test_both_float_paths_match_the_reference_at_any_row_count(ops: Any, type_na
             )
 
 
-@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "Q6_K", "IQ4_XS", "BF16"])
-def test_a_tile_row_scores_as_it_would_alone(ops: Any, type_name: str) -> None:
-    """Below the panel threshold each row's sum runs in one order whatever the row count, so the k + 1
-    rows a speculative verify step scores give bit for bit what k + 1 one-row decodes would: greedy
-    acceptance cannot flip on rounding."""
+@pytest.mark.parametrize("mode", [TILES, INT, INT_NO_VNNI], ids=["tiles", "int", "int-novnni"])
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q4_0", "Q8_0", "Q6_K", "Q4_K", "IQ4_XS", "BF16"])
+def test_a_tile_row_scores_as_it_would_alone(ops: Any, type_name: str, mode: int) -> None:
+    """Below the panel threshold (float) or at any row count (int8 activations) each row's sum runs
+    in one order whatever the row count, so the k + 1 rows a speculative verify step scores give bit
+    for bit what k + 1 one-row decodes would: greedy acceptance cannot flip on rounding."""
     blocks, _ = weights(type_name, 37, 512, seed=2)
     x = torch.randn(PANEL_ROWS - 1, 512, generator=torch.Generator().manual_seed(7))
-    together = ops.quant_linear(x, blocks, TYPES[type_name], None, TILES)
+    together = ops.quant_linear(x, blocks, TYPES[type_name], None, mode)
     for i in range(len(x)):
         assert torch.equal(
-            together[i], ops.quant_linear(x[i : i + 1], blocks, TYPES[type_name], None, TILES)[0]
+            together[i], ops.quant_linear(x[i : i + 1], blocks, TYPES[type_name], None, mode)[0]
         )
 
 
@@ -129,9 +129,7 @@ def test_mode_0_switches_to_panels_at_the_threshold(ops: Any) -> None:
     assert not torch.equal(ops.quant_linear(at, blocks, 2, None, TILES), panels)  # their sums' orders differ
 
 
-@pytest.mark.parametrize(
-    "mode", [INT, INT_NO_VNNI, INT_FROM_THRESHOLD], ids=["int", "int-novnni", "threshold"]
-)
+@pytest.mark.parametrize("mode", [INT, INT_NO_VNNI, INT_ANY_ROWS], ids=["int", "int-novnni", "int-mode-1"])
 @pytest.mark.parametrize("type_name", INTEGER_TYPES)
 def test_int8_activations_stay_within_the_quantization_bound(ops: Any, mode: int, type_name: str) -> None:
     superblock = gguf.constants.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]][0] == 256
@@ -153,15 +151,15 @@ def test_int8_activations_stay_within_the_quantization_bound(ops: Any, mode: int
         assert (err <= 0.01 * magnitude).all(), (rows, k)
 
 
-def test_mode_1_switches_to_int8_activations_at_the_threshold(ops: Any) -> None:
+def test_mode_1_takes_int8_activations_at_every_row_count(ops: Any) -> None:
     blocks, _ = weights("Q4_1", 8, 256)
     x = torch.randn(64, 256)
     for rows in (1, 7, 8, 64):
         float_out = ops.quant_linear(x[:rows], blocks, 3, None, FLOAT)
         int_out = ops.quant_linear(x[:rows], blocks, 3, None, INT)
+        assert not torch.equal(float_out, int_out)  # the two modes are told apart
         assert torch.equal(ops.quant_linear(x[:rows], blocks, 3, None), float_out)  # the default: float
-        switched = ops.quant_linear(x[:rows], blocks, 3, None, INT_FROM_THRESHOLD)
-        assert torch.equal(switched, float_out if rows < INT_ROWS else int_out), rows
+        assert torch.equal(ops.quant_linear(x[:rows], blocks, 3, None, INT_ANY_ROWS), int_out), rows
     with pytest.raises(RuntimeError, match="mode must be 0-5"):
         ops.quant_linear(x, blocks, 3, None, 6)
 
@@ -173,7 +171,7 @@ def test_float_weights_take_float_activations_in_every_mode(ops: Any, type_name:
     for rows in (3, 40):
         x = torch.randn(rows, 256)
         float_out = ops.quant_linear(x, blocks, TYPES[type_name], None, FLOAT)
-        for mode in (INT_FROM_THRESHOLD, INT, INT_NO_VNNI):
+        for mode in (INT_ANY_ROWS, INT, INT_NO_VNNI):
             assert torch.equal(ops.quant_linear(x, blocks, TYPES[type_name], None, mode), float_out)
 
 

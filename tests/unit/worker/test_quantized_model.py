@@ -123,7 +123,7 @@ def test_auto_keeps_a_gguf_quantized_except_where_the_worker_cannot(tmp_path: Pa
 def test_int8_activations_keep_the_linears_and_logits_close(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """PAGEDSERVE_QUANT_ACTIVATIONS=int8 (opt-in): from 8 rows on, each linear quantizes its input rows to
+    """PAGEDSERVE_QUANT_ACTIVATIONS=int8 (opt-in): at any row count, each linear quantizes its input rows to
     int8 per 32-block, as llama.cpp does. Each output then moves by up to 1/254 of its blocks' max |x|
     times the block's sum |w| (the kernel tests hold every path to that); here, at the model's scale, 64
     rows: each linear within 2% of its largest reference output (~0.6% measured), logits within 5% of
