@@ -48,11 +48,15 @@ struct ItemRows {
   float* weights;  // [rows, row_stride]
   float* sums;     // [rows]
 
+  // KV heads [head0, head0 + num_kv_heads) of the layer's (all of them, or a part where a step has
+  // fewer items than threads: paged_attention.cpp).
+  int64_t head0;
+
   ItemRows(int64_t first_query, int64_t num_queries, int64_t first_pos, int64_t num_heads, int64_t num_kv_heads,
-           const Scoring& scoring, std::vector<float>& scratch)
+           const Scoring& scoring, std::vector<float>& scratch, int64_t head0 = 0, int64_t layer_kv_heads = 0)
       : first_query(first_query),
         first_pos(first_pos),
-        group(num_heads / num_kv_heads),
+        group(num_heads / (layer_kv_heads > 0 ? layer_kv_heads : num_kv_heads)),
         head_rows(num_queries * group),
         rows(head_rows * num_kv_heads),
         context(first_pos + num_queries),
@@ -62,7 +66,8 @@ struct ItemRows {
         scoring(scoring),
         capped(scoring.softcap > 0.0f),
         cap(scoring.softcap),
-        inv_cap(capped ? 1.0f / scoring.softcap : 0.0f) {
+        inv_cap(capped ? 1.0f / scoring.softcap : 0.0f),
+        head0(head0) {
     scratch.resize(static_cast<size_t>(rows * (2 * D + row_stride + 1) + 16));
     acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
     q = acc + rows * D;
@@ -72,7 +77,7 @@ struct ItemRows {
   }
 
   int64_t token(int64_t r) const { return first_query + (r % head_rows) / group; }
-  int64_t head(int64_t r) const { return (r / head_rows) * group + r % group; }
+  int64_t head(int64_t r) const { return (head0 + r / head_rows) * group + r % group; }
   int64_t limit(int64_t r) const { return first_pos + (r % head_rows) / group + 1; }  // causal
   int64_t lower(int64_t r) const { return scoring.first_visible(limit(r) - 1); }     // the window
   // Whether any of rows [first, last] sees a position of [base, base + n): limits and windows grow

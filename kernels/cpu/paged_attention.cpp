@@ -94,7 +94,8 @@ inline const float* as_float(const c10::BFloat16* src, int64_t n, int64_t stride
 
 struct Item {
   int64_t request;
-  int64_t kv_head;  // the generic path's; a fast item serves every KV head
+  int64_t kv_head;  // the generic path's head; a fast item's first
+  int64_t kv_count;  // KV heads a fast item serves (every one, or a part: see split_heads)
   int64_t first_query;  // index into the packed query of this tile's first token
   int64_t num_queries;
   int64_t first_pos;  // context position of that first query
@@ -346,9 +347,12 @@ void attend_item_fast(const Item& item, const T* query, int64_t q_stride, const 
                       const Scoring& scoring, std::vector<float>& scratch) {
   constexpr int D = NV * W;
   constexpr int RB = rows_per_chunk<NV>();
-  ItemRows<D> rows(item.first_query, item.num_queries, item.first_pos, num_heads, num_kv_heads, scoring, scratch);
+  ItemRows<D> rows(item.first_query, item.num_queries, item.first_pos, num_heads, item.kv_count, scoring, scratch,
+                   item.kv_head, num_kv_heads);
   rows.load_queries(query, q_stride);
   const int64_t token_stride = num_kv_heads * D;
+  k_cache += item.kv_head * D;  // the item's heads within each token's row
+  v_cache += item.kv_head * D;
   for_each_sub_block(k_cache, table, block_size, token_stride, rows.start, rows.context,
                      [&](int64_t base, int64_t n, const T* kb) {
                        for (int64_t r = 0; r < rows.rows; ++r) {
@@ -414,6 +418,20 @@ void run_items(const std::vector<Item>& items, const std::vector<int64_t>& order
   }
 }
 
+// Fewer fast items than threads (one request decoding, a few short ones): each item becomes one per KV
+// head, so the other threads share the work instead of waiting at the join. A decode step of one
+// request was one item on one of the 2 cores; split, its 3 (SmolLM2) or 4 KV heads go to both. Every
+// row's sums run in the same order split or not: only which thread computes them changes.
+void split_heads(std::vector<Item>& items, int64_t num_kv_heads) {
+  if (num_kv_heads == 1 || static_cast<int64_t>(items.size()) >= at::get_num_threads()) return;
+  std::vector<Item> split;
+  split.reserve(items.size() * num_kv_heads);
+  for (const Item& it : items)
+    for (int64_t h = 0; h < num_kv_heads; ++h)
+      split.push_back({it.request, h, 1, it.first_query, it.num_queries, it.first_pos, it.cost / num_kv_heads});
+  items.swap(split);
+}
+
 void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& block_tables,
             double scale, int64_t window, double softcap, bool generic, at::Tensor& out) {
@@ -444,13 +462,14 @@ void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor
   paged_step::for_each_tile(query_start_loc, seq_lens, block_size, block_tables.size(1), scoring,
                             [&](int64_t b, int64_t first_query, int64_t nq, int64_t first_pos, int64_t span) {
                               if (all_heads) {
-                                items.push_back({b, 0, first_query, nq, first_pos, num_kv_heads * nq * span});
+                                items.push_back({b, 0, num_kv_heads, first_query, nq, first_pos, num_kv_heads * nq * span});
                                 return;
                               }
                               for (int64_t h = 0; h < num_kv_heads; ++h) {
-                                items.push_back({b, h, first_query, nq, first_pos, nq * span});
+                                items.push_back({b, h, 1, first_query, nq, first_pos, nq * span});
                               }
                             });
+  if (all_heads) split_heads(items, num_kv_heads);
   const std::vector<int64_t> order = paged_step::longest_first(items);
   const int threads = paged_step::threads_for(items.size());
 

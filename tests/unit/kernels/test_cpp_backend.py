@@ -137,6 +137,37 @@ def test_the_isa_environment_variable_picks_the_path(isa: str, monkeypatch: pyte
     assert torch.equal(got, by_name)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "rules"), [(9, 3, CAUSAL), (16, 4, AttentionRules(37, 30.0))]
+)
+def test_one_request_split_over_threads_by_kv_head_gives_the_same_bits(
+    isa: str, dtype: torch.dtype, num_heads: int, num_kv_heads: int, rules: AttentionRules
+) -> None:
+    """Fewer items than threads (one request's decode, or its short prefill): the kernel hands out its
+    KV heads apart. Each row's sums run in the same order either way, so 2 threads (split) give the
+    bits 1 thread (whole) gives, and both match the reference."""
+    threads = torch.get_num_threads()
+    backend = CppAttentionBackend(isa)
+    try:
+        for seq_len, q_len in ((211, 1), (40, 9)):
+            batch = make_paged_batch(
+                [seq_len], [q_len], num_heads, num_kv_heads, 64, 16, dtype, torch.device("cpu"), 5
+            )
+            meta = batch.metadata()
+            torch.set_num_threads(1)
+            whole = backend.forward(batch.query, batch.k_cache, batch.v_cache, meta, 0.125, rules)
+            torch.set_num_threads(2)
+            split = backend.forward(batch.query, batch.k_cache, batch.v_cache, meta, 0.125, rules)
+            assert torch.equal(split, whole), (seq_len, q_len)
+            expected = reference_attention(batch, 0.125, rules).to(dtype)
+            torch.testing.assert_close(
+                split.float(), expected.float(), atol=TOLERANCE[dtype][0], rtol=TOLERANCE[dtype][1]
+            )
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_context_longer_than_its_block_table_is_refused(isa: str) -> None:
     batch = make_paged_batch([40], [1], 4, 2, 16, 16, torch.float32, torch.device("cpu"), seed=0)
     meta = batch.metadata()
