@@ -43,7 +43,7 @@ _REQUIRED = (
     "attention.layer_norm_rms_epsilon",
 )
 _FLOAT_FIELDS = frozenset(
-    {"rms_norm_eps", "rope_theta", "attn_logit_softcapping", "final_logit_softcapping"}
+    {"rms_norm_eps", "rope_theta", "attn_logit_softcapping", "final_logit_softcapping", "clip_qkv"}
 )  # the rest of COMMON_FIELDS are counts
 
 # Tokens llama.cpp ends generation on by their text, besides the ids the file names (eos, eot, eom):
@@ -82,6 +82,14 @@ def _moe_layers(config: dict[str, Any], model: GGUFModel) -> None:
     config.setdefault("intermediate_size", config["moe_intermediate_size"])  # a dense layer's, if any
 
 
+def _mixtral(config: dict[str, Any], model: GGUFModel) -> None:
+    """llama.cpp's converter writes Mixtral under `llama`: a llama file with experts is one (every
+    layer sparse, each expert `feed_forward_length` wide, the chosen experts' weights renormalised)."""
+    if "num_experts" in config:
+        config["architectures"], config["model_type"] = ["MixtralForCausalLM"], "mixtral"
+        config["num_local_experts"] = config.pop("num_experts")
+
+
 @dataclass(frozen=True, slots=True)
 class GGUFArchitecture:
     hf_architecture: str  # config.json's architectures[0]: what the worker's registry knows
@@ -93,7 +101,7 @@ class GGUFArchitecture:
 
 
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
-    "llama": GGUFArchitecture("LlamaForCausalLM", "llama"),
+    "llama": GGUFArchitecture("LlamaForCausalLM", "llama", fields=MOE_FIELDS, adjust=_mixtral),
     "qwen2": GGUFArchitecture("Qwen2ForCausalLM", "qwen2"),
     "qwen3": GGUFArchitecture("Qwen3ForCausalLM", "qwen3"),
     # services/gguf_gemma_phi.py: what llama.cpp reads for these beyond the renames, and its defaults
@@ -130,6 +138,16 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
         fixed={"norm_topk_prob": False},
         required=(*MOE_FIELDS, "expert_shared_feed_forward_length"),
         adjust=_moe_layers,
+    ),
+    # q/k norms over the whole projection; experts `feed_forward_length` wide, weights not renormalised
+    # (OLMoE's norm_topk_prob, which llama.cpp hard-codes). llama.cpp's converter writes no clamp for
+    # OLMoE (the released model has none); a file that states one (`attention.clamp_kqv`) gets it.
+    "olmoe": GGUFArchitecture(
+        "OlmoeForCausalLM",
+        "olmoe",
+        fields={**MOE_FIELDS, "attention.clamp_kqv": "clip_qkv"},
+        fixed={"norm_topk_prob": False},
+        required=("feed_forward_length", "expert_count", "expert_used_count"),
     ),
 }
 

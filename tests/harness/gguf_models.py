@@ -284,6 +284,8 @@ def _write_metadata(writer, folder: Path, config: dict, chat_template: str | Non
     rope = config.get("rope_parameters") or {}  # transformers 5 keeps the theta there
     writer.add_rope_freq_base(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if config.get("clip_qkv"):  # OLMoE's (llama.cpp's own converter writes it for OLMo, not OLMoE)
+        writer.add_clamp_kqv(config["clip_qkv"])
     writer.add_vocab_size(config["vocab_size"])
     if not (folder / "tokenizer_config.json").is_file():
         return  # a model without a tokenizer (make_tiny_model(with_tokenizer=False))

@@ -91,10 +91,13 @@ class MoeForCausalLM(LlamaForCausalLM):
 
     def checkpoint_names_filled_by(self, hf_name: str) -> tuple[str, ...]:
         """A layer's whole 3-D expert tensor (`model.layers.N.mlp.experts.up_proj.weight`) fills every
-        expert's tensor of that projection."""
+        expert's tensor of that projection; a GGUF's router (`mlp.gate`, its name in every file) fills
+        this architecture's (Mixtral's `block_sparse_moe.gate`)."""
         parts = hf_name.removeprefix("model.").split(".")
         if len(parts) == 6 and parts[0] == "layers" and parts[3] == "experts" and parts[4] in _EXPERT_PARTS:
             return tuple(self.expert_checkpoint_names(int(parts[1]), parts[4]))
+        if len(parts) == 5 and parts[0] == "layers" and parts[2:] == ["mlp", "gate", "weight"]:
+            return (f"model.layers.{parts[1]}.{self.moe_block}.gate.weight",)
         return (hf_name,)
 
     def expert_checkpoint_names(self, layer: int, part: str) -> list[str]:

@@ -38,7 +38,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
     out = {}
     for arch, kind in (
         ("llama", "Q8_0"), ("qwen2", "F32"), ("qwen3", "F16"), ("mistral", "Q4_0"),
-        ("qwen2_moe", "Q8_0"), ("qwen3_moe", "F32"),
+        ("qwen2_moe", "Q8_0"), ("qwen3_moe", "F32"), ("mixtral", "F32"), ("olmoe", "F16"),
     ):  # fmt: skip
         folder = make_tiny_model(arch, root / arch)
         out[arch] = folder, write_gguf(folder, root / f"{arch}.gguf", kind)
@@ -73,6 +73,21 @@ def test_a_mixture_of_experts_file_reads_as_its_folder_does(models, arch: str) -
     assert (
         sparse_layers(from_file) == sparse_layers(from_folder) != list(range(from_file["num_hidden_layers"]))
     )
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "olmoe"])
+def test_a_mixtral_or_olmoe_file_reads_as_its_folder_does(models, arch: str) -> None:
+    """Mixtral is written under llama.cpp's `llama` architecture, told apart by its experts; OLMoE under
+    `olmoe`, with its whole-projection q/k norms and its clip_qkv where the file states one."""
+    folder, file = models[arch]
+    from_folder, from_file = load_checkpoint(str(folder)).config, load_checkpoint(str(file)).config
+    assert from_file["architectures"] == from_folder["architectures"]
+    assert from_file["model_type"] == from_folder["model_type"]
+    for name in (*FIELDS, "num_experts_per_tok", "intermediate_size", "clip_qkv"):
+        assert from_file.get(name) == pytest.approx(from_folder.get(name)), name
+    experts = from_folder.get("num_local_experts", from_folder.get("num_experts"))
+    assert from_file.get("num_local_experts", from_file.get("num_experts")) == experts
+    assert from_file.get("norm_topk_prob", False) == from_folder.get("norm_topk_prob", False)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])

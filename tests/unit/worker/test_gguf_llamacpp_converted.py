@@ -1,7 +1,8 @@
 """A GGUF as users get one: written by llama.cpp's own converter (convert_hf_to_gguf.py), not by our
 harness, for every architecture served as a folder (Llama, Mistral, Qwen2, Qwen3). Its metadata
 names, tensor names, q/k row order and tokenizer keys are llama.cpp's; served alone it must be the
-folder's model: the same config, EOS ids, tokens, chat template and greedy output.
+folder's model: the same config, EOS ids, tokens, chat template and greedy output. The mixtures of
+experts (Qwen2-MoE, Qwen3-MoE, Mixtral, OLMoE) too: the same architecture and greedy output.
 
 The converter comes with the llama.cpp peer (ops/peers/setup_llamacpp.sh; LLAMACPP_VENV, default
 .venv-llamacpp at the repo root): without it these tests are skipped, as the other llama.cpp tests are.
@@ -15,7 +16,7 @@ import pytest
 from harness.gguf_models import CHAT_TEMPLATE
 from harness.greedy_reference import random_prompts
 from harness.llamacpp_convert import convert, find_converter
-from harness.tiny_models import ARCHITECTURES, make_tiny_model
+from harness.tiny_models import ARCHITECTURES, MOE_ARCHITECTURES, make_tiny_model
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.ops.bench.llamacpp_server import llamacpp_venv
@@ -44,6 +45,14 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path,
         tokenizer.save_pretrained(folder)
         out[arch] = folder, convert(converter, folder, root / f"{arch}-f32.gguf", "f32")
     out["llama-q8"] = out["llama"][0], convert(converter, out["llama"][0], root / "llama-q8_0.gguf", "q8_0")
+    for arch in MOE_ARCHITECTURES:
+        # llama.cpp's converter keeps no clip_qkv for OLMoE (the released model has none) and maps no
+        # dense layer inside a Qwen MoE (the released ones have none), so the tiny models have neither.
+        overrides = (
+            {"clip_qkv": None} if arch == "olmoe" else {"mlp_only_layers": [], "decoder_sparse_step": 1}
+        )
+        folder = make_tiny_model(arch, root / arch, **overrides)
+        out[arch] = folder, convert(converter, folder, root / f"{arch}-f32.gguf", "f32")
     return out
 
 
@@ -73,6 +82,17 @@ def test_llamacpps_file_serves_as_the_folder(converted, arch: str) -> None:
     file_out, folder_out = file_llm.generate(prompts, GREEDY), folder_llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in file_out] == [o.token_ids for o in folder_out]
     assert [o.text for o in file_out] == [o.text for o in folder_out]
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHITECTURES)
+def test_llamacpps_mixture_of_experts_file_serves_as_the_folder(converted, arch: str) -> None:
+    """Mixtral (llama.cpp's `llama` with experts), OLMoE and the Qwen MoE models, converted by llama.cpp
+    and served alone: the folder's architecture and greedy tokens."""
+    folder, file = converted[arch]
+    assert load_checkpoint(str(file)).architecture == load_checkpoint(str(folder)).architecture
+    file_out = LLM(str(file), num_blocks=64, quantization="none").generate(PROMPTS, GREEDY)
+    folder_out = LLM(str(folder), num_blocks=64, quantization="none").generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in file_out] == [o.token_ids for o in folder_out]
 
 
 def test_llamacpps_q8_0_file_stays_packed_and_matches_its_dense_load(converted) -> None:

@@ -32,7 +32,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
     out = {}
     for arch, kind in (
         ("llama", "Q8_0"), ("qwen2", "F32"), ("qwen3", "F16"), ("mistral", "Q4_0"),
-        ("qwen2_moe", "Q8_0"), ("qwen3_moe", "Q8_0"),
+        ("qwen2_moe", "Q8_0"), ("qwen3_moe", "Q8_0"), ("mixtral", "Q8_0"), ("olmoe", "Q8_0"),
     ):  # fmt: skip
         folder = make_tiny_model(arch, root / arch)
         out[arch] = folder, write_gguf(folder, root / f"{arch}.gguf", kind)
@@ -44,7 +44,9 @@ def greedy(model: Path, quantization: str = "none", **kwargs) -> tuple[list[list
     return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)], llm.runner.runtime["weights"]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize(
+    "arch", ["llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe"]
+)
 def test_a_dense_load_of_the_file_is_the_folders_model(models, arch: str) -> None:
     folder, file = models[arch]
     from_file, weights = greedy(file)
@@ -117,7 +119,7 @@ def test_a_tokenizer_folder_replaces_the_files_own(models) -> None:
     assert llm.runner.constraints._tokenizer_source == folder  # structured outputs use it too
 
 
-@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen3_moe", "mixtral", "olmoe"])
 def test_a_mixture_of_experts_file_served_quantized_matches_its_folder(models, arch: str) -> None:
     """The experts' stacked Q8_0 tensors kept packed, from the file alone (its config from the metadata)."""
     folder, file = models[arch]
