@@ -171,6 +171,7 @@ inline void tile(const float* x, int64_t x_stride, const float* xsum, const uint
   for (int64_t g = 0; g < groups; ++g) {
     for (int j = 0; j < NT; ++j) {
       const Scales sc = (j == 0 ? scales0 : scales1).at(g);
+      prefetch_ahead(block_of<T>(w + j * w_stride, g));
       const Decoder<T> dec(w + j * w_stride, g, sc);
       if constexpr (float_weights(T)) {
         for (int64_t c = 0; c < kChunks; ++c) {

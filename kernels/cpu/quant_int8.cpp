@@ -237,6 +237,7 @@ inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_s
     __m256i wc[NT], wabs[NT];
     Scales sc[NT];
     for (int j = 0; j < NT; ++j) {
+      prefetch_ahead(block_of<T>(w + j * w_stride, g));
       sc[j] = (j == 0 ? scales0 : scales1).at(g);
       wc[j] = codes_group<T>(w + j * w_stride, g);
       wabs[j] = signed_codes(T) ? _mm256_abs_epi8(wc[j]) : wc[j];
