@@ -186,6 +186,7 @@ inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_s
     __mmask64 neg[NT];
     __m512 a[NT];
     for (int j = 0; j < NT; ++j) {
+      prefetch_ahead(block_of<T>(w + j * w_stride, g));
       wc[j] = codes_pair<T, form>(w + j * w_stride, g, g + 1 < G);
       if constexpr (sign_x) {
         neg[j] = _mm512_movepi8_mask(wc[j]);
@@ -275,7 +276,10 @@ inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_s
   float acc[MT][NT] = {};
   int16_t codes[NT][kGroup];
   for (int64_t g = 0; g < G; ++g) {
-    for (int j = 0; j < NT; ++j) codes_at<T>(w + j * w_stride, g, codes[j]);
+    for (int j = 0; j < NT; ++j) {
+      prefetch_ahead(block_of<T>(w + j * w_stride, g));
+      codes_at<T>(w + j * w_stride, g, codes[j]);
+    }
     for (int i = 0; i < MT; ++i) {
       const int8_t* x = xq.q.data() + ((m0 + i) * Gp + g) * kGroup;
       const float sx = xq.sx8[((m0 + i) * Gp + g) * 8];
