@@ -18,6 +18,7 @@
 // (|Q8_0|), both below 32767.
 #include <ATen/Parallel.h>
 
+#include <cmath>
 #include <vector>
 
 #include "quant_codes_x86.h"
@@ -32,6 +33,7 @@ struct QuantX {
   std::vector<int8_t> q;    // [M][Gp * 32]
   std::vector<float> sx8;   // [M][Gp * 8]: each group's scale, 8 copies (one per int32 lane of its dot)
   std::vector<float> sxs;   // [M][Gp * 2]: scale * the sum of each half-group's codes
+  std::vector<float> sxg;   // [M][Gp]: scale * the sum of the group's codes (one offset per group)
   int64_t G, Gp;
 };
 
@@ -44,6 +46,7 @@ QuantX quantize_x(const float* x, int64_t M, int64_t K) {
   xq.q.assign(M * xq.Gp * kGroup, 0);
   xq.sx8.assign(M * xq.Gp * 8, 0.0f);
   xq.sxs.assign(M * xq.Gp * 2, 0.0f);
+  xq.sxg.assign(M * xq.Gp, 0.0f);
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / K), [&](int64_t begin, int64_t end) {
     alignas(64) float scaled[kGroup];
     for (int64_t m = begin; m < end; ++m) {
@@ -66,6 +69,7 @@ QuantX quantize_x(const float* x, int64_t M, int64_t K) {
         }
         for (int i = 0; i < 8; ++i) xq.sx8[(m * xq.Gp + g) * 8 + i] = d;
         for (int h = 0; h < 2; ++h) xq.sxs[(m * xq.Gp + g) * 2 + h] = d * static_cast<float>(sums[h]);
+        xq.sxg[m * xq.Gp + g] = d * static_cast<float>(sums[0] + sums[1]);
       }
     }
   });
@@ -254,8 +258,12 @@ inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_s
         const __m256 scale = half_scales(T) ? _mm256_setr_m128(_mm_set1_ps(sc[j].a[0] * sx), _mm_set1_ps(sc[j].a[1] * sx))
                                             : _mm256_set1_ps(sc[j].a[0] * sx);
         acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i][j]);
-        if constexpr (!signed_codes(T))
-          off[i][j] += sc[j].b[0] * xq.sxs[at * 2] + sc[j].b[1] * xq.sxs[at * 2 + 1];
+        // std::fma: one rounding whatever the compiler makes of the tile's shape (contracted or
+        // vectorised differently per MT, a row's sum would change with the rows beside it).
+        if constexpr (!signed_codes(T) && half_scales(T))
+          off[i][j] = std::fma(sc[j].b[1], xq.sxs[at * 2 + 1], std::fma(sc[j].b[0], xq.sxs[at * 2], off[i][j]));
+        else if constexpr (!signed_codes(T))
+          off[i][j] = std::fma(sc[j].b[0], xq.sxg[at], off[i][j]);  // one offset for the whole group
       }
     }
   }
