@@ -36,14 +36,24 @@ def portable_path(text: str) -> str:
     return text
 
 
+def portable_text(text: str) -> str:
+    """Free text (a command line, a server's log) with every path under one of the bases written from
+    that base, wherever in the text it stands."""
+    for base, name in _bases():
+        for root in {base, base.resolve()}:
+            if str(root) != "/":
+                text = text.replace(f"{root}/", f"{name}/")
+    return text
+
+
 def portable(value: Any) -> Any:
     """`value` (a report: dicts, lists, strings, numbers) with every such path made portable."""
     if isinstance(value, str):
-        return portable_path(value)
+        return portable_text(portable_path(value))
     if isinstance(value, Path):
         return portable_path(str(value))
     if isinstance(value, dict):
-        return {k: portable(v) for k, v in value.items()}
+        return {portable(k): portable(v) for k, v in value.items()}  # a key may be a command line
     if isinstance(value, list | tuple):
         return [portable(v) for v in value]
     return value

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedserve.ops.deploy.ops_client import wait_ok
+from pagedserve.ops.results import portable_text
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,6 +108,8 @@ def running_server(argv: list[str], base_url: str, log_path: Path, timeout_s: fl
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
+            log.flush()
+            log_path.write_text(portable_text(log_path.read_text(errors="replace")))  # a result file too
 
 
 def compare(ours: dict[str, Any], theirs: dict[str, Any]) -> list[dict[str, Any]]:

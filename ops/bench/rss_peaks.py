@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from pagedserve.ops.results import portable
+
 
 def descendants(pid: int) -> list[int]:
     """Every process under `pid`, from each process's parent in /proc/*/stat (/proc/PID/task/*/children
@@ -64,7 +66,7 @@ def main() -> None:
     peaks: dict[str, float] = {}
 
     def stop(*_: object) -> None:
-        out.write_text(json.dumps(peaks, indent=1))
+        out.write_text(json.dumps(portable(peaks), indent=1))  # its keys are command lines
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, stop)

@@ -21,7 +21,7 @@ concurrencies=${3:-"1 16 64"}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 out=$repo/bench/results
 port=${PORT:-8710}  # and the six ports above it (a peer's server on the defaults does not clash)
-export LLAMACPP_VENV=${LLAMACPP_VENV:-/work/main/.venv-llamacpp}
+export LLAMACPP_VENV=${LLAMACPP_VENV:-$repo/.venv-llamacpp}
 logdir=$(mktemp -d)
 
 "$repo/.venv/bin/pagedserve" serve "$model" --quantization gguf --num-threads 2 \
@@ -41,7 +41,7 @@ done
     grep -m1 "model name" /proc/cpuinfo
     for f in "$model"/*.gguf; do echo "file: $(stat -c %s "$f") $(basename "$f")"; done  # no machine path
     ps -o pid,rss,args --ppid $server | grep -v "ps -o"
-} | tee "$out/rss-$label.txt"
+} | sed -e "s#$repo/#./#g" -e "s#$HOME/#~/#g" | tee "$out/rss-$label.txt"  # no machine paths
 
 bench() {  # NAME ARGS...
     local name=$1; shift

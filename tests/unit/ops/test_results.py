@@ -17,6 +17,7 @@ MACHINE_PATH = re.compile(
             r"/(?:root|home|Users|tmp|var/folders)/",
             re.escape(str(Path.home())) + "/",
             re.escape(tempfile.gettempdir()) + "/",
+            re.escape(str(REPO)) + "/",  # this checkout's own place
         ]
     )
 )
@@ -43,6 +44,17 @@ def test_paths_are_written_from_the_cache_the_repo_the_temp_folder_or_home(tmp_p
     }
 
 
+def test_command_lines_and_logs_are_written_from_the_bases_too(tmp_path, monkeypatch) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("PAGEDSERVE_CACHE", str(cache))
+    line = f"2511 {REPO}/.venv/bin/python3.11 -m pagedserve.ops.cli worker --model {cache}/m.gguf"
+    assert portable({line: 61.5}) == {
+        "2511 ./.venv/bin/python3.11 -m pagedserve.ops.cli worker --model $PAGEDSERVE_CACHE/m.gguf": 61.5
+    }
+    log = f"srv load_model: loading model '{Path.home()}/models/x.gguf'"
+    assert portable(log) == "srv load_model: loading model '~/models/x.gguf'"
+
+
 def test_a_written_result_holds_no_machine_path(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "result.json"
@@ -52,7 +64,9 @@ def test_a_written_result_holds_no_machine_path(tmp_path, monkeypatch) -> None:
 
 
 def test_the_committed_results_hold_no_machine_path() -> None:
-    files = sorted(p for p in (REPO / "bench" / "results").iterdir() if p.suffix in (".json", ".txt", ".md"))
+    files = sorted(
+        p for p in (REPO / "bench" / "results").iterdir() if p.suffix in (".json", ".txt", ".md", ".log")
+    )
     assert files, "bench/results/ holds no result files"
     found = [f"{p.name}: {m.group(0)}" for p in files for m in MACHINE_PATH.finditer(p.read_text())]
     assert not found, "\n".join(found)
