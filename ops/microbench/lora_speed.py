@@ -182,12 +182,13 @@ def main() -> None:
             }
             results["cases"].append(case)  # type: ignore[union-attr]
             print(json.dumps(case))
-        # the baseline first, while lora0 is still in a slot (the hot load may evict it)
-        results["cached_arrival"] = arrival = hot_load_stall(
-            llm, spares[0], args, cached="lora0", name="cached"
-        )
-        print(json.dumps({"cached_arrival": arrival}))
         results["hot_loads"] = []
+        if spares:  # --hot-loads 0: the speed cases only
+            # the baseline first, while lora0 is still in a slot (the hot load may evict it)
+            results["cached_arrival"] = arrival = hot_load_stall(
+                llm, spares[0], args, cached="lora0", name="cached"
+            )
+            print(json.dumps({"cached_arrival": arrival}))
         for i, spare in enumerate(spares):
             hot_load = hot_load_stall(llm, spare, args, name=f"hot{i}")
             # What the load adds to the steps, over the same arrival without one.
