@@ -47,8 +47,9 @@ def runs_packed(type_name: str, dims: tuple[int, ...]) -> bool:
 
 # How the linears take their activations: `float32` (the default: results within float rounding of the
 # dequantized reference) or `int8` (each 32-block of a row quantized to int8 and integer dot products, as
-# llama.cpp does: faster at every batch size, ~0.5% relative error per linear, and greedy outputs drift
-# from the float32 reference; see docs/cpu-performance.md).
+# llama.cpp does, below the kernel's 24-row panels, which stay a float32 GEMM, faster there: ~0.5%
+# relative error per linear, and greedy outputs drift from the float32 reference; see
+# docs/cpu-performance.md).
 ACTIVATIONS_ENV = "PAGEDSERVE_QUANT_ACTIVATIONS"
 ACTIVATION_MODES = {"float32": 0, "int8": 1}  # quant_linear's `mode`
 

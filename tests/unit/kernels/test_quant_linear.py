@@ -33,7 +33,7 @@ from pagedserve.services.worker.layers.quant_linear import KERNEL_TYPES
 
 TYPES = KERNEL_TYPES  # every type the kernel runs: F16, BF16, Q4_0 ... Q6_K, IQ4_NL, IQ4_XS
 INTEGER_TYPES = [t for t in TYPES if t not in ("F16", "BF16")]  # the int8-activation path's
-FLOAT, INT_ANY_ROWS, INT, INT_NO_VNNI, TILES, PANELS = 0, 1, 2, 3, 4, 5  # quant_linear's mode
+FLOAT, INT_BELOW_PANELS, INT, INT_NO_VNNI, TILES, PANELS = 0, 1, 2, 3, 4, 5  # quant_linear's mode
 PANEL_ROWS = 24  # quant_linear.cpp's kPanelRows: from this many rows mode 0 decodes panels for a GEMM
 
 
@@ -129,7 +129,9 @@ def test_mode_0_switches_to_panels_at_the_threshold(ops: Any) -> None:
     assert not torch.equal(ops.quant_linear(at, blocks, 2, None, TILES), panels)  # their sums' orders differ
 
 
-@pytest.mark.parametrize("mode", [INT, INT_NO_VNNI, INT_ANY_ROWS], ids=["int", "int-novnni", "int-mode-1"])
+@pytest.mark.parametrize(
+    "mode", [INT, INT_NO_VNNI, INT_BELOW_PANELS], ids=["int", "int-novnni", "int-mode-1"]
+)
 @pytest.mark.parametrize("type_name", INTEGER_TYPES)
 def test_int8_activations_stay_within_the_quantization_bound(ops: Any, mode: int, type_name: str) -> None:
     superblock = gguf.constants.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]][0] == 256
@@ -151,15 +153,16 @@ def test_int8_activations_stay_within_the_quantization_bound(ops: Any, mode: int
         assert (err <= 0.01 * magnitude).all(), (rows, k)
 
 
-def test_mode_1_takes_int8_activations_at_every_row_count(ops: Any) -> None:
+def test_mode_1_takes_int8_activations_below_the_panels_and_the_panels_from_there(ops: Any) -> None:
     blocks, _ = weights("Q4_1", 8, 256)
     x = torch.randn(64, 256)
-    for rows in (1, 7, 8, 64):
+    for rows in (1, 7, 8, PANEL_ROWS - 1, PANEL_ROWS, 64):
         float_out = ops.quant_linear(x[:rows], blocks, 3, None, FLOAT)
         int_out = ops.quant_linear(x[:rows], blocks, 3, None, INT)
         assert not torch.equal(float_out, int_out)  # the two modes are told apart
         assert torch.equal(ops.quant_linear(x[:rows], blocks, 3, None), float_out)  # the default: float
-        assert torch.equal(ops.quant_linear(x[:rows], blocks, 3, None, INT_ANY_ROWS), int_out), rows
+        expected = int_out if rows < PANEL_ROWS else float_out  # the panels' float32 GEMM
+        assert torch.equal(ops.quant_linear(x[:rows], blocks, 3, None, INT_BELOW_PANELS), expected), rows
     with pytest.raises(RuntimeError, match="mode must be 0-5"):
         ops.quant_linear(x, blocks, 3, None, 6)
 
@@ -171,7 +174,7 @@ def test_float_weights_take_float_activations_in_every_mode(ops: Any, type_name:
     for rows in (3, 40):
         x = torch.randn(rows, 256)
         float_out = ops.quant_linear(x, blocks, TYPES[type_name], None, FLOAT)
-        for mode in (INT_ANY_ROWS, INT, INT_NO_VNNI):
+        for mode in (INT_BELOW_PANELS, INT, INT_NO_VNNI):
             assert torch.equal(ops.quant_linear(x, blocks, TYPES[type_name], None, mode), float_out)
 
 
