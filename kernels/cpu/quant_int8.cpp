@@ -12,7 +12,8 @@
 //             vpmaddubsw + vpmaddwd); signed codes (Q8_0, IQ4) +128 under VNNI (the 128 * sum(q) comes
 //             back through b), |code| and the sign moved onto x without it. 8 rows x 2 outputs a tile.
 //   avx2      one group per 256-bit register, vpmaddubsw + vpmaddwd (no VNNI needed: the EPYC Zen 3 has
-//             none), signed codes by vpsignb. 4 x 2 a tile.
+//             none), signed codes by vpsignb. 4 x 2 a tile. Its scales come from each group's block as
+//             it goes and its b term is a scalar per (row, output) in group order (see its int_tile).
 //   portable  a plain C++ integer dot per half-group (no intrinsics; the compiler vectorizes).
 // vpmaddubsw sums two products into int16 with saturation: at most 2 * 63 * 127 (Q6_K) or 2 * 128 * 127
 // (|Q8_0|), both below 32767.
