@@ -353,7 +353,7 @@ void int8_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w
   const int64_t Gp = xq.Gp;
   const int64_t pairs = (N + 1) / 2;
   at::parallel_for(0, pairs, (grain(M, K) + 1) / 2, [&](int64_t begin, int64_t end) {
-    std::vector<float> a8(2 * Gp * 8), bsc(2 * 2 * Gp);
+    std::vector<float> a8(kScalesInline ? 0 : 2 * Gp * 8), bsc(kScalesInline ? 0 : 2 * 2 * Gp);
     for (int64_t p = begin; p < end; ++p) {
       const int64_t n = 2 * p;
       const int nt = n + 1 < N ? 2 : 1;

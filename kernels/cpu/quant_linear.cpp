@@ -17,9 +17,9 @@
 //
 // mode 0 (the default), float32 activations: results within float rounding of the dequantized reference.
 //
-// modes 1-3, int8 activations (1: from kIntRows rows on, now 1, and below kPanelRows, where the panels
-// take over; 2: always; 3: always, without VNNI; quant_int8.cpp): each activation row quantized to int8 per 32-block, then integer dot products
-// with the codes. This is what llama.cpp does (its Q8_0/Q8_1 activations), so it is the fair comparison
+// modes 1-3, int8 activations (1: below kPanelRows, the panels from there; 2: always; 3: always,
+// without VNNI; quant_int8.cpp): each activation row quantized to int8 per 32-block, then integer dot
+// products with the codes. This is what llama.cpp does (its Q8_0/Q8_1 activations), so it is the fair comparison
 // with it; it moves each output by up to (max|x| of each block / 254) * sum|w| of the block (~0.5%
 // relative on the tiny models' linears), which flips greedy near-ties: on the bundled SmolLM2 3 of 8
 // 16-token greedy outputs stayed equal to the float32 reference's where the float path holds 7 of 8. So
@@ -40,14 +40,12 @@ namespace {
 
 using namespace quant;
 
-// Rows from which `mode` 1 runs the integer path, and below which it does (from kPanelRows on the panels'
-// float32 GEMM is faster: a 512-token prefill of the 1B MoE took 2.6 s in int8 against 1.75 s, Zen 3).
-// From 8 rows until Dec 2026, when the avx2 path at one row ran no faster than float (its scales were
-// copied out per weight row first); now int8 is as fast or faster at every row count below the panels
-// on every ISA path (docs/cpu-performance.md).
-constexpr int64_t kIntRows = 1;
-
-// Rows from which mode 0 runs the panel path (measured: see quant_float.cpp's panel comment).
+// Rows from which modes 0 and 1 run the panel path (measured: see quant_float.cpp's panel comment). Mode
+// 1 runs int8 below it, from the first row: until Dec 2026 from 8 rows, when the avx2 path at one row
+// ran no faster than float (its scales were copied out per weight row first); now int8 is as fast or
+// faster at every row count below the panels on every ISA path, and the panels' float32 GEMM faster
+// from there (a 512-token prefill of the 1B MoE: 2.6 s in int8 against 1.75 s, Zen 3;
+// docs/cpu-performance.md).
 constexpr int64_t kPanelRows = 24;
 
 // Whether this CPU runs vpdpbusd (avx512 path only; the build itself never assumes it).
@@ -77,11 +75,10 @@ void check_weight(const char* op, const at::Tensor& qweight, int64_t type, int64
 }
 
 // mode: 0 float32 activations (the default: results within float rounding of the dequantized
-// reference; tiles below kPanelRows rows, panels from there), 1 int8 activations from kIntRows rows on
-// (float below) and the float32 panels from kPanelRows, 2 int8 activations at any row count, 3 int8
-// activations without VNNI (avx512's
-// maddubs form, which the tests run on a VNNI CPU too), 4 float32 tiles and 5 float32 panels at any
-// row count (tests and A/B runs of the two float paths).
+// reference; tiles below kPanelRows rows, panels from there), 1 int8 activations below kPanelRows and
+// the float32 panels from there, 2 int8 activations at any row count, 3 int8 activations without VNNI
+// (avx512's maddubs form, which the tests run on a VNNI CPU too), 4 float32 tiles and 5 float32 panels
+// at any row count (tests and A/B runs of the two float paths).
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, int64_t type,
                         const c10::optional<at::Tensor>& bias, int64_t mode) {
   TORCH_CHECK(mode >= 0 && mode <= 5, "quant_linear: mode must be 0-5, got ", mode);
@@ -100,7 +97,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, int64_t 
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   const uint8_t* w = qweight.data_ptr<uint8_t>();
   const int64_t stride = qweight.size(0) > 1 ? qweight.stride(0) : qweight.size(1);
-  const bool integer = mode == 2 || mode == 3 || (mode == 1 && M >= kIntRows && M < kPanelRows);
+  const bool integer = mode == 2 || mode == 3 || (mode == 1 && M < kPanelRows);
   if (mode == 5 || ((mode == 0 || mode == 1) && M >= kPanelRows))
     linear_panels(type, xc, w, stride, b, out);
   else if (integer)
