@@ -48,9 +48,9 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path,
     for arch in MOE_ARCHITECTURES:
         # llama.cpp's converter keeps no clip_qkv for OLMoE (the released model has none) and maps no
         # dense layer inside a Qwen MoE (the released ones have none), so the tiny models have neither.
-        overrides = (
-            {"clip_qkv": None} if arch == "olmoe" else {"mlp_only_layers": [], "decoder_sparse_step": 1}
-        )
+        overrides: dict = {"clip_qkv": None} if arch == "olmoe" else {}
+        if arch.startswith("qwen"):
+            overrides = {"mlp_only_layers": [], "decoder_sparse_step": 1}
         folder = make_tiny_model(arch, root / arch, **overrides)
         out[arch] = folder, convert(converter, folder, root / f"{arch}-f32.gguf", "f32")
     return out
