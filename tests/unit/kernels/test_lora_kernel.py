@@ -64,6 +64,24 @@ def test_matches_float64_sums(lora_delta_, case) -> None:
     assert torch.equal(out[base].double(), expected[base])  # base rows untouched, bit for bit
 
 
+@pytest.mark.parametrize("rank", [16, 7])  # whole blocks of four ranks, and a tail
+def test_a_row_gets_the_same_bits_alone_as_with_others(lora_delta_, rank) -> None:
+    """Rows that share a slot are summed two at a time (one load of A for both); speculative
+    verification compares a row scored among others with the same row alone, so it must not move a bit."""
+    gen = torch.Generator().manual_seed(rank)
+    a = torch.randn(3, 2, rank, 576, generator=gen)
+    b = [torch.randn(3, rank, width, generator=gen) for width in (576, 100)]
+    x = torch.randn(9, 576, generator=gen)
+    row_slots = torch.tensor([0, 1, 0, 0, 2, -1, 1, 0, 2])
+    together = torch.zeros(9, 676)
+    torch.set_num_threads(2)
+    lora_delta_(together, x, a, b, row_slots)
+    for m in range(9):
+        alone = torch.zeros(1, 676)
+        lora_delta_(alone, x[m : m + 1], a, b, row_slots[m : m + 1])
+        assert torch.equal(alone[0], together[m]), m
+
+
 def test_row_strides_and_many_threads(lora_delta_) -> None:
     """x and out as views with a row stride past their width (a fused projection's slice), and a
     call big enough to split over threads."""
