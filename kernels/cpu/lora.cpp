@@ -12,15 +12,16 @@
 // the masked form multiplies every row by every slot. Here the rows are grouped by slot, so each
 // slot's A and B stream from memory once a call however many of its rows the step holds, and
 // nothing is multiplied by a slot the row does not use (punica's BGMV, on CPU cores):
-//   shrink  one item per (slot in use, part): the slot's R rows of A against each of its rows of x
-//           (dot products of length in, two rows at a time so each vector of A is loaded once),
-//           into xa [rows, parts, R] in float32;
-//   expand  one item per (slot in use, part, kColumns of its output): R rows of the slot's B over
-//           those columns stay in L1 while each of the slot's rows adds its xa-weighted sum of them
-//           to out, in vector registers. Slots own disjoint rows of out, so their items never write
-//           the same bytes; a static schedule in blocks gives each thread consecutive columns of one
-//           slot's B, which it reads as R forward streams.
-// Both in one OpenMP region (a barrier between them), so a call wakes the threads once.
+//   shrink  one item per (slot in use, part, up to kShrinkRows of its rows): the slot's R rows of A
+//           against each of those rows of x (dot products of length in, two rows at a time so each
+//           vector of A is loaded once), into xa [rows, parts, R] in float32;
+//   expand  one item per (slot in use, part, kColumns of its output, up to kExpandRows of its rows):
+//           R rows of the slot's B over those columns stay in L1 while each of those rows adds its
+//           xa-weighted sum of them to out, in vector registers. Items own disjoint parts of out, so
+//           they never write the same bytes; a static schedule in blocks gives each thread
+//           consecutive columns of one slot's B, which it reads as R forward streams.
+// Both in one OpenMP region (a barrier between them), so a call wakes the threads once. The row
+// limits matter to a prefill's many rows of one adapter, which would otherwise be one shrink item a part.
 // Every row is summed in the same order whichever rows share its slot and call (speculative
 // verification compares a row scored with others to the same row alone).
 //
@@ -53,6 +54,9 @@ constexpr int64_t kLanes = Vec::size();
 // Output columns per expand item: at R 16, 8 KB of B, which stays in L1 across the slot's rows (64 to
 // 512 measured the same).
 constexpr int64_t kColumns = 128;
+// Rows of one slot an expand item takes at most: a prefill's rows of one adapter split over the threads
+// too, where its columns alone make too few items to share evenly (576 columns: 5 items).
+constexpr int64_t kExpandRows = 32;
 // Below this many multiply-adds a call runs on one thread: waking the second costs more.
 constexpr int64_t kWorkPerThread = 1 << 16;
 
@@ -114,11 +118,14 @@ void dots_pair(const float* x0, const float* x1, const float* a, int64_t in, flo
   }
 }
 
-// The slot's R rows of A for part p against each of its rows of x -> xa[row, p, :].
-void shrink(const Stacks& s, int64_t slot, int64_t p, const std::vector<int64_t>& rows, const float* x,
+// Rows of one slot a shrink item takes at most: a prefill's hundreds of rows of one adapter split
+// over the threads (A, 36 KB a part at R 16 and 576 in, is read again per item from L2).
+constexpr int64_t kShrinkRows = 16;
+
+// The slot's R rows of A for part p against `n` of its rows of x -> xa[row, p, :].
+void shrink(const Stacks& s, int64_t slot, int64_t p, const int64_t* rows, int64_t n, const float* x,
             int64_t x_stride, float* xa) {
   const float* a = s.a + (slot * s.parts + p) * s.rank * s.in;
-  const int64_t n = static_cast<int64_t>(rows.size());
   auto out_of = [&](int64_t m, int64_t r) { return xa + (m * s.parts + p) * s.rank + r; };
   for (int64_t r = 0; r < s.rank; r += kRanks) {
     const int64_t ranks = std::min(kRanks, s.rank - r);
@@ -134,12 +141,14 @@ void shrink(const Stacks& s, int64_t slot, int64_t p, const std::vector<int64_t>
 // Output vectors one expand pass keeps in registers: each its own chain of R multiply-adds.
 constexpr int64_t kVectors = 4;
 
-// out[m, part p's columns c0..c1) += sum_r xa[m, p, r] * b[p][slot, r, c] for the slot's rows.
-void expand(const Stacks& s, int64_t slot, int64_t p, int64_t c0, int64_t c1, const std::vector<int64_t>& rows,
+// out[m, part p's columns c0..c1) += sum_r xa[m, p, r] * b[p][slot, r, c] for `n` of the slot's rows.
+// (Rows in pairs sharing each vector of B, as the shrink pairs them, measured no faster: 8 to 1024 rows.)
+void expand(const Stacks& s, int64_t slot, int64_t p, int64_t c0, int64_t c1, const int64_t* rows, int64_t n,
             const float* xa, float* out, int64_t out_stride) {
   const int64_t width = s.width[p];
   const float* b = s.b[p] + slot * s.rank * width;
-  for (int64_t m : rows) {
+  for (const int64_t* row = rows; row < rows + n; ++row) {
+    const int64_t m = *row;
     const float* w = xa + (m * s.parts + p) * s.rank;
     float* o = out + m * out_stride + s.first[p];
     int64_t c = c0;
@@ -154,10 +163,10 @@ void expand(const Stacks& s, int64_t slot, int64_t p, int64_t c0, int64_t c1, co
       for (int64_t v = 0; v < kVectors; ++v) acc[v].store(o + c + v * kLanes);
     }
     for (; c < c1; c += kLanes) {  // the last vectors, one at a time (a masked tail at most)
-      const int n = static_cast<int>(std::min(kLanes, c1 - c));
-      Vec acc = Vec::loadu(o + c, n);
-      for (int64_t r = 0; r < s.rank; ++r) acc = at::vec::fmadd(Vec(w[r]), Vec::loadu(b + r * width + c, n), acc);
-      acc.store(o + c, n);
+      const int tail = static_cast<int>(std::min(kLanes, c1 - c));
+      Vec acc = Vec::loadu(o + c, tail);
+      for (int64_t r = 0; r < s.rank; ++r) acc = at::vec::fmadd(Vec(w[r]), Vec::loadu(b + r * width + c, tail), acc);
+      acc.store(o + c, tail);
     }
   }
 }
@@ -210,16 +219,27 @@ void lora_delta_(at::Tensor& out, const at::Tensor& x, const at::Tensor& a, at::
   }
   if (used.empty()) return;
 
-  std::vector<int64_t> chunk_slot, chunk_part, chunk_start;  // expand items: (slot, part, first column)
+  struct ExpandItem {
+    int64_t slot, part, c0, first, count;  // columns [c0, c0 + kColumns) of rows_of[slot][first, first + count)
+  };
+  std::vector<ExpandItem> expands;
+  for (int64_t slot : used) {
+    const int64_t n = static_cast<int64_t>(rows_of[slot].size());
+    for (int64_t p = 0; p < s.parts; ++p)
+      for (int64_t c = 0; c < s.width[p]; c += kColumns)
+        for (int64_t first = 0; first < n; first += kExpandRows)
+          expands.push_back({slot, p, c, first, std::min(kExpandRows, n - first)});
+  }
+  struct ShrinkItem {
+    int64_t slot, part, first, count;  // rows_of[slot][first, first + count)
+  };
+  std::vector<ShrinkItem> shrinks;
   for (int64_t slot : used)
     for (int64_t p = 0; p < s.parts; ++p)
-      for (int64_t c = 0; c < s.width[p]; c += kColumns) {
-        chunk_slot.push_back(slot);
-        chunk_part.push_back(p);
-        chunk_start.push_back(c);
-      }
-  const int64_t shrink_items = static_cast<int64_t>(used.size()) * s.parts;
-  const int64_t expand_items = static_cast<int64_t>(chunk_part.size());
+      for (int64_t first = 0; first < static_cast<int64_t>(rows_of[slot].size()); first += kShrinkRows)
+        shrinks.push_back({slot, p, first, std::min(kShrinkRows, static_cast<int64_t>(rows_of[slot].size()) - first)});
+  const int64_t shrink_items = static_cast<int64_t>(shrinks.size());
+  const int64_t expand_items = static_cast<int64_t>(expands.size());
   int64_t adapter_rows = 0;
   for (int64_t slot : used) adapter_rows += static_cast<int64_t>(rows_of[slot].size());
   const int64_t work = adapter_rows * s.rank * (s.in * s.parts + column);
@@ -234,15 +254,15 @@ void lora_delta_(at::Tensor& out, const at::Tensor& x, const at::Tensor& a, at::
   {
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < shrink_items; ++item) {
-      const int64_t slot = used[item / s.parts];
-      shrink(s, slot, item % s.parts, rows_of[slot], xs, x_stride, xa.data());
+      const ShrinkItem& it = shrinks[item];
+      shrink(s, it.slot, it.part, rows_of[it.slot].data() + it.first, it.count, xs, x_stride, xa.data());
     }
     // (the implicit barrier: every xa is written before any expand reads it)
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < expand_items; ++item) {
-      const int64_t slot = chunk_slot[item], p = chunk_part[item], c0 = chunk_start[item];
-      const int64_t c1 = std::min(c0 + kColumns, s.width[p]);
-      expand(s, slot, p, c0, c1, rows_of[slot], xa.data(), os, out_stride);
+      const ExpandItem& it = expands[item];
+      const int64_t c1 = std::min(it.c0 + kColumns, s.width[it.part]);
+      expand(s, it.slot, it.part, it.c0, c1, rows_of[it.slot].data() + it.first, it.count, xa.data(), os, out_stride);
     }
   }
 }
