@@ -100,6 +100,24 @@ class GGUFArchitecture:
     adjust: Callable[[dict[str, Any], GGUFModel], None] | None = None  # anything a rename cannot say
 
 
+def _qwen_moe(
+    hf_architecture: str, model_type: str, *, renormalise: bool, shared_expert: bool = False
+) -> GGUFArchitecture:
+    """A Qwen mixture of experts: every expert key required, the chosen experts' weights renormalised
+    or not (norm_topk_prob), and qwen2moe's always-on shared expert beside them."""
+    fields = dict(MOE_FIELDS)
+    if shared_expert:
+        fields["expert_shared_feed_forward_length"] = "shared_expert_intermediate_size"
+    return GGUFArchitecture(
+        hf_architecture,
+        model_type,
+        fields=fields,
+        fixed={"norm_topk_prob": renormalise},
+        required=tuple(fields),
+        adjust=_moe_layers,
+    )
+
+
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "llama": GGUFArchitecture("LlamaForCausalLM", "llama", fields=MOE_FIELDS, adjust=_mixtral),
     "qwen2": GGUFArchitecture("Qwen2ForCausalLM", "qwen2"),
@@ -123,22 +141,8 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "phi3": GGUFArchitecture("Phi3ForCausalLM", "phi3", adjust=gguf_gemma_phi.phi3),
     # Mixtures of experts. llama.cpp renormalises the chosen experts' weights for qwen3moe and not for
     # qwen2moe, as the released models' Hugging Face configs say (norm_topk_prob).
-    "qwen3moe": GGUFArchitecture(
-        "Qwen3MoeForCausalLM",
-        "qwen3_moe",
-        fields=MOE_FIELDS,
-        fixed={"norm_topk_prob": True},
-        required=tuple(MOE_FIELDS),
-        adjust=_moe_layers,
-    ),
-    "qwen2moe": GGUFArchitecture(
-        "Qwen2MoeForCausalLM",
-        "qwen2_moe",
-        fields={**MOE_FIELDS, "expert_shared_feed_forward_length": "shared_expert_intermediate_size"},
-        fixed={"norm_topk_prob": False},
-        required=(*MOE_FIELDS, "expert_shared_feed_forward_length"),
-        adjust=_moe_layers,
-    ),
+    "qwen3moe": _qwen_moe("Qwen3MoeForCausalLM", "qwen3_moe", renormalise=True),
+    "qwen2moe": _qwen_moe("Qwen2MoeForCausalLM", "qwen2_moe", renormalise=False, shared_expert=True),
     # q/k norms over the whole projection; experts `feed_forward_length` wide, weights not renormalised
     # (OLMoE's norm_topk_prob, which llama.cpp hard-codes). llama.cpp's converter writes no clamp for
     # OLMoE (the released model has none); a file that states one (`attention.clamp_kqv`) gets it.
