@@ -53,7 +53,7 @@ def layer_us(rows: int, slots: int, rank: int, path: str, repeat: int = 200) -> 
         linear = LoRALinear(_NoBase(in_features, start), batch, slots, parts)
         for slot in range(slots):
             packed = tuple(
-                (p, 0.02 * torch.randn(rank, in_features), 0.02 * torch.randn(out, rank))
+                (p, 0.02 * torch.randn(rank, in_features), 0.02 * torch.randn(rank, out))
                 for p, out in enumerate(outs)
             )
             linear.fill(slot, PackedLoRA(packed))

@@ -156,16 +156,17 @@ class LoRALinear(nn.Module):
             self._grow(rank, packed.parts[0][1].dtype)
         # Each byte of the slot written once (a hot load fills ~20 MB inside a step): the adapter's
         # rows copied, only the padding past its rank and the parts it leaves out zeroed.
-        given = {part: (a, b) for part, a, b in packed.parts}
+        given = {part: (a, bt) for part, a, bt in packed.parts}
         for part in range(len(self.parts)):
             r = 0
             if part in given:
-                a, b = given[part]
+                a, bt = given[part]
                 r = a.shape[0]
                 self.a[slot, part, :r].copy_(a)
-                self.b[part][slot, :r].copy_(b.t())
-            self.a[slot, part, r:].zero_()
-            self.b[part][slot, r:].zero_()
+                self.b[part][slot, :r].copy_(bt)
+            if r < self.rank:
+                self.a[slot, part, r:].zero_()
+                self.b[part][slot, r:].zero_()
         self.filled[slot] = True
 
     def _grow(self, rank: int, dtype: torch.dtype) -> None:

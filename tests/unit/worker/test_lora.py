@@ -193,7 +193,7 @@ def test_lora_linear_adds_each_rows_adapter_delta_by_slice_or_gather():
     layer = LoRALinear(base, batch, num_slots=2)
     weights = [(torch.randn(4, 16), torch.randn(12, 4)), (torch.randn(2, 16), torch.randn(12, 2))]
     for slot, (a, b) in enumerate(weights):
-        layer.fill(slot, PackedLoRA(((0, a, b),)))
+        layer.fill(slot, PackedLoRA(((0, a, b.t().contiguous()),)))  # B travels transposed
     x = torch.randn(6, 16)
     row_slots = [0, -1, 0, 1, 1, -1]
     batch.set_rows(row_slots)
@@ -234,8 +234,12 @@ def test_lora_linear_fused_parts_of_different_ranks_and_a_missing_part():
     layer = LoRALinear(base, batch, num_slots=3, parts=parts)
     slot0 = ((0, torch.randn(3, 8), torch.randn(4, 3)), (2, torch.randn(5, 8), torch.randn(3, 5)))
     slot1 = ((1, torch.randn(2, 8), torch.randn(3, 2)),)
-    layer.fill(1, PackedLoRA(slot1))  # rank 2 first: filling slot 0 grows the stacks and keeps it
-    layer.fill(0, PackedLoRA(slot0))
+
+    def packed(parts: tuple) -> PackedLoRA:  # B travels transposed
+        return PackedLoRA(tuple((part, a, b.t().contiguous()) for part, a, b in parts))
+
+    layer.fill(1, packed(slot1))  # rank 2 first: filling slot 0 grows the stacks and keeps it
+    layer.fill(0, packed(slot0))
     x = torch.randn(5, 8)
     row_slots = [1, 0, -1, 0, 1]
 
