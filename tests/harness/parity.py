@@ -18,7 +18,7 @@ import torch
 from pagedserve import LLM
 from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.shared.protocol.frontend import SamplingParams
-from pagedserve.shared.protocol.step import Execute, NewRequest, WorkerSampling
+from pagedserve.shared.protocol.step import CachedRequest, Execute, NewRequest, WorkerSampling
 
 _GREEDY = WorkerSampling.of(SamplingParams(temperature=0.0), None)
 
@@ -89,6 +89,29 @@ def prefill_logits(runner: ModelRunner, prompts: list[list[int]]) -> torch.Tenso
     _result, logits = runner.execute_with_logits(step)
     assert logits is not None  # a step that samples returns its logits
     return logits
+
+
+def chunked_prefill_logits(runner: ModelRunner, prompts: list[list[int]], chunk: int) -> torch.Tensor:
+    """Our logits at each prompt's last position, each prompt prefilled alone in steps of at most
+    `chunk` tokens: every step has at most `chunk` rows (the quantized kernels' few-row paths)."""
+    rows, step_no = [], 0
+    for i, prompt in enumerate(prompts):
+        blocks = list(range(-(-len(prompt) // runner.block_size)))
+        logits = None
+        for done in range(0, len(prompt), chunk):
+            n = min(chunk, len(prompt) - done)
+            step = Execute(step_no)
+            if done == 0:
+                step.new_requests.append(NewRequest(f"c{i}", prompt, len(prompt), 0, n, blocks, _GREEDY))
+            else:
+                step.cached_requests.append(CachedRequest(f"c{i}", n))
+            _result, logits = runner.execute_with_logits(step)
+            step_no += 1
+        assert logits is not None  # the last chunk samples
+        rows.append(logits[0])
+        runner.execute(Execute(step_no, finished_ids=[f"c{i}"]))  # its blocks are the next prompt's
+        step_no += 1
+    return torch.stack(rows)
 
 
 def assert_prefill_matches_transformers(

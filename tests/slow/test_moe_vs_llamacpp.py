@@ -14,9 +14,17 @@ activations' rounding through a stack of quantized linears is of that order, and
 another expert moves the prompt's logits as a whole. Seen on the Q4_0 file, 24 prompts: 3 prompts at KL
 0.2-0.9 in float32 mode, 3 in int8 mode; on two of them both our modes agree with transformers over the
 GGUF's dequantized weights (KL 0.0000 on the 8 checked) and llama.cpp's logits differ from all three.
-So: at most 4 of the 24 prompts at KL >= 0.05; on the others top-1 equal, except where llama.cpp's own
-two best logits are within 0.2 (a coin flip for any two arithmetics: seen at gaps of 0.005 and 0.04);
-and the median KL under 0.01. Skips, saying so, where the venv is absent."""
+So: at most 4 of the 24 prompts at KL >= 0.05 in float32 mode; on the others top-1 equal, except where
+llama.cpp's own two best logits are within 0.2 (a coin flip for any two arithmetics: seen at gaps of
+0.005 and 0.04); and the median KL under 0.01.
+
+int8 mode is scored as decode rows are run: each prompt alone, in steps of INT8_CHUNK tokens, so every
+row takes the integer dot products (a whole batch of prompts in one step is past the panels' 24 rows,
+which int8 mode runs in float32: until Dec 2026 this test scored that way and so compared float32 with
+llama.cpp in both modes). int8 activations round each linear's input to 8 bits a block, coarser than
+float32, and more near-tied experts flip: measured 5 of 24 prompts at KL >= 0.05 on Q4_0 and 2 on Q8_0
+(float32 mode: 3 and 1), not the same prompts as float32's, the others at KL 0.0005-0.004 as in float32
+mode. Its bound is 6 (a quarter of the prompts). Skips, saying so, where the venv is absent."""
 
 from __future__ import annotations
 
@@ -25,8 +33,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_quantized_vs_llamacpp import INT8_CHUNK, llamacpp_last_logits, ours_against
 from test_quantized_vs_llamacpp import PROMPTS as DENSE_PROMPTS
-from test_quantized_vs_llamacpp import llamacpp_last_logits, ours_against
 
 from pagedserve.ops.bench.llamacpp_server import llamacpp_venv, llamacpp_venv_ready
 from pagedserve.ops.models.random_moe_gguf import Shape, make_folder
@@ -35,6 +43,9 @@ from pagedserve.services.worker.runner import ModelRunner
 from pagedserve.services.worker.weights.gguf_weights import gguf_source
 
 pytestmark = pytest.mark.slow
+
+# Prompts at KL >= 0.05 allowed per activation mode (see the policy above).
+REROUTED_AT_MOST = {"float32": 4, "int8": 6}
 
 PROMPTS = [
     *DENSE_PROMPTS,
@@ -78,11 +89,11 @@ def test_moe_logits_agree_with_llamacpp_on_the_same_gguf(moe_and_logits, activat
     monkeypatch.setenv("PAGEDSERVE_QUANT_ACTIVATIONS", activations)  # read as the linears are built
     runner = ModelRunner(folder, quantization="gguf", block_size=16, num_blocks=64)
     assert runner.runtime["weights"].startswith("gguf Q"), runner.runtime
-    ours, kl = ours_against(theirs, runner, prompts)
+    ours, kl = ours_against(theirs, runner, prompts, INT8_CHUNK if activations == "int8" else None)
     assert theirs.std(-1).min().item() > 0.5, "llama.cpp's logits are flat: the model says nothing to compare"
     assert all(math.isfinite(v) for v in kl.tolist()), kl.tolist()
     rerouted = kl >= 0.05
-    assert rerouted.sum().item() <= 4 and kl.median().item() < 0.01, kl.tolist()
+    assert rerouted.sum().item() <= REROUTED_AT_MOST[activations] and kl.median().item() < 0.01, kl.tolist()
     best_two = theirs.topk(2).values
     clear = (best_two[:, 0] - best_two[:, 1] >= 0.2) & ~rerouted
     differs = clear & (ours.argmax(-1) != theirs.argmax(-1))
