@@ -21,7 +21,7 @@
 //           they never write the same bytes; a static schedule in blocks gives each thread
 //           consecutive columns of one slot's B, which it reads as R forward streams.
 // Both in one OpenMP region (a barrier between them), so a call wakes the threads once. The row
-// limits matter to a prefill's many rows of one adapter, which would otherwise be one shrink item a part.
+// limits matter to a prefill's many rows of one adapter, otherwise one shrink item a part.
 // Every row is summed in the same order whichever rows share its slot and call (speculative
 // verification compares a row scored with others to the same row alone).
 //
@@ -220,7 +220,7 @@ void lora_delta_(at::Tensor& out, const at::Tensor& x, const at::Tensor& a, at::
   if (used.empty()) return;
 
   struct ExpandItem {
-    int64_t slot, part, c0, first, count;  // columns [c0, c0 + kColumns) of rows_of[slot][first, first + count)
+    int64_t slot, part, c0, first, count;  // columns [c0, c0 + kColumns) of rows_of[slot][first, + count)
   };
   std::vector<ExpandItem> expands;
   for (int64_t slot : used) {
@@ -234,10 +234,12 @@ void lora_delta_(at::Tensor& out, const at::Tensor& x, const at::Tensor& a, at::
     int64_t slot, part, first, count;  // rows_of[slot][first, first + count)
   };
   std::vector<ShrinkItem> shrinks;
-  for (int64_t slot : used)
+  for (int64_t slot : used) {
+    const int64_t n = static_cast<int64_t>(rows_of[slot].size());
     for (int64_t p = 0; p < s.parts; ++p)
-      for (int64_t first = 0; first < static_cast<int64_t>(rows_of[slot].size()); first += kShrinkRows)
-        shrinks.push_back({slot, p, first, std::min(kShrinkRows, static_cast<int64_t>(rows_of[slot].size()) - first)});
+      for (int64_t first = 0; first < n; first += kShrinkRows)
+        shrinks.push_back({slot, p, first, std::min(kShrinkRows, n - first)});
+  }
   const int64_t shrink_items = static_cast<int64_t>(shrinks.size());
   const int64_t expand_items = static_cast<int64_t>(expands.size());
   int64_t adapter_rows = 0;
@@ -262,7 +264,8 @@ void lora_delta_(at::Tensor& out, const at::Tensor& x, const at::Tensor& a, at::
     for (int64_t item = 0; item < expand_items; ++item) {
       const ExpandItem& it = expands[item];
       const int64_t c1 = std::min(it.c0 + kColumns, s.width[it.part]);
-      expand(s, it.slot, it.part, it.c0, c1, rows_of[it.slot].data() + it.first, it.count, xa.data(), os, out_stride);
+      expand(s, it.slot, it.part, it.c0, c1, rows_of[it.slot].data() + it.first, it.count, xa.data(), os,
+             out_stride);
     }
   }
 }
