@@ -62,22 +62,36 @@ constexpr int64_t kWorkPerThread = 1 << 16;
 
 using lane_sum::sum_lanes;
 
-// Up to kRanks dot products of one x row with kRanks rows of A (stride `in`) at once: independent
-// accumulators, so the multiply-adds do not wait on one another's latency, and x loaded once.
+// Up to kRanks dot products of each of kRows rows of x with kRanks rows of A (stride `in`) at once:
+// independent accumulators, so the multiply-adds do not wait on one another's latency; each x vector
+// is loaded once, and each vector of A once for all kRows rows (the rows of one slot share its A).
+// Every row's sums run in the same order whatever kRows is.
 constexpr int64_t kRanks = 4;
 
-void dots(const float* x, const float* a, int64_t in, int64_t ranks, float* result) {
-  Vec acc[kRanks] = {Vec(0.f), Vec(0.f), Vec(0.f), Vec(0.f)};
+template <int kRows>
+void dots(const float* const* x, const float* a, int64_t in, int64_t ranks, float* const* result) {
+  Vec acc[kRows][kRanks];
+  for (int i = 0; i < kRows; ++i)
+    for (int64_t r = 0; r < kRanks; ++r) acc[i][r] = Vec(0.f);
   int64_t d = 0;
   for (; d + kLanes <= in; d += kLanes) {
-    const Vec xv = Vec::loadu(x + d);
-    for (int64_t r = 0; r < ranks; ++r) acc[r] = at::vec::fmadd(xv, Vec::loadu(a + r * in + d), acc[r]);
+    Vec xv[kRows];
+    for (int i = 0; i < kRows; ++i) xv[i] = Vec::loadu(x[i] + d);
+    for (int64_t r = 0; r < ranks; ++r) {
+      const Vec av = Vec::loadu(a + r * in + d);
+      for (int i = 0; i < kRows; ++i) acc[i][r] = at::vec::fmadd(xv[i], av, acc[i][r]);
+    }
   }
   if (d < in) {  // the tail: lanes past it load 0
-    const Vec xv = Vec::loadu(x + d, in - d);
-    for (int64_t r = 0; r < ranks; ++r) acc[r] = at::vec::fmadd(xv, Vec::loadu(a + r * in + d, in - d), acc[r]);
+    Vec xv[kRows];
+    for (int i = 0; i < kRows; ++i) xv[i] = Vec::loadu(x[i] + d, in - d);
+    for (int64_t r = 0; r < ranks; ++r) {
+      const Vec av = Vec::loadu(a + r * in + d, in - d);
+      for (int i = 0; i < kRows; ++i) acc[i][r] = at::vec::fmadd(xv[i], av, acc[i][r]);
+    }
   }
-  for (int64_t r = 0; r < ranks; ++r) result[r] = sum_lanes(acc[r]);
+  for (int i = 0; i < kRows; ++i)
+    for (int64_t r = 0; r < ranks; ++r) result[i][r] = sum_lanes(acc[i][r]);
 }
 
 struct Stacks {
@@ -88,35 +102,8 @@ struct Stacks {
   std::vector<int64_t> first;       // per part: its first column in out
 };
 
-// Four ranks' dot products for kPair rows of x at once: each vector of A is loaded once for both rows
-// (the rows of one slot share its A), and every row's sums run in the same order as alone.
-constexpr int64_t kPair = 2;
-
-void dots_pair(const float* x0, const float* x1, const float* a, int64_t in, float* result0, float* result1) {
-  Vec acc0[kRanks] = {Vec(0.f), Vec(0.f), Vec(0.f), Vec(0.f)};
-  Vec acc1[kRanks] = {Vec(0.f), Vec(0.f), Vec(0.f), Vec(0.f)};
-  int64_t d = 0;
-  for (; d + kLanes <= in; d += kLanes) {
-    const Vec x0v = Vec::loadu(x0 + d), x1v = Vec::loadu(x1 + d);
-    for (int64_t r = 0; r < kRanks; ++r) {
-      const Vec av = Vec::loadu(a + r * in + d);
-      acc0[r] = at::vec::fmadd(x0v, av, acc0[r]);
-      acc1[r] = at::vec::fmadd(x1v, av, acc1[r]);
-    }
-  }
-  if (d < in) {
-    const Vec x0v = Vec::loadu(x0 + d, in - d), x1v = Vec::loadu(x1 + d, in - d);
-    for (int64_t r = 0; r < kRanks; ++r) {
-      const Vec av = Vec::loadu(a + r * in + d, in - d);
-      acc0[r] = at::vec::fmadd(x0v, av, acc0[r]);
-      acc1[r] = at::vec::fmadd(x1v, av, acc1[r]);
-    }
-  }
-  for (int64_t r = 0; r < kRanks; ++r) {
-    result0[r] = sum_lanes(acc0[r]);
-    result1[r] = sum_lanes(acc1[r]);
-  }
-}
+// Rows of one slot scored together by dots: two, so each vector of A is loaded once for both.
+constexpr int kPair = 2;
 
 // Rows of one slot a shrink item takes at most: a prefill's hundreds of rows of one adapter split
 // over the threads (A, 36 KB a part at R 16 and 576 in, is read again per item from L2).
@@ -130,11 +117,16 @@ void shrink(const Stacks& s, int64_t slot, int64_t p, const int64_t* rows, int64
   for (int64_t r = 0; r < s.rank; r += kRanks) {
     const int64_t ranks = std::min(kRanks, s.rank - r);
     int64_t i = 0;
-    if (ranks == kRanks)
-      for (; i + kPair <= n; i += kPair)
-        dots_pair(x + rows[i] * x_stride, x + rows[i + 1] * x_stride, a + r * s.in, s.in, out_of(rows[i], r),
-                  out_of(rows[i + 1], r));
-    for (; i < n; ++i) dots(x + rows[i] * x_stride, a + r * s.in, s.in, ranks, out_of(rows[i], r));
+    for (; i + kPair <= n; i += kPair) {
+      const float* xs[kPair] = {x + rows[i] * x_stride, x + rows[i + 1] * x_stride};
+      float* results[kPair] = {out_of(rows[i], r), out_of(rows[i + 1], r)};
+      dots<kPair>(xs, a + r * s.in, s.in, ranks, results);
+    }
+    if (i < n) {
+      const float* xs[1] = {x + rows[i] * x_stride};
+      float* results[1] = {out_of(rows[i], r)};
+      dots<1>(xs, a + r * s.in, s.in, ranks, results);
+    }
   }
 }
 
