@@ -10,7 +10,7 @@ copies one adapter into its place (weights/lora_adapter.py packs it); nothing el
 
 A step's rows belong to several adapters and to none. The runner gives the shared `LoRABatch` each
 row's slot once per step, and every LoRA linear then takes one of three paths:
-- float32, up to `CPP_MAX_ROWS` rows or `CPP_ROWS_PER_ADAPTER` per adapter, where the C++ kernels
+- float32, up to `CPP_MAX_ROWS` adapter rows or `CPP_ROWS_PER_ADAPTER` per adapter, where the C++ kernels
   build: one call of our kernel (kernels/cpu/lora.cpp): rows grouped by slot, each slot's A and B
   read once, no wasted multiplies.
 - few rows (decode of a small batch) otherwise: every row against every slot in use, punica/BGMV-style but
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 # Masked path while rows x slots in use <= this: at 8 rows over 4 adapters it took half the time of
 # the grouped GEMMs; at 64 rows over 8 it took ~1.5x (SmolLM2-135M shapes, rank 16, Zen 4, 2 threads).
 MASKED_MAX_ROW_SLOTS = 128
-# The C++ kernel up to this many rows in a step, or up to CPP_ROWS_PER_ADAPTER rows per adapter in it;
+# The C++ kernel up to this many adapter rows in a step, or up to CPP_ROWS_PER_ADAPTER per adapter in it;
 # past both the grouped GEMMs (long prefills of few adapters). us a layer at 2 threads, Zen 3, kernel vs
 # grouped: 128 rows of 1 adapter 672 / 578, 256 of 4 1232-1297 / 1450-2996, 512 of 4 2503-2700 /
 # 4406-5260, 1024 of 8 6915 / 10633, 256 of 1 1295 / 845, 512 of 2 2594 / 1938.
@@ -80,8 +80,11 @@ class LoRABatch:
         """row_slots[i]: the slot of packed row i, -1 for the base model."""
         self.groups = group_rows(row_slots)
         self.masks = {}
+        # The crossover counts the rows the delta works on: the kernel and the GEMMs skip base rows, so a
+        # base prefill beside a few adapter decodes keeps the kernel.
+        adapter_rows = len(row_slots) - row_slots.count(-1)
         most_rows = max(CPP_MAX_ROWS, CPP_ROWS_PER_ADAPTER * len(self.groups))
-        use_cpp = self.cpp and self.groups and len(row_slots) <= most_rows and _cpp_lora_delta() is not None
+        use_cpp = self.cpp and self.groups and adapter_rows <= most_rows and _cpp_lora_delta() is not None
         self.row_slots = torch.tensor(row_slots, dtype=torch.int64) if use_cpp else None
         in_use = max(row_slots, default=-1) + 1
         if not self.groups or len(row_slots) * in_use > MASKED_MAX_ROW_SLOTS:

@@ -222,6 +222,18 @@ def _set_rows(batch, row_slots: list[int], path: str) -> None:
         batch.mask = None
 
 
+def test_the_kernel_takes_a_step_by_its_adapter_rows_not_its_base_rows():
+    """A base prefill beside a few adapter decodes stays on the kernel (it skips base rows); many rows
+    of one adapter go to the grouped GEMMs, where those are faster."""
+    from pagedserve.services.worker.layers.lora import CPP_MAX_ROWS, LoRABatch
+
+    batch = LoRABatch()
+    batch.set_rows([-1] * 300 + [0] * 4 + [1] * 4)
+    assert batch.row_slots is not None and batch.row_slots.tolist()[-8:] == [0] * 4 + [1] * 4
+    batch.set_rows([0] * (CPP_MAX_ROWS + 1))
+    assert batch.row_slots is None
+
+
 def test_lora_linear_fused_parts_of_different_ranks_and_a_missing_part():
     """A fused linear (three parts): slot 0 adapts parts 0 and 2 at ranks 3 and 5, slot 1 part 1 at
     rank 2 (the stacks pad to 5 with zeros); slot 1 emptied again adds nothing; every path."""
