@@ -40,7 +40,7 @@ from pagedserve.ops.chaos.load import LoadOutcome, LoadSettings, run_load, run_r
 from pagedserve.ops.chaos.outputs import judge_outputs
 from pagedserve.ops.chaos.report import add_segments_left, build_report, print_report
 from pagedserve.ops.chaos.timeline import write_timeline
-from pagedserve.ops.chaos.watch import DeploymentWatch, blocks, ready_workers
+from pagedserve.ops.chaos.watch import DeploymentWatch, blocks, ready_workers, scheduler_requests
 from pagedserve.ops.deploy.supervisor import DeploymentFailed
 from pagedserve.ops.results import write_json
 from pagedserve.shared.config import add_config_flag
@@ -173,6 +173,7 @@ def run(dep: Deployment, args: argparse.Namespace, console: Console) -> dict[str
         args.seed,
         api_url,
         min(api_lanes, args.concurrency),
+        explain_lost=lambda _ids: scheduler_requests(dep.scheduler_ops),
     )
     console.print(
         f"chaos: {args.duration:.0f} s of load ({args.concurrency} in flight) against "

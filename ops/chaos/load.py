@@ -17,6 +17,7 @@ import collections
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,8 @@ class LoadSettings:
     seed: int = 0
     api_url: str | None = None  # the OpenAI-compatible API's base URL (.../v1), when it runs
     api_lanes: int = 0  # how many of the lanes send their requests through that API
+    # Asked at the drain deadline what became of each lost request (None: not asked).
+    explain_lost: Callable[[list[str]], dict[str, dict[str, Any]] | None] | None = None
 
 
 @dataclass(slots=True)
@@ -76,6 +79,9 @@ class LoadOutcome:
     finished: int = 0
     errored: collections.Counter[str] = field(default_factory=collections.Counter)
     lost_ids: list[str] = field(default_factory=list)
+    # Per lost request: what the client saw and the scheduler's record at the deadline (None: it had
+    # none: the request never reached it or was dropped), for the hunt the verdict starts.
+    lost_detail: list[dict[str, Any]] = field(default_factory=list)
     finish_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
     completion_tokens: int = 0
     wall_s: float = 0.0  # from the first submit until the last request ended (or was given up)
@@ -94,6 +100,7 @@ class LoadOutcome:
             "errored_total": sum(self.errored.values()),
             "lost": self.lost,
             "lost_ids": self.lost_ids,
+            "lost_detail": self.lost_detail,
             "finish_reasons": dict(self.finish_reasons),
             "completion_tokens": self.completion_tokens,
             "wall_s": round(self.wall_s, 3),
@@ -101,6 +108,27 @@ class LoadOutcome:
             "via_api": sum(r.via == "api" for r in self.records),
             "api_interrupted": sum(len(r.interrupted_at) for r in self.records),
         }
+
+
+def describe_lost(outcome: LoadOutcome, settings: LoadSettings) -> list[dict[str, Any]]:
+    scheduler = settings.explain_lost(outcome.lost_ids) if settings.explain_lost else None
+    now = time.monotonic()
+    by_id = {r.request_id: r for r in outcome.records}
+    details = []
+    for rid in outcome.lost_ids:
+        record = by_id[rid]
+        detail: dict[str, Any] = {
+            "request_id": rid,
+            "via": record.via,
+            "age_s": round(now - record.started, 3),
+            "streamed_tokens": len(record.streamed_tokens),
+            "api_interruptions": len(record.interrupted_at),
+        }
+        if record.via == "sdk":  # the API names its own requests to the scheduler
+            detail["scheduler_answered"] = scheduler is not None
+            detail["scheduler"] = None if scheduler is None else scheduler.get(rid)
+        details.append(detail)
+    return details
 
 
 def make_prompt(rng: random.Random, settings: LoadSettings) -> str:
@@ -216,8 +244,11 @@ async def run_load(settings: LoadSettings, outcome: LoadOutcome | None = None) -
 
         lanes = [asyncio.create_task(lane(i)) for i in range(settings.concurrency)]
         _, still_running = await asyncio.wait(lanes, timeout=max(deadline - time.monotonic(), 0.0))
-        # Whatever is live now was neither finished nor refused: lost. Cancelling aborts it.
+        # Whatever is live now was neither finished nor refused: lost. Cancelling aborts it, so the
+        # scheduler is asked about them first.
         outcome.lost_ids = sorted(live)
+        if outcome.lost_ids:
+            outcome.lost_detail = describe_lost(outcome, settings)
         for task in still_running:
             task.cancel()
         await asyncio.gather(*still_running, return_exceptions=True)

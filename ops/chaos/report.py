@@ -59,7 +59,7 @@ def build_report(
     }
     failures = []
     if load.lost:
-        failures.append(f"{load.lost} request(s) lost")
+        failures.append(f"{load.lost} request(s) lost: {load.lost_detail}")
     if outputs["wrong"]:
         failures.append(f"{outputs['wrong']} output(s) differ from the fault-free reference")
     if outputs["streams_broken"] or outputs["stream_text_mismatch"]:

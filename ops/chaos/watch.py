@@ -73,6 +73,16 @@ def ready_workers(scheduler_ops: str) -> list[str] | None:
         return None
 
 
+def scheduler_requests(scheduler_ops: str) -> dict[str, dict[str, Any]] | None:
+    """The scheduler's live requests by id (/requests: status, worker, tokens so far, age); None when
+    it does not answer."""
+    try:
+        view = ops_client.get_json(f"{scheduler_ops}/requests", timeout_s=2.0)
+        return {str(r["request_id"]): dict(r) for r in view.get("requests", [])}
+    except (OSError, ValueError, KeyError, AttributeError):
+        return None
+
+
 def metric_values(scheduler_ops: str, names: tuple[str, ...]) -> dict[str, float] | None:
     """Unlabelled counters of the scheduler's /metrics (absent ones: 0); None when it does not answer."""
     try:

@@ -46,7 +46,7 @@ def report(tiny_model, tmp_path_factory) -> dict:
 
 def test_no_request_is_lost_under_faults(report):
     assert report["requests"]["sent"] > 0
-    assert report["requests"]["lost"] == 0, report["requests"]["lost_ids"]
+    assert report["requests"]["lost"] == 0, report["requests"]["lost_detail"]
     assert report["requests"]["finished"] > 0
 
 
