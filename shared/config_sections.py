@@ -110,6 +110,11 @@ class LoraSection(Section):
     lora_modules: list[str] = Field(
         default_factory=list, description="LoRA adapters served from the start: name=path ..."
     )
+    lora_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="the adapters' weights in their slots: auto = the model's dtype; bfloat16 / float16 under a "
+        "float32 model halve the bytes every step reads (sums stay float32; exact for adapters stored so)",
+    )
 
 
 class CacheSection(Section):

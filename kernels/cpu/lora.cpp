@@ -31,9 +31,12 @@
 // per column chunk and a shrink that re-read A per row ran at 238 us a layer; this form at 185.
 // Software prefetch (1 KB ahead in A, the next chunk of B) measured no faster.
 //
-// float32 only (the stacks and activations of float32 models); other dtypes take LoRALinear's
-// torch path. Sums run in a different order from torch's GEMMs: the result differs from them in
-// the last bits, not more (tests/unit/kernels/test_lora_kernel.py holds it to 1e-5 relative).
+// Activations and out are float32 (float32 models; other dtypes take LoRALinear's torch path). The
+// stacks are float32, or bfloat16 / float16 (--lora-dtype): those are widened to float32 as they are
+// loaded (exactly), and every sum stays float32, so a half stack gives the float32 result of its
+// rounded weights while the step streams half the bytes. Sums run in a different order from torch's
+// GEMMs: the result differs from them in the last bits, not more (tests/unit/kernels/test_lora_kernel.py
+// holds it to 1e-5 relative).
 //
 // One source, three ISA paths (kernels/cpu/isa.py): at::vec::Vectorized<float> is 16 lanes on
 // avx512, 8 on avx2, and its generic form on portable.
@@ -45,6 +48,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -62,14 +66,41 @@ constexpr int64_t kWorkPerThread = 1 << 16;
 
 using lane_sum::sum_lanes;
 
+// A vector of float lanes from the stacks' elements: float32 as it is, bfloat16 / float16 widened.
+template <typename W>
+inline Vec load_lanes(const W* p) {
+  if constexpr (std::is_same_v<W, float>) {
+    return Vec::loadu(p);
+  } else {
+    Vec v;
+    if constexpr (std::is_same_v<W, c10::BFloat16>)
+      at::vec::load_fp32_from_bf16(p, v);
+    else
+      at::vec::load_fp32_from_fp16(p, v);
+    return v;
+  }
+}
+
+// The first `count` lanes (< kLanes) from p, the rest 0.
+template <typename W>
+inline Vec load_lanes(const W* p, int64_t count) {
+  if constexpr (std::is_same_v<W, float>) {
+    return Vec::loadu(p, count);
+  } else {
+    W lanes[kLanes] = {};
+    std::copy(p, p + count, lanes);
+    return load_lanes(lanes);
+  }
+}
+
 // Up to kRanks dot products of each of kRows rows of x with kRanks rows of A (stride `in`) at once:
 // independent accumulators, so the multiply-adds do not wait on one another's latency; each x vector
 // is loaded once, and each vector of A once for all kRows rows (the rows of one slot share its A).
 // Every row's sums run in the same order whatever kRows is.
 constexpr int64_t kRanks = 4;
 
-template <int kRows>
-void dots(const float* const* x, const float* a, int64_t in, int64_t ranks, float* const* result) {
+template <int kRows, typename W>
+void dots(const float* const* x, const W* a, int64_t in, int64_t ranks, float* const* result) {
   Vec acc[kRows][kRanks];
   for (int i = 0; i < kRows; ++i)
     for (int64_t r = 0; r < kRanks; ++r) acc[i][r] = Vec(0.f);
@@ -78,7 +109,7 @@ void dots(const float* const* x, const float* a, int64_t in, int64_t ranks, floa
     Vec xv[kRows];
     for (int i = 0; i < kRows; ++i) xv[i] = Vec::loadu(x[i] + d);
     for (int64_t r = 0; r < ranks; ++r) {
-      const Vec av = Vec::loadu(a + r * in + d);
+      const Vec av = load_lanes(a + r * in + d);
       for (int i = 0; i < kRows; ++i) acc[i][r] = at::vec::fmadd(xv[i], av, acc[i][r]);
     }
   }
@@ -86,7 +117,7 @@ void dots(const float* const* x, const float* a, int64_t in, int64_t ranks, floa
     Vec xv[kRows];
     for (int i = 0; i < kRows; ++i) xv[i] = Vec::loadu(x[i] + d, in - d);
     for (int64_t r = 0; r < ranks; ++r) {
-      const Vec av = Vec::loadu(a + r * in + d, in - d);
+      const Vec av = load_lanes(a + r * in + d, in - d);
       for (int i = 0; i < kRows; ++i) acc[i][r] = at::vec::fmadd(xv[i], av, acc[i][r]);
     }
   }
@@ -94,10 +125,11 @@ void dots(const float* const* x, const float* a, int64_t in, int64_t ranks, floa
     for (int64_t r = 0; r < ranks; ++r) result[i][r] = sum_lanes(acc[i][r]);
 }
 
+template <typename W>
 struct Stacks {
   int64_t parts, rank, in;
-  const float* a;                   // [slots, parts, R, in]
-  std::vector<const float*> b;      // per part, [slots, R, width]
+  const W* a;                       // [slots, parts, R, in]
+  std::vector<const W*> b;          // per part, [slots, R, width]
   std::vector<int64_t> width;       // per part: its output columns
   std::vector<int64_t> first;       // per part: its first column in out
 };
@@ -110,9 +142,10 @@ constexpr int kPair = 2;
 constexpr int64_t kShrinkRows = 16;
 
 // The slot's R rows of A for part p against `n` of its rows of x -> xa[row, p, :].
-void shrink(const Stacks& s, int64_t slot, int64_t p, const int64_t* rows, int64_t n, const float* x,
+template <typename W>
+void shrink(const Stacks<W>& s, int64_t slot, int64_t p, const int64_t* rows, int64_t n, const float* x,
             int64_t x_stride, float* xa) {
-  const float* a = s.a + (slot * s.parts + p) * s.rank * s.in;
+  const W* a = s.a + (slot * s.parts + p) * s.rank * s.in;
   auto out_of = [&](int64_t m, int64_t r) { return xa + (m * s.parts + p) * s.rank + r; };
   for (int64_t r = 0; r < s.rank; r += kRanks) {
     const int64_t ranks = std::min(kRanks, s.rank - r);
@@ -135,10 +168,11 @@ constexpr int64_t kVectors = 4;
 
 // out[m, part p's columns c0..c1) += sum_r xa[m, p, r] * b[p][slot, r, c] for `n` of the slot's rows.
 // (Rows in pairs sharing each vector of B, as the shrink pairs them, measured no faster: 8 to 1024 rows.)
-void expand(const Stacks& s, int64_t slot, int64_t p, int64_t c0, int64_t c1, const int64_t* rows, int64_t n,
+template <typename W>
+void expand(const Stacks<W>& s, int64_t slot, int64_t p, int64_t c0, int64_t c1, const int64_t* rows, int64_t n,
             const float* xa, float* out, int64_t out_stride) {
   const int64_t width = s.width[p];
-  const float* b = s.b[p] + slot * s.rank * width;
+  const W* b = s.b[p] + slot * s.rank * width;
   for (const int64_t* row = rows; row < rows + n; ++row) {
     const int64_t m = *row;
     const float* w = xa + (m * s.parts + p) * s.rank;
@@ -149,30 +183,47 @@ void expand(const Stacks& s, int64_t slot, int64_t p, int64_t c0, int64_t c1, co
       for (int64_t v = 0; v < kVectors; ++v) acc[v] = Vec::loadu(o + c + v * kLanes);
       for (int64_t r = 0; r < s.rank; ++r) {
         const Vec wr(w[r]);
-        const float* b_row = b + r * width + c;
-        for (int64_t v = 0; v < kVectors; ++v) acc[v] = at::vec::fmadd(wr, Vec::loadu(b_row + v * kLanes), acc[v]);
+        const W* b_row = b + r * width + c;
+        for (int64_t v = 0; v < kVectors; ++v) acc[v] = at::vec::fmadd(wr, load_lanes(b_row + v * kLanes), acc[v]);
       }
       for (int64_t v = 0; v < kVectors; ++v) acc[v].store(o + c + v * kLanes);
     }
     for (; c < c1; c += kLanes) {  // the last vectors, one at a time (a masked tail at most)
       const int tail = static_cast<int>(std::min(kLanes, c1 - c));
       Vec acc = Vec::loadu(o + c, tail);
-      for (int64_t r = 0; r < s.rank; ++r) acc = at::vec::fmadd(Vec(w[r]), Vec::loadu(b + r * width + c, tail), acc);
+      for (int64_t r = 0; r < s.rank; ++r) acc = at::vec::fmadd(Vec(w[r]), load_lanes(b + r * width + c, tail), acc);
       acc.store(o + c, tail);
     }
   }
 }
 
-void check(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, "lora_delta_: ", name,
-              " must be a float32 CPU tensor, got ", t.scalar_type(), " on ", t.device());
+const char* dtype_name(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
 }
+
+void check(const at::Tensor& t, const char* name, at::ScalarType dtype = at::kFloat) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype, "lora_delta_: ", name, " must be a ",
+              dtype_name(dtype), " CPU tensor, got ", t.scalar_type(), " on ", t.device());
+}
+
+template <typename W>
+void delta(at::Tensor& out, const at::Tensor& x, const at::Tensor& a, at::TensorList b, const at::Tensor& row_slots);
 
 void lora_delta_(at::Tensor& out, const at::Tensor& x, const at::Tensor& a, at::TensorList b,
                  const at::Tensor& row_slots) {
   check(out, "out");
   check(x, "x");
-  check(a, "a");
+  TORCH_CHECK(a.device().is_cpu(), "lora_delta_: a must be a CPU tensor, got ", a.device());
+  switch (a.scalar_type()) {
+    case at::kFloat: return delta<float>(out, x, a, b, row_slots);
+    case at::kBFloat16: return delta<c10::BFloat16>(out, x, a, b, row_slots);
+    case at::kHalf: return delta<c10::Half>(out, x, a, b, row_slots);
+    default: TORCH_CHECK(false, "lora_delta_: a must be float32, bfloat16 or float16, got ", a.scalar_type());
+  }
+}
+
+template <typename W>
+void delta(at::Tensor& out, const at::Tensor& x, const at::Tensor& a, at::TensorList b, const at::Tensor& row_slots) {
   TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && x.size(0) == out.size(0), "lora_delta_: x [rows, in] and out ",
               "[rows, out] must have the same rows, got ", x.sizes(), " and ", out.sizes());
   TORCH_CHECK(x.stride(1) == 1 && out.stride(1) == 1, "lora_delta_: x's and out's rows must be contiguous");
@@ -184,13 +235,13 @@ void lora_delta_(at::Tensor& out, const at::Tensor& x, const at::Tensor& a, at::
                   row_slots.is_contiguous(),
               "lora_delta_: row_slots must be int64 [", x.size(0), "], got ", row_slots.sizes());
   const int64_t slots = a.size(0), rows = x.size(0);
-  Stacks s{a.size(1), a.size(2), a.size(3), a.data_ptr<float>(), {}, {}, {}};
+  Stacks<W> s{a.size(1), a.size(2), a.size(3), a.data_ptr<W>(), {}, {}, {}};
   int64_t column = 0;
   for (const at::Tensor& part : b) {
-    check(part, "b");
+    check(part, "b", a.scalar_type());  // the same dtype as a
     TORCH_CHECK(part.dim() == 3 && part.is_contiguous() && part.size(0) == slots && part.size(1) == s.rank,
                 "lora_delta_: each B stack must be contiguous [", slots, ", ", s.rank, ", width], got ", part.sizes());
-    s.b.push_back(part.data_ptr<float>());
+    s.b.push_back(part.data_ptr<W>());
     s.width.push_back(part.size(2));
     s.first.push_back(column);
     column += part.size(2);

@@ -138,6 +138,12 @@ def main() -> None:
     parser.add_argument(
         "--torch-paths", action="store_true", help="LoRA deltas by torch's GEMMs, not the C++ kernel (A/B)"
     )
+    parser.add_argument(
+        "--lora-dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="the adapters' slots (the serving setting of that name)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -154,12 +160,19 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "prompt_len": args.prompt_len,
         "repeats": args.repeats,
+        "lora_dtype": args.lora_dtype,
         "cases": [],
     }
     with tempfile.TemporaryDirectory() as tmp:
         adapters = make_adapters(base, Path(tmp), most + args.hot_loads, args.rank)
         spares = [adapters.pop(f"lora{most + i}") for i in range(args.hot_loads)]
-        llm = LLM("smollm2-135m", max_loras=most, max_cpu_loras=most + args.hot_loads, lora_modules=adapters)
+        llm = LLM(
+            "smollm2-135m",
+            max_loras=most,
+            max_cpu_loras=most + args.hot_loads,
+            lora_modules=adapters,
+            lora_dtype=args.lora_dtype,
+        )
         llm.runner.loras.batch.cpp = not args.torch_paths
         results["lora_kernel"] = "torch" if args.torch_paths else "cpp"
         for requests, count in cases:

@@ -61,6 +61,7 @@ CONFIGURED = (
     "max_loras",
     "max_lora_rank",
     "max_cpu_loras",
+    "lora_dtype",
 )
 
 
@@ -96,6 +97,7 @@ class ModelRunner:
         max_loras: int = config_default("max_loras"),
         max_lora_rank: int = config_default("max_lora_rank"),
         max_cpu_loras: int = config_default("max_cpu_loras"),
+        lora_dtype: str = config_default("lora_dtype"),
         defer_pool: bool = False,
         shard: RankShard | None = None,
         ranks: RankGroup | None = None,
@@ -144,7 +146,7 @@ class ModelRunner:
                 max_loras=max_loras,
                 max_lora_rank=max_lora_rank,
                 max_cpu_loras=max_cpu_loras,
-                dtype=torch_dtype(dtype),
+                dtype=torch_dtype(dtype if lora_dtype == "auto" else lora_dtype),
             )
         self._eos_token_ids = list(loaded.eos_token_ids)
         cfg = loaded.config

@@ -10,9 +10,10 @@ copies one adapter into its place (weights/lora_adapter.py packs it); nothing el
 
 A step's rows belong to several adapters and to none. The runner gives the shared `LoRABatch` each
 row's slot once per step, and every LoRA linear then takes one of three paths:
-- float32, up to `CPP_MAX_ROWS` adapter rows or `CPP_ROWS_PER_ADAPTER` per adapter, where the C++ kernels
-  build: one call of our kernel (kernels/cpu/lora.cpp): rows grouped by slot, each slot's A and B
-  read once, no wasted multiplies.
+- float32 activations (stacks float32, or bfloat16 / float16 by --lora-dtype), up to `CPP_MAX_ROWS`
+  adapter rows or `CPP_ROWS_PER_ADAPTER` per adapter, where the C++ kernels build: one call of our
+  kernel (kernels/cpu/lora.cpp): rows grouped by slot, each slot's A and B read once, no wasted
+  multiplies.
 - few rows (decode of a small batch) otherwise: every row against every slot in use, punica/BGMV-style but
   without a per-row gather: `xa = x a^T` over all slots in one GEMM, rows times a 0/1 mask of their
   slot (one mask per step, shared by all linears), then one GEMM per part with that part's stacked B.
@@ -48,6 +49,9 @@ MASKED_MAX_ROW_SLOTS = 128
 # 4406-5260, 1024 of 8 6915 / 10633, 256 of 1 1295 / 845, 512 of 2 2594 / 1938.
 CPP_MAX_ROWS = 128
 CPP_ROWS_PER_ADAPTER = 64
+# The stacks' dtypes the kernel reads (--lora-dtype); it widens half ones to float32 as it loads them.
+# The torch paths cast a stack to the activations' dtype per call instead (a no-op when they agree).
+KERNEL_STACKS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @functools.cache
@@ -189,7 +193,11 @@ class LoRALinear(nn.Module):
         batch = self.batch
         if not batch.groups or not self.rank:
             return out
-        if batch.row_slots is not None and x.dtype == self.a.dtype == out.dtype == torch.float32:
+        if (
+            batch.row_slots is not None
+            and x.dtype == out.dtype == torch.float32
+            and self.a.dtype in KERNEL_STACKS
+        ):
             op = _cpp_lora_delta()
             assert op is not None  # set_rows sets row_slots only where it loaded
             op(out, x, self.a, self.b, batch.row_slots)  # x's and out's rows contiguous: checked there
@@ -201,17 +209,18 @@ class LoRALinear(nn.Module):
             if not self.filled[slot]:  # this adapter does not target this linear
                 continue
             xa = torch.mm(
-                x[rows] if type(rows) is slice else x.index_select(0, rows), self.a[slot].flatten(0, 1).t()
+                x[rows] if type(rows) is slice else x.index_select(0, rows),
+                self.a[slot].flatten(0, 1).t().to(x.dtype),
             )
             if type(rows) is slice:
                 target = out[rows]
             else:
                 target = torch.zeros(xa.shape[0], self.out_features, dtype=out.dtype)
             if len(parts) == 1:
-                target.addmm_(xa, self.b[0][slot])
+                target.addmm_(xa, self.b[0][slot].to(x.dtype))
             else:
                 for p, cols in enumerate(parts):
-                    target[:, cols].addmm_(xa[:, p * rank : (p + 1) * rank], self.b[p][slot])
+                    target[:, cols].addmm_(xa[:, p * rank : (p + 1) * rank], self.b[p][slot].to(x.dtype))
             if type(rows) is not slice:
                 out.index_add_(0, rows, target)
         return out
@@ -220,13 +229,14 @@ class LoRALinear(nn.Module):
         """Every row against every slot in use (mask: [rows, slots, 1, 1]), each row's own kept."""
         rows, slots = mask.shape[0], mask.shape[1]
         parts, rank = self.parts, self.rank
-        xa = torch.mm(x, self.a[:slots].view(slots * len(parts) * rank, self.in_features).t())
+        xa = torch.mm(x, self.a[:slots].view(slots * len(parts) * rank, self.in_features).t().to(x.dtype))
         per_part = xa.view(rows, slots, len(parts), rank).mul_(mask)
         if len(parts) == 1:
-            return out.addmm_(xa, self.b[0][:slots].view(slots * rank, -1))
+            return out.addmm_(xa, self.b[0][:slots].view(slots * rank, -1).to(x.dtype))
         for p, cols in enumerate(parts):
             out[:, cols].addmm_(
-                per_part[:, :, p].reshape(rows, slots * rank), self.b[p][:slots].view(slots * rank, -1)
+                per_part[:, :, p].reshape(rows, slots * rank),
+                self.b[p][:slots].view(slots * rank, -1).to(x.dtype),
             )
         return out
 

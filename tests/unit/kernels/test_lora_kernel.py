@@ -46,13 +46,15 @@ CASES = st.tuples(
 )
 
 
+@pytest.mark.parametrize("stack_dtype", [torch.float32, torch.bfloat16, torch.float16])
 @settings(max_examples=40, deadline=None)
 @given(case=CASES)
-def test_matches_float64_sums(lora_delta_, case) -> None:
+def test_matches_float64_sums(lora_delta_, stack_dtype, case) -> None:
+    """Half stacks (--lora-dtype) are widened exactly: the float64 sums of their rounded weights."""
     slots, widths, rank, in_features, rows, seed = case
     gen = torch.Generator().manual_seed(seed)
-    a = torch.randn(slots, len(widths), rank, in_features, generator=gen)
-    b = [torch.randn(slots, rank, width, generator=gen) for width in widths]
+    a = torch.randn(slots, len(widths), rank, in_features, generator=gen).to(stack_dtype)
+    b = [torch.randn(slots, rank, width, generator=gen).to(stack_dtype) for width in widths]
     x = torch.randn(rows, in_features, generator=gen)
     out = torch.randn(rows, sum(widths), generator=gen)
     row_slots = torch.randint(-1, slots, (rows,), generator=gen)
@@ -82,6 +84,23 @@ def test_a_row_gets_the_same_bits_alone_as_with_others(lora_delta_, rank) -> Non
         assert torch.equal(alone[0], together[m]), m
 
 
+@pytest.mark.parametrize("stack_dtype", [torch.bfloat16, torch.float16])
+def test_half_stacks_give_the_bits_of_their_float32_widening(lora_delta_, stack_dtype) -> None:
+    """A half stack is widened as it is loaded and summed in float32 like a float32 one: the same bits
+    as the float32 kernel on the widened stacks (tails of in, width and rank included)."""
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(3, 2, 7, 583, generator=gen).to(stack_dtype)
+    b = [torch.randn(3, 7, width, generator=gen).to(stack_dtype) for width in (576, 101)]
+    x = torch.randn(11, 583, generator=gen)
+    row_slots = torch.tensor([0, 1, 0, 0, 2, -1, 1, 0, 2, 2, 1])
+    half = torch.randn(11, 677, generator=gen)
+    wide = half.clone()
+    torch.set_num_threads(2)
+    lora_delta_(half, x, a, b, row_slots)
+    lora_delta_(wide, x, a.float(), [t.float() for t in b], row_slots)
+    assert torch.equal(half, wide)
+
+
 def test_row_strides_and_many_threads(lora_delta_) -> None:
     """x and out as views with a row stride past their width (a fused projection's slice), and a
     call big enough to split over threads."""
@@ -108,4 +127,8 @@ def test_refusals_name_what_is_wrong(lora_delta_) -> None:
         lora_delta_(torch.zeros(3, 7), x, a, b, torch.tensor([0, 1, -1]))
     with pytest.raises(RuntimeError, match="row_slots must be int64"):
         lora_delta_(out, x, a, b, torch.tensor([0, 1, -1], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="b must be a bfloat16"):
+        lora_delta_(out, x, a.bfloat16(), b, torch.tensor([0, 1, -1]))
+    with pytest.raises(RuntimeError, match="a must be float32, bfloat16 or float16"):
+        lora_delta_(out, x, a.double(), [t.double() for t in b], torch.tensor([0, 1, -1]))
     assert not out.any()  # a refused call wrote nothing

@@ -106,6 +106,37 @@ def test_mixed_step_logits_match_merged_peft(adapters, arch, prepack, kernel):
     assert (logits[0] - base_only[0]).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("lora_dtype", ["bfloat16", "float16"])
+def test_half_slots_give_the_float32_logits_of_an_adapter_stored_in_that_dtype(
+    tiny_model, tmp_path, lora_dtype
+):
+    """--lora-dtype: an adapter whose weights the half dtype holds exactly (as one saved in it is) gives
+    the very logits of float32 slots on the kernel, and the same to rounding on the torch paths."""
+    from safetensors.torch import load_file, save_file
+
+    base = tiny_model("llama")
+    folder = make_peft_adapter(base, tmp_path / "half", seed=3, rank=8, alpha=16)  # scale 2: exact
+    weights = folder / "adapter_model.safetensors"
+    half = getattr(torch, lora_dtype)
+    save_file({k: v.to(half).float() for k, v in load_file(weights).items()}, weights)
+    loras = [("half", folder), None, ("half", folder)]
+
+    def logits(dtype: str, path: str) -> torch.Tensor:
+        runner = ModelRunner(base, block_size=16, num_blocks=64, max_loras=1, lora_dtype=dtype)
+        assert runner.loras is not None
+        runner.loras.batch.cpp = path == "cpp"
+        result, out = runner.execute_with_logits(_step(PROMPTS[:3], loras))
+        assert out is not None
+        return _in_step_order(result, out, 3)
+
+    wide = logits("float32", "cpp")
+    assert torch.equal(logits(lora_dtype, "cpp"), wide)
+    torch.testing.assert_close(logits(lora_dtype, "torch"), wide, atol=1e-4, rtol=0)
+    runner = ModelRunner(base, block_size=16, num_blocks=64, max_loras=1, lora_dtype=lora_dtype)
+    runner.execute_with_logits(_step(PROMPTS[:1], loras[:1]))
+    assert {m.a.dtype for m in runner.model.modules() if isinstance(m, LoRALinear) and m.rank} == {half}
+
+
 def test_greedy_tokens_match_merged_peft_with_adapters_swapping_slots(adapters):
     """Three adapters (two copies of one under other names) over two slots, in one run: every
     request's greedy tokens equal transformers' on the merged model."""
