@@ -7,6 +7,11 @@ each adapter's rows side by side (what the runner's grouping gives). The base li
 (it returns zeros) so only the adapter work is timed. Run alone:
 
     .venv/bin/python -m pagedserve.ops.microbench.lora_linear_ab [--cases 8:4,64:8] [--threads 2]
+    .venv/bin/python -m pagedserve.ops.microbench.lora_linear_ab --stack-dtypes float32 bfloat16 [--layers 30]
+
+With --stack-dtypes: the kernel over `--layers` layers' stacks in each dtype (--lora-dtype), a decode
+step's worth of calls, cold as in a step (the stacks of 30 layers outgrow the caches); the dtypes
+alternate step by step in one process, so a drift of the machine moves them alike.
 """
 
 from __future__ import annotations
@@ -42,8 +47,10 @@ class _NoBase(nn.Module):
 PATHS = ("cpp", "masked", "grouped")
 
 
-def layer_us(rows: int, slots: int, rank: int, path: str, repeat: int = 200) -> float:
-    batch = LoRABatch(cpp=path == "cpp")
+def layer_linears(
+    batch: LoRABatch, rows: int, slots: int, rank: int, dtype: torch.dtype = torch.float32
+) -> list[tuple[LoRALinear, torch.Tensor]]:
+    """One layer's four LoRA linears, every slot filled, each with its rows of input."""
     linears = []
     for in_features, outs in LINEARS.values():
         parts, start = [], 0
@@ -53,11 +60,21 @@ def layer_us(rows: int, slots: int, rank: int, path: str, repeat: int = 200) -> 
         linear = LoRALinear(_NoBase(in_features, start), batch, slots, parts)
         for slot in range(slots):
             packed = tuple(
-                (p, 0.02 * torch.randn(rank, in_features), 0.02 * torch.randn(rank, out))
+                (
+                    p,
+                    (0.02 * torch.randn(rank, in_features)).to(dtype),
+                    (0.02 * torch.randn(rank, out)).to(dtype),
+                )
                 for p, out in enumerate(outs)
             )
             linear.fill(slot, PackedLoRA(packed))
         linears.append((linear, torch.randn(rows, in_features)))
+    return linears
+
+
+def layer_us(rows: int, slots: int, rank: int, path: str, repeat: int = 200) -> float:
+    batch = LoRABatch(cpp=path == "cpp")
+    linears = layer_linears(batch, rows, slots, rank)
     batch.set_rows([row * slots // rows for row in range(rows)])
     if path == "cpp" and batch.row_slots is None:
         raise SystemExit(f"the C++ LoRA kernel does not take {rows} rows here (CPP_MAX_ROWS, or no build)")
@@ -81,13 +98,47 @@ def layer_us(rows: int, slots: int, rank: int, path: str, repeat: int = 200) -> 
     return statistics.median(runs)
 
 
+def cold_steps_ms(
+    rows: int, slots: int, rank: int, dtypes: list[torch.dtype], layers: int, steps: int = 15
+) -> dict[torch.dtype, float]:
+    """Median ms of the kernel over `layers` layers' linears (one decode step's LoRA work) per stack dtype."""
+    batch = LoRABatch()
+    model = {d: [layer_linears(batch, rows, slots, rank, d) for _ in range(layers)] for d in dtypes}
+    batch.set_rows([row * slots // rows for row in range(rows)])
+    if batch.row_slots is None:
+        raise SystemExit(f"the C++ LoRA kernel does not take {rows} rows here (CPP_MAX_ROWS, or no build)")
+    times: dict[torch.dtype, list[float]] = {d: [] for d in dtypes}
+    with torch.inference_mode():
+        for _ in range(steps):
+            for dtype, stack in model.items():
+                started = time.perf_counter()
+                for layer in stack:
+                    for linear, x in layer:
+                        linear(x)
+                times[dtype].append((time.perf_counter() - started) * 1e3)
+    return {d: statistics.median(t) for d, t in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cases", default="8:4,16:4,32:4,16:8,32:8,64:8", help="rows:slots, comma-separated")
+    parser.add_argument("--stack-dtypes", nargs="+", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--layers", type=int, default=30, help="with --stack-dtypes (SmolLM2 has 30)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.stack_dtypes:
+        dtypes = [getattr(torch, d) for d in args.stack_dtypes]
+        for case in args.cases.split(","):
+            rows, slots = (int(v) for v in case.split(":"))
+            ms = cold_steps_ms(rows, slots, args.rank, dtypes, args.layers)
+            print(
+                f"rows {rows:3d} slots {slots}, {args.layers} layers: "
+                + "  ".join(f"{str(d).removeprefix('torch.')} {t:6.2f}" for d, t in ms.items())
+                + " ms a step"
+            )
+        return
     for case in args.cases.split(","):
         rows, slots = (int(v) for v in case.split(":"))
         times = {path: layer_us(rows, slots, args.rank, path) for path in PATHS}
