@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from pagedserve.kernels.cpu.isa import cpu_model
+from pagedserve.shared.config import add_config_flag
 
 
 def make_adapters(config: dict[str, Any], root: Path, count: int, rank: int) -> dict[str, str]:
@@ -138,12 +139,7 @@ def main() -> None:
     parser.add_argument(
         "--torch-paths", action="store_true", help="LoRA deltas by torch's GEMMs, not the C++ kernel (A/B)"
     )
-    parser.add_argument(
-        "--lora-dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="the adapters' slots (the serving setting of that name)",
-    )
+    add_config_flag(parser, "lora_dtype")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
