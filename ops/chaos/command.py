@@ -173,7 +173,7 @@ def run(dep: Deployment, args: argparse.Namespace, console: Console) -> dict[str
         args.seed,
         api_url,
         min(api_lanes, args.concurrency),
-        explain_lost=lambda _ids: scheduler_requests(dep.scheduler_ops),
+        scheduler_view=lambda: scheduler_requests(dep.scheduler_ops),
     )
     console.print(
         f"chaos: {args.duration:.0f} s of load ({args.concurrency} in flight) against "

@@ -42,8 +42,9 @@ class LoadSettings:
     seed: int = 0
     api_url: str | None = None  # the OpenAI-compatible API's base URL (.../v1), when it runs
     api_lanes: int = 0  # how many of the lanes send their requests through that API
-    # Asked at the drain deadline what became of each lost request (None: not asked).
-    explain_lost: Callable[[list[str]], dict[str, dict[str, Any]] | None] | None = None
+    # Asked at the drain deadline, when requests are lost: the scheduler's live requests by id (None from
+    # it: the scheduler did not answer; None here: not asked).
+    scheduler_view: Callable[[], dict[str, dict[str, Any]] | None] | None = None
 
 
 @dataclass(slots=True)
@@ -111,7 +112,7 @@ class LoadOutcome:
 
 
 def describe_lost(outcome: LoadOutcome, settings: LoadSettings) -> list[dict[str, Any]]:
-    scheduler = settings.explain_lost(outcome.lost_ids) if settings.explain_lost else None
+    scheduler = settings.scheduler_view() if settings.scheduler_view else None
     now = time.monotonic()
     by_id = {r.request_id: r for r in outcome.records}
     details = []

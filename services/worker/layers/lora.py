@@ -49,9 +49,6 @@ MASKED_MAX_ROW_SLOTS = 128
 # 4406-5260, 1024 of 8 6915 / 10633, 256 of 1 1295 / 845, 512 of 2 2594 / 1938.
 CPP_MAX_ROWS = 128
 CPP_ROWS_PER_ADAPTER = 64
-# The stacks' dtypes the kernel reads (--lora-dtype); it widens half ones to float32 as it loads them.
-# The torch paths cast a stack to the activations' dtype per call instead (a no-op when they agree).
-KERNEL_STACKS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @functools.cache
@@ -193,11 +190,9 @@ class LoRALinear(nn.Module):
         batch = self.batch
         if not batch.groups or not self.rank:
             return out
-        if (
-            batch.row_slots is not None
-            and x.dtype == out.dtype == torch.float32
-            and self.a.dtype in KERNEL_STACKS
-        ):
+        # The kernel takes float32, bfloat16 or float16 stacks (--lora-dtype), widening half ones as it
+        # loads them; the torch paths below cast a stack to x's dtype per call (a no-op when they agree).
+        if batch.row_slots is not None and x.dtype == out.dtype == torch.float32:
             op = _cpp_lora_delta()
             assert op is not None  # set_rows sets row_slots only where it loaded
             op(out, x, self.a, self.b, batch.row_slots)  # x's and out's rows contiguous: checked there

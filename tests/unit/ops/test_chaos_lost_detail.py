@@ -23,14 +23,14 @@ def outcome() -> LoadOutcome:
 
 
 def test_each_lost_request_carries_the_schedulers_record_or_its_absence():
-    asked: list[list[str]] = []
+    asked: list[bool] = []
 
-    def explain(ids: list[str]) -> dict[str, dict]:
-        asked.append(ids)
+    def view() -> dict[str, dict]:
+        asked.append(True)
         return {"sdk-held": HELD}
 
-    details = describe_lost(outcome(), LoadSettings("tcp://x", explain_lost=explain))
-    assert asked == [["api-0", "sdk-gone", "sdk-held"]]
+    details = describe_lost(outcome(), LoadSettings("tcp://x", scheduler_view=view))
+    assert asked == [True]  # once for all of them
     by_id = {d["request_id"]: d for d in details}
     assert list(by_id) == ["api-0", "sdk-gone", "sdk-held"]
     assert by_id["sdk-held"]["scheduler"] == HELD and by_id["sdk-held"]["streamed_tokens"] == 3
@@ -40,7 +40,7 @@ def test_each_lost_request_carries_the_schedulers_record_or_its_absence():
 
 
 def test_a_silent_scheduler_is_said_so_not_taken_for_an_empty_one():
-    details = describe_lost(outcome(), LoadSettings("tcp://x", explain_lost=lambda ids: None))
+    details = describe_lost(outcome(), LoadSettings("tcp://x", scheduler_view=lambda: None))
     sdk = [d for d in details if d["via"] == "sdk"]
     assert sdk and all(d["scheduler_answered"] is False and d["scheduler"] is None for d in sdk)
 
