@@ -150,7 +150,7 @@ void attend_item_vector(const Item& item, const T* query, int64_t q_stride, cons
                    scratch);
   rows.load_queries(query, q_stride);
   const int64_t row_bytes = cache.row_bytes(), token_bytes = cache.token_bytes();
-  for_each_sub_block(cache.k, table, cache.block_size, token_bytes, rows.start, rows.context,
+  for_each_sub_block(cache.k, table, cache.block_size, token_bytes, token_bytes, rows.start, rows.context,
                      [&](int64_t base, int64_t n, const int8_t* kb) {
                        rows.for_each_chunk(RB, [&](int64_t h, int64_t r0, int64_t rb) {
                          if (!rows.reads(r0, r0 + rb - 1, base, n)) return;
@@ -160,7 +160,7 @@ void attend_item_vector(const Item& item, const T* query, int64_t q_stride, cons
                        });
                      });
   rows.softmax();
-  for_each_sub_block(cache.v, table, cache.block_size, token_bytes, rows.start, rows.context,
+  for_each_sub_block(cache.v, table, cache.block_size, token_bytes, token_bytes, rows.start, rows.context,
                      [&](int64_t base, int64_t n, const int8_t* vb) {
                        rows.for_each_chunk(RB, [&](int64_t h, int64_t r0, int64_t rb) {
                          if (!rows.reads(r0, r0 + rb - 1, base, n)) return;  // all weights 0

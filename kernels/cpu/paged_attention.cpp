@@ -227,9 +227,18 @@ inline Vec row_scores(const float* q, const float*, const float* kb, int64_t str
   return Vec::loadu(s);
 #endif
   Vec part[W];
-  for (int t = 0; t < W; ++t) {
-    part[t] = Vec(0.0f);
-    if (t >= n) continue;
+  for (int t = 0; t < W; ++t) part[t] = Vec(0.0f);
+  if (n == W) {
+    // A whole sub-block: W independent sums advance together. Token by token, each token's NV
+    // products formed one dependent chain (the FMA's latency, not its throughput, set the pace). The
+    // same products in the same order per token: the same sums.
+    for (int v = 0; v < NV; ++v) {
+      const Vec qv = Vec::loadu(q + v * W);
+      for (int t = 0; t < W; ++t) part[t] = at::vec::fmadd(qv, Vec::loadu(kb + t * stride + v * W), part[t]);
+    }
+    return sum_lanes(part);
+  }
+  for (int t = 0; t < n; ++t) {
     const float* k = kb + t * stride;
     for (int v = 0; v < NV; ++v) part[t] = at::vec::fmadd(Vec::loadu(q + v * W), Vec::loadu(k + v * W), part[t]);
   }
@@ -353,7 +362,7 @@ void attend_item_fast(const Item& item, const T* query, int64_t q_stride, const 
   const int64_t token_stride = num_kv_heads * D;
   k_cache += item.kv_head * D;  // the item's heads within each token's row
   v_cache += item.kv_head * D;
-  for_each_sub_block(k_cache, table, block_size, token_stride, rows.start, rows.context,
+  for_each_sub_block(k_cache, table, block_size, token_stride, item.kv_count * D, rows.start, rows.context,
                      [&](int64_t base, int64_t n, const T* kb) {
                        for (int64_t r = 0; r < rows.rows; ++r) {
                          if (!rows.reads(r, r, base, n)) continue;  // lanes outside the row are masked below
@@ -363,7 +372,7 @@ void attend_item_fast(const Item& item, const T* query, int64_t q_stride, const 
                        }
                      });
   rows.softmax();
-  for_each_sub_block(v_cache, table, block_size, token_stride, rows.start, rows.context,
+  for_each_sub_block(v_cache, table, block_size, token_stride, item.kv_count * D, rows.start, rows.context,
                      [&](int64_t base, int64_t n, const T* vb) {
                        rows.for_each_chunk(RB, [&](int64_t h, int64_t r0, int64_t rb) {
                          add_values_upto<T, NV, RB>(rb, rows.acc + r0 * D, rows.weights_at(r0, base),
