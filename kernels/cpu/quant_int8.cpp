@@ -14,12 +14,15 @@
 //   avx2      one group per 256-bit register, vpmaddubsw + vpmaddwd (no VNNI needed: the EPYC Zen 3 has
 //             none), signed codes by vpsignb. 4 x 2 a tile. Its scales come from each group's block as
 //             it goes and its b term is a scalar per (row, output) in group order (see its int_tile).
+//             Q4_0 and Q4_1 take two groups per register instead (pair_tile).
 //   portable  a plain C++ integer dot per half-group (no intrinsics; the compiler vectorizes).
 // vpmaddubsw sums two products into int16 with saturation: at most 2 * 63 * 127 (Q6_K) or 2 * 128 * 127
 // (|Q8_0|), both below 32767.
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "quant_codes_x86.h"
@@ -35,12 +38,23 @@ struct QuantX {
   std::vector<float> sx8;   // [M][Gp * 8]: each group's scale, 8 copies (one per int32 lane of its dot)
   std::vector<float> sxs;   // [M][Gp * 2]: scale * the sum of each half-group's codes
   std::vector<float> sxg;   // [M][Gp]: scale * the sum of the group's codes (one offset per group)
+  // [M][Gp][16], only for a weight type with a constant code offset c (code_offset): c * the sum of
+  // each pair of neighbouring codes, what vpmaddubsw's int16 lanes lose to the offset.
+  std::vector<int16_t> xoff;
   int64_t G, Gp;
 };
 
+// The weight types whose every code sits at a constant offset c from zero (weight = a * (code - c)):
+// their b term is -c * a, so the avx2 tiles subtract c * x from each pair of products in int16 (one
+// vpsubw) instead of adding b * sx * sum(q) in float per (group, output) (three scalar operations), as
+// the types with a free minimum (Q4_1, the K-quants' mins) still do.
+constexpr int code_offset(int64_t t) {
+  return t == Q4_0 ? 8 : t == Q5_0 ? 16 : t == Q3_K ? 4 : t == Q6_K ? 32 : 0;
+}
+
 inline int64_t padded_groups(int64_t G) { return (G + 15) / 16 * 16; }
 
-QuantX quantize_x(const float* x, int64_t M, int64_t K) {
+QuantX quantize_x(const float* x, int64_t M, int64_t K, int offset = 0) {
   QuantX xq;
   xq.G = K / kGroup;
   xq.Gp = padded_groups(xq.G);
@@ -48,6 +62,7 @@ QuantX quantize_x(const float* x, int64_t M, int64_t K) {
   xq.sx8.assign(M * xq.Gp * 8, 0.0f);
   xq.sxs.assign(M * xq.Gp * 2, 0.0f);
   xq.sxg.assign(M * xq.Gp, 0.0f);
+  if (offset) xq.xoff.assign(M * xq.Gp * 16, 0);
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / K), [&](int64_t begin, int64_t end) {
     alignas(64) float scaled[kGroup];
     for (int64_t m = begin; m < end; ++m) {
@@ -67,6 +82,10 @@ QuantX quantize_x(const float* x, int64_t M, int64_t K) {
           const int v = static_cast<int>(scaled[i]);
           q[i] = static_cast<int8_t>(v);
           sums[i / 16] += v;
+        }
+        if (offset) {
+          int16_t* pairs = xq.xoff.data() + (m * xq.Gp + g) * 16;
+          for (int64_t i = 0; i < 16; ++i) pairs[i] = static_cast<int16_t>(offset * (q[2 * i] + q[2 * i + 1]));
         }
         for (int i = 0; i < 8; ++i) xq.sx8[(m * xq.Gp + g) * 8 + i] = d;
         for (int h = 0; h < 2; ++h) xq.sxs[(m * xq.Gp + g) * 2 + h] = d * static_cast<float>(sums[h]);
@@ -252,18 +271,23 @@ inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_s
       const int64_t at = (m0 + i) * Gp + g;
       const __m256i x = load256(reinterpret_cast<const uint8_t*>(xq.q.data() + at * kGroup));
       const float sx = xq.sx8[at * 8];
+      constexpr int c = code_offset(T);
+      const __m256i xoff = c != 0 ? load256(reinterpret_cast<const uint8_t*>(xq.xoff.data() + at * 16)) : ones;
       for (int j = 0; j < NT; ++j) {
         const __m256i xj = signed_codes(T) ? _mm256_sign_epi8(x, wc[j]) : x;
-        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[j], xj), ones);
+        __m256i products = _mm256_maddubs_epi16(wabs[j], xj);
+        if constexpr (c != 0) products = _mm256_sub_epi16(products, xoff);  // (code - c) * x, exactly
+        const __m256i dot = _mm256_madd_epi16(products, ones);
         // Lanes 0-3 sum the group's first 16 products, 4-7 its last 16 (a scale per half where the type has one).
         const __m256 scale = half_scales(T) ? _mm256_setr_m128(_mm_set1_ps(sc[j].a[0] * sx), _mm_set1_ps(sc[j].a[1] * sx))
                                             : _mm256_set1_ps(sc[j].a[0] * sx);
         acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i][j]);
         // std::fma: one rounding whatever the compiler makes of the tile's shape (contracted or
         // vectorised differently per MT, a row's sum would change with the rows beside it).
-        if constexpr (!signed_codes(T) && half_scales(T))
+        // A b term only for a free minimum: a constant offset is folded in above, signed codes have none.
+        if constexpr (c == 0 && !signed_codes(T) && half_scales(T))
           off[i][j] = std::fma(sc[j].b[1], xq.sxs[at * 2 + 1], std::fma(sc[j].b[0], xq.sxs[at * 2], off[i][j]));
-        else if constexpr (!signed_codes(T))
+        else if constexpr (c == 0 && !signed_codes(T))
           off[i][j] = std::fma(sc[j].b[0], xq.sxg[at], off[i][j]);  // one offset for the whole group
       }
     }
@@ -276,6 +300,140 @@ inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_s
     for (int j = 0; j < NT; ++j) out[i * out_stride + j] += off[i][j];
 }
 
+
+// ---- Q4_0 and Q4_1 on avx2: two groups per register. One group's 16 bytes of nibbles filled half a
+// register after a widening shuffle, and its scale cost a convert, a multiply and a broadcast of its
+// own: about twenty instructions per (group, output) kept one core at ~9 GB/s of weights (AMD EPYC Zen
+// 3), half what it reads. Here the 16 bytes of groups g and g+1 share one register, [g | g+1] as
+// stored; its low nibbles are both groups' codes 0-15, its high nibbles their codes 16-31, and the
+// activations are laid out to match (PairX). The two maddubs products of a pair add in int16 (at most
+// 4 * 15 * 127), int32 lanes 0-3 are then group g's and 4-7 group g+1's, and both groups' scales come
+// from one convert of four halves spread by one permute. Q4_0's codes sit at 8 (code_offset): 8 * x
+// is subtracted in int16; Q4_1's minimum m adds m * sx * sum(q) per group, as a vector.
+constexpr bool paired_groups(int64_t t) { return t == Q4_0 || t == Q4_1; }
+
+// The activations by pairs of groups (of QuantX's padded groups: Gp / 2 pairs per row).
+struct PairX {
+  std::vector<int8_t> q;      // [M][P][64]: g's codes 0-15, g+1's 0-15, g's 16-31, g+1's 16-31
+  std::vector<float> sx;      // [M][P][8]: g's scale in lanes 0-3, g+1's in 4-7
+  std::vector<float> sxg;     // [M][P][8]: scale * the group's code sum in lanes 0 and 4, else 0 (Q4_1)
+  std::vector<int16_t> xoff;  // [M][P][16]: 8 * the four codes each int16 lane's products take (Q4_0)
+  int64_t P;
+};
+
+PairX pair_layout(const QuantX& xq, int64_t M, int offset) {
+  PairX px;
+  px.P = xq.Gp / 2;
+  const int64_t P = px.P;
+  px.q.assign(M * P * 64, 0);
+  px.sx.assign(M * P * 8, 0.0f);
+  px.sxg.assign(offset ? 0 : M * P * 8, 0.0f);
+  px.xoff.assign(offset ? M * P * 16 : 0, 0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t p = 0; p < P; ++p) {
+      const int64_t at = m * P + p;
+      int8_t* dst = px.q.data() + at * 64;
+      for (int64_t h = 0; h < 2; ++h) {  // h: group g or g + 1
+        const int64_t g = m * xq.Gp + 2 * p + h;
+        const int8_t* src = xq.q.data() + g * kGroup;
+        std::memcpy(dst + 16 * h, src, 16);
+        std::memcpy(dst + 32 + 16 * h, src + 16, 16);
+        for (int64_t l = 0; l < 4; ++l) px.sx[at * 8 + 4 * h + l] = xq.sx8[g * 8];
+        if (offset) {
+          for (int64_t i = 0; i < 8; ++i)
+            px.xoff[at * 16 + 8 * h + i] =
+                static_cast<int16_t>(offset * (src[2 * i] + src[2 * i + 1] + src[16 + 2 * i] + src[17 + 2 * i]));
+        } else {
+          px.sxg[at * 8 + 4 * h] = xq.sxg[g];
+        }
+      }
+    }
+  return px;
+}
+
+template <int64_t T, int MT, int NT>
+inline void pair_tile(const PairX& px, int64_t G, int64_t m0, const uint8_t* w, int64_t w_stride, const float* bias,
+                      float* out, int64_t out_stride) {
+  constexpr int64_t B = block_bytes(T), codes_at = T == Q4_0 ? 2 : 4;
+  const int64_t P = px.P;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  // Four halves converted: Q4_0 [d_g, d_g+1, 0, 0], Q4_1 [d_g, m_g, d_g+1, m_g+1]; spread to the lanes.
+  const __m256i spread_d = T == Q4_0 ? _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) : _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
+  const __m256i spread_m = _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3);
+  __m256 acc[MT][NT];
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t p = 0; 2 * p < G; ++p) {
+    const bool both = 2 * p + 1 < G;  // an odd last group pairs with zeros, never the bytes past its row
+    __m256i lo[NT], hi[NT];
+    __m256 d[NT], mins[NT];
+    for (int j = 0; j < NT; ++j) {
+      const uint8_t* block = w + j * w_stride + 2 * p * B;
+      prefetch_ahead(block);
+      const __m128i first = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + codes_at));
+      const __m128i second =
+          both ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + B + codes_at)) : _mm_setzero_si128();
+      const __m256i raw = _mm256_set_m128i(second, first);
+      lo[j] = _mm256_and_si256(raw, low4);
+      hi[j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      uint32_t head0 = 0, head1 = 0;  // Q4_0: d (2 bytes), Q4_1: d and m (4)
+      std::memcpy(&head0, block, T == Q4_0 ? 2 : 4);
+      if (both) std::memcpy(&head1, block + B, T == Q4_0 ? 2 : 4);
+      const __m128i halves = T == Q4_0 ? _mm_cvtsi32_si128(static_cast<int>(head0 | (head1 << 16)))
+                                       : _mm_setr_epi32(static_cast<int>(head0), static_cast<int>(head1), 0, 0);
+      const __m256 converted = _mm256_castps128_ps256(_mm_cvtph_ps(halves));
+      d[j] = _mm256_permutevar8x32_ps(converted, spread_d);
+      mins[j] = T == Q4_1 ? _mm256_permutevar8x32_ps(converted, spread_m) : _mm256_setzero_ps();
+    }
+    for (int i = 0; i < MT; ++i) {
+      const int64_t at = (m0 + i) * P + p;
+      const uint8_t* xp = reinterpret_cast<const uint8_t*>(px.q.data() + at * 64);
+      const __m256i x_lo = load256(xp), x_hi = load256(xp + 32);
+      const __m256 sx = _mm256_loadu_ps(px.sx.data() + at * 8);
+      for (int j = 0; j < NT; ++j) {
+        __m256i products = _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], x_lo), _mm256_maddubs_epi16(hi[j], x_hi));
+        if constexpr (T == Q4_0)
+          products = _mm256_sub_epi16(products, load256(reinterpret_cast<const uint8_t*>(px.xoff.data() + at * 16)));
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(products, ones));
+        acc[i][j] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d[j], sx), acc[i][j]);
+        if constexpr (T == Q4_1) acc[i][j] = _mm256_fmadd_ps(mins[j], _mm256_loadu_ps(px.sxg.data() + at * 8), acc[i][j]);
+      }
+    }
+  }
+  __m256 sums[(MT * NT + 7) / 8 * 8];
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) sums[i * NT + j] = acc[i][j];
+  store_sums<MT, NT>(sums, bias, out, out_stride);
+}
+
+template <int64_t T>
+void pair_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w_stride, const float* bias,
+               float* out, int64_t N) {
+  const QuantX xq = quantize_x(x, M, K);
+  const PairX px = pair_layout(xq, M, code_offset(T));
+  const int64_t G = xq.G;
+  at::parallel_for(0, (N + 1) / 2, (grain(M, K) + 1) / 2, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n = 2 * p;
+      const float* b = bias ? bias + n : nullptr;
+      auto rows = [&](auto nt) {
+        constexpr int NT = decltype(nt)::value;
+        int64_t m = 0;
+        for (; m + 4 <= M; m += 4) pair_tile<T, 4, NT>(px, G, m, w + n * w_stride, w_stride, b, out + m * N + n, N);
+        switch (M - m) {
+          case 3: pair_tile<T, 3, NT>(px, G, m, w + n * w_stride, w_stride, b, out + m * N + n, N); break;
+          case 2: pair_tile<T, 2, NT>(px, G, m, w + n * w_stride, w_stride, b, out + m * N + n, N); break;
+          case 1: pair_tile<T, 1, NT>(px, G, m, w + n * w_stride, w_stride, b, out + m * N + n, N); break;
+          default: break;
+        }
+      };
+      if (n + 1 < N)
+        rows(std::integral_constant<int, 2>{});
+      else
+        rows(std::integral_constant<int, 1>{});
+    }
+  });
+}
 #else
 
 template <int64_t T, int MT, int NT, bool VNNI>
@@ -348,8 +506,11 @@ inline void int_rows(const QuantX& xq, int64_t M, const uint8_t* w, int64_t w_st
 template <int64_t T, bool VNNI>
 void int8_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w_stride, const float* bias,
                float* out, int64_t N) {
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+  if constexpr (paired_groups(T)) return pair_impl<T>(x, M, K, w, w_stride, bias, out, N);
+#endif
   constexpr Signed form = signed_form<VNNI>();
-  const QuantX xq = quantize_x(x, M, K);
+  const QuantX xq = quantize_x(x, M, K, kScalesInline ? code_offset(T) : 0);
   const int64_t Gp = xq.Gp;
   const int64_t pairs = (N + 1) / 2;
   at::parallel_for(0, pairs, (grain(M, K) + 1) / 2, [&](int64_t begin, int64_t end) {
