@@ -48,6 +48,20 @@ using namespace quant;
 // docs/cpu-performance.md).
 constexpr int64_t kPanelRows = 24;
 
+// Mode 1's switch to the panels, per type: where the avx2 path takes Q4_0 and Q4_1 two groups per
+// register (quant_int8.cpp's pair_tile), its int8 tiles beat the panels far beyond 24 rows (AMD EPYC Zen
+// 3, 2 threads, quant_linear_ab --types Q4_0 Q4_1 --modes int int8, TinyLlama layers, min ms, tiles /
+// panels: Q4_0 24 rows 51 / 121, 64 rows 140 / 199, 256 rows 590 / 748, 512 rows (one layer) 299 / 293,
+// 1024 652 / 568; Q4_1 alike, 512 rows 319 / 291), so they keep the tiles below 384 rows.
+constexpr int64_t kPairedPanelRows = 384;
+
+int64_t int8_panel_rows(int64_t type) {
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+  if (type == Q4_0 || type == Q4_1) return kPairedPanelRows;
+#endif
+  return kPanelRows;
+}
+
 // Whether this CPU runs vpdpbusd (avx512 path only; the build itself never assumes it).
 inline bool cpu_has_vnni() {
 #if defined(CPU_CAPABILITY_AVX512)
@@ -97,8 +111,9 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, int64_t 
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   const uint8_t* w = qweight.data_ptr<uint8_t>();
   const int64_t stride = qweight.size(0) > 1 ? qweight.stride(0) : qweight.size(1);
-  const bool integer = mode == 2 || mode == 3 || (mode == 1 && M < kPanelRows);
-  if (mode == 5 || ((mode == 0 || mode == 1) && M >= kPanelRows))
+  const int64_t panel_rows = mode == 1 ? int8_panel_rows(type) : kPanelRows;
+  const bool integer = mode == 2 || mode == 3 || (mode == 1 && M < panel_rows);
+  if (mode == 5 || ((mode == 0 || mode == 1) && M >= panel_rows))
     linear_panels(type, xc, w, stride, b, out);
   else if (integer)
     linear_int8(type, xc.data_ptr<float>(), M, K, w, stride, bp, out.data_ptr<float>(), N, mode != 3 && cpu_has_vnni());
@@ -126,6 +141,7 @@ at::Tensor quant_rows(const at::Tensor& qweight, int64_t type, const at::Tensor&
 PAGEDSERVE_TORCH_LIBRARY(m) {
   m.def("quant_linear(Tensor x, Tensor qweight, int type, Tensor? bias, int mode=0) -> Tensor");
   m.def("quant_rows(Tensor qweight, int type, Tensor ids, int in_features) -> Tensor");
+  m.def("int8_panel_rows(int type) -> int", &int8_panel_rows);  // no tensor to dispatch on
 }
 
 PAGEDSERVE_TORCH_LIBRARY_IMPL(CPU, m) {

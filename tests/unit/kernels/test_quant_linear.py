@@ -153,18 +153,26 @@ def test_int8_activations_stay_within_the_quantization_bound(ops: Any, mode: int
         assert (err <= 0.01 * magnitude).all(), (rows, k)
 
 
-def test_mode_1_takes_int8_activations_below_the_panels_and_the_panels_from_there(ops: Any) -> None:
-    blocks, _ = weights("Q4_1", 8, 256)
-    x = torch.randn(64, 256)
-    for rows in (1, 7, 8, PANEL_ROWS - 1, PANEL_ROWS, 64):
-        float_out = ops.quant_linear(x[:rows], blocks, 3, None, FLOAT)
-        int_out = ops.quant_linear(x[:rows], blocks, 3, None, INT)
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q4_0", "Q8_0"])
+def test_mode_1_takes_int8_activations_below_the_panels_and_the_panels_from_there(
+    ops: Any, isa: str, type_name: str
+) -> None:
+    """Mode 1's switch is per type and path: 24 rows, or 384 where the avx2 path pairs Q4_0/Q4_1 groups."""
+    switch = ops.int8_panel_rows(TYPES[type_name])
+    paired = isa == "avx2" and type_name in ("Q4_0", "Q4_1")
+    assert switch == (384 if paired else PANEL_ROWS)
+    blocks, _ = weights(type_name, 8, 256)
+    x = torch.randn(switch + 8, 256)
+    for rows in (1, 7, 8, PANEL_ROWS - 1, PANEL_ROWS, 64, switch - 1, switch, switch + 8):
+        float_out = ops.quant_linear(x[:rows], blocks, TYPES[type_name], None, FLOAT)
+        int_out = ops.quant_linear(x[:rows], blocks, TYPES[type_name], None, INT)
         assert not torch.equal(float_out, int_out)  # the two modes are told apart
-        assert torch.equal(ops.quant_linear(x[:rows], blocks, 3, None), float_out)  # the default: float
-        expected = int_out if rows < PANEL_ROWS else float_out  # the panels' float32 GEMM
-        assert torch.equal(ops.quant_linear(x[:rows], blocks, 3, None, INT_BELOW_PANELS), expected), rows
+        assert torch.equal(ops.quant_linear(x[:rows], blocks, TYPES[type_name], None), float_out)  # the default
+        panels = ops.quant_linear(x[:rows], blocks, TYPES[type_name], None, PANELS)  # their float32 GEMM
+        expected = int_out if rows < switch else panels
+        assert torch.equal(ops.quant_linear(x[:rows], blocks, TYPES[type_name], None, INT_BELOW_PANELS), expected), rows
     with pytest.raises(RuntimeError, match="mode must be 0-5"):
-        ops.quant_linear(x, blocks, 3, None, 6)
+        ops.quant_linear(x, blocks, TYPES[type_name], None, 6)
 
 
 @pytest.mark.parametrize("type_name", ["F16", "BF16"])
