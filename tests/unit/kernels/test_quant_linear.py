@@ -158,21 +158,22 @@ def test_mode_1_takes_int8_activations_below_the_panels_and_the_panels_from_ther
     ops: Any, isa: str, type_name: str
 ) -> None:
     """Mode 1's switch is per type and path: 24 rows, or 384 where the avx2 path pairs Q4_0/Q4_1 groups."""
-    switch = ops.int8_panel_rows(TYPES[type_name])
+    kind = TYPES[type_name]
+    switch = ops.int8_panel_rows(kind)
     paired = isa == "avx2" and type_name in ("Q4_0", "Q4_1")
     assert switch == (384 if paired else PANEL_ROWS)
     blocks, _ = weights(type_name, 8, 256)
     x = torch.randn(switch + 8, 256)
     for rows in (1, 7, 8, PANEL_ROWS - 1, PANEL_ROWS, 64, switch - 1, switch, switch + 8):
-        float_out = ops.quant_linear(x[:rows], blocks, TYPES[type_name], None, FLOAT)
-        int_out = ops.quant_linear(x[:rows], blocks, TYPES[type_name], None, INT)
+        float_out = ops.quant_linear(x[:rows], blocks, kind, None, FLOAT)
+        int_out = ops.quant_linear(x[:rows], blocks, kind, None, INT)
         assert not torch.equal(float_out, int_out)  # the two modes are told apart
-        assert torch.equal(ops.quant_linear(x[:rows], blocks, TYPES[type_name], None), float_out)  # the default
-        panels = ops.quant_linear(x[:rows], blocks, TYPES[type_name], None, PANELS)  # their float32 GEMM
+        assert torch.equal(ops.quant_linear(x[:rows], blocks, kind, None), float_out)  # the default: float
+        panels = ops.quant_linear(x[:rows], blocks, kind, None, PANELS)  # their float32 GEMM
         expected = int_out if rows < switch else panels
-        assert torch.equal(ops.quant_linear(x[:rows], blocks, TYPES[type_name], None, INT_BELOW_PANELS), expected), rows
+        assert torch.equal(ops.quant_linear(x[:rows], blocks, kind, None, INT_BELOW_PANELS), expected), rows
     with pytest.raises(RuntimeError, match="mode must be 0-5"):
-        ops.quant_linear(x, blocks, TYPES[type_name], None, 6)
+        ops.quant_linear(x, blocks, kind, None, 6)
 
 
 @pytest.mark.parametrize("type_name", ["F16", "BF16"])
