@@ -508,6 +508,8 @@ class Scheduler:
         req.resume = False
         self.stats.resumed_requests += 1
         self.stats.resumed_tokens += committed
+        # Its adapter too: the restarted worker has read none, and its committed KV was computed under
+        # it (without it the request went on under the base weights after its first tokens).
         return NewRequest(
             req.request_id,
             req.known_token_ids(),
@@ -516,6 +518,8 @@ class Scheduler:
             num_tokens,
             res.block_ids,
             WorkerSampling.of(req.sampling, req.seed, False),
+            None if req.lora is None else req.lora.name,
+            None if req.lora is None else req.lora.path,
         )
 
     # ------------------------------------------------------------------ results

@@ -13,6 +13,7 @@ import pytest
 from pagedserve.services.block_manager.manager import BlockManager
 from pagedserve.services.scheduler.request import Status
 from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
+from pagedserve.shared.lora_modules import LoRAModule
 from pagedserve.shared.protocol.blocks import Free, Resume, Resumption
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.protocol.step import Execute, Speculated, StepResult
@@ -106,19 +107,32 @@ SPEC = SpeculativeConfig(num_speculative_tokens=3, max_step_rows=64, row_cost=0.
 
 
 def setup(
-    depth: int = 2, budget: int = 24, num_blocks: int = 96, spec: SpeculativeConfig | None = None
+    depth: int = 2,
+    budget: int = 24,
+    num_blocks: int = 96,
+    spec: SpeculativeConfig | None = None,
+    loras: list[LoRAModule | None] | None = None,
 ) -> tuple[Scheduler, BlockManager]:
+    """Eight requests sharing a prefix; `loras`: each one's adapter (then the worker holds two at once)."""
     bm = BlockManager(lease_ttl_s=100.0)
     bm.add_pool(W, num_blocks, BS)
     limits = SchedulerLimits(
-        max_model_len=4096, pipeline_depth=depth, max_num_batched_tokens=budget, speculative=spec
+        max_model_len=4096,
+        pipeline_depth=depth,
+        max_num_batched_tokens=budget,
+        speculative=spec,
+        max_loras=0 if loras is None else 2,
     )
     sched = Scheduler(limits, eos_token_ids=[0])
     sched.add_worker(W, num_blocks, BS)
     shared = [5, 6, 7, 8, 9, 10, 11, 12]  # two full blocks every prompt starts with: prefix-cache hits
     for i in range(8):
         sched.add_request(
-            f"r{i}", shared + [20 + i] * (3 + 5 * i), SamplingParams(temperature=0, max_tokens=12), 0.0
+            f"r{i}",
+            shared + [20 + i] * (3 + 5 * i),
+            SamplingParams(temperature=0, max_tokens=12),
+            0.0,
+            lora=None if loras is None else loras[i],
         )
     return sched, bm
 
@@ -205,6 +219,47 @@ def test_speculating_requests_resume_from_their_accepted_tokens_only(reference, 
     assert outputs(done) == reference
     assert sched.stats.recomputed_tokens == 0
     assert bm.num_free_blocks(W) == 96 and bm.check_invariants() == []
+
+
+class AdapterCheckingWorker(PoolWorker):
+    """A PoolWorker that holds every request it is sent to the adapter it was queued with."""
+
+    def __init__(
+        self,
+        pool: dict[int, int],
+        adapters: dict[str, LoRAModule | None],
+        crash_after_writes: int | None = None,
+    ) -> None:
+        super().__init__(pool, crash_after_writes)
+        self.adapters = adapters
+        self.sent: list[str] = []
+
+    def execute(self, ex: Execute) -> StepResult:
+        for r in ex.new_requests:
+            lora = self.adapters[r.request_id]
+            expected = (None, None) if lora is None else (lora.name, lora.path)
+            assert (r.lora_name, r.lora_path) == expected, r.request_id
+            self.sent.append(r.request_id)
+        return super().execute(ex)
+
+
+def test_a_resumed_request_is_sent_with_its_adapter() -> None:
+    # The restarted worker knows no request: one that resumed without its adapter's name and path
+    # went on under the base weights over KV computed under the adapter (tests/chaos/test_lora_worker_kill).
+    lora = {"a": LoRAModule("a", "/adapters/a", "a#1"), "b": LoRAModule("b", "/adapters/b", "b#1")}
+    adapters = {f"r{i}": [lora["a"], lora["b"], None][i % 3] for i in range(8)}
+    sched, bm = setup(loras=list(adapters.values()))
+    pool: dict[int, int] = {}
+    with pytest.raises(Crash):
+        drive(sched, bm, AdapterCheckingWorker(pool, adapters, crash_after_writes=97))
+    out = sched.suspend_worker(W, 1.0, "epoch-a", "incarnation-1")
+    bm.apply(out.frees, 1.0)
+    assert any(req.lora is not None for req in out.parked)
+    assert sched.resume_worker(W, "epoch-a", "incarnation-2", continued=True) == len(out.parked)
+    restarted = AdapterCheckingWorker(pool, adapters)
+    finish(sched, bm, restarted)
+    assert {req.request_id for req in out.parked} <= set(restarted.sent)
+    assert sched.stats.resumed_requests == len(out.parked)
 
 
 def test_requests_whose_first_step_died_start_again_and_the_rest_resume(reference):
