@@ -300,7 +300,6 @@ inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_s
     for (int j = 0; j < NT; ++j) out[i * out_stride + j] += off[i][j];
 }
 
-
 // ---- Q4_0 and Q4_1 on avx2: two groups per register. One group's 16 bytes of nibbles filled half a
 // register after a widening shuffle, and its scale cost a convert, a multiply and a broadcast of its
 // own: about twenty instructions per (group, output) kept one core at ~9 GB/s of weights (AMD EPYC Zen
