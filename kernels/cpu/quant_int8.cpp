@@ -433,6 +433,7 @@ void pair_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w
     }
   });
 }
+
 #else
 
 template <int64_t T, int MT, int NT, bool VNNI>
@@ -542,6 +543,15 @@ void linear_int8(int64_t type, const float* x, int64_t M, int64_t K, const uint8
       int8_impl<T, false>(x, M, K, w, w_stride, bias, out, N);
     }
   });
+}
+
+bool int8_pairs_groups(int64_t type) {
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+  return paired_groups(type);
+#else
+  (void)type;
+  return false;  // no pair tiles in this build
+#endif
 }
 
 QUANT_END

@@ -55,12 +55,7 @@ constexpr int64_t kPanelRows = 24;
 // 1024 652 / 568; Q4_1 alike, 512 rows 319 / 291), so they keep the tiles below 384 rows.
 constexpr int64_t kPairedPanelRows = 384;
 
-int64_t int8_panel_rows(int64_t type) {
-#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
-  if (type == Q4_0 || type == Q4_1) return kPairedPanelRows;
-#endif
-  return kPanelRows;
-}
+int64_t int8_panel_rows(int64_t type) { return int8_pairs_groups(type) ? kPairedPanelRows : kPanelRows; }
 
 // Whether this CPU runs vpdpbusd (avx512 path only; the build itself never assumes it).
 inline bool cpu_has_vnni() {

@@ -57,4 +57,8 @@ void decode_rows(int64_t type, const uint8_t* w, int64_t w_stride, const int64_t
 void linear_int8(int64_t type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w_stride,
                  const float* bias, float* out, int64_t N, bool vnni);
 
+// Whether this build's linear_int8 takes `type` two groups per register (the avx2 path's Q4_0 and Q4_1):
+// those tiles stay ahead of the panels far longer (quant_linear.cpp's int8_panel_rows).
+bool int8_pairs_groups(int64_t type);
+
 QUANT_END
