@@ -426,19 +426,8 @@ class Scheduler:
                     self.stats.recomputed_tokens += max(0, req.lost_committed - res.num_cached_tokens)
                     req.lost_committed = 0
                 state.running.append(req)
-                execute.new_requests.append(
-                    NewRequest(
-                        req.request_id,
-                        req.known_token_ids(),
-                        len(req.prompt_token_ids),
-                        res.num_cached_tokens,
-                        res.num_new_tokens,
-                        res.block_ids,
-                        WorkerSampling.of(req.sampling, req.seed, req.wants_prompt_logprobs),
-                        None if req.lora is None else req.lora.name,
-                        None if req.lora is None else req.lora.path,
-                    )
-                )
+                sent = self._to_worker(req, res.num_cached_tokens, res.num_new_tokens, res.block_ids, True)
+                execute.new_requests.append(sent)
             elif entry.resume:
                 assert isinstance(res, Resumption)  # entry.resume chose it
                 execute.new_requests.append(self._resumed(req, entry.num_tokens, res))
@@ -508,16 +497,23 @@ class Scheduler:
         req.resume = False
         self.stats.resumed_requests += 1
         self.stats.resumed_tokens += committed
-        # Its adapter too: the restarted worker has read none, and its committed KV was computed under
-        # it (without it the request went on under the base weights after its first tokens).
+        return self._to_worker(req, committed, num_tokens, res.block_ids, False)
+
+    @staticmethod
+    def _to_worker(
+        req: Request, computed: int, scheduled: int, block_ids: list[int], first_send: bool
+    ) -> NewRequest:
+        """A request as a worker that does not know it is sent it: new (`first_send`) or resumed, always with
+        its adapter (a resumed one sent without it went on under the base weights over KV computed under
+        it). Prompt logprobs only on the first send: a resumed request's tally died with the worker."""
         return NewRequest(
             req.request_id,
             req.known_token_ids(),
             len(req.prompt_token_ids),
-            committed,
-            num_tokens,
-            res.block_ids,
-            WorkerSampling.of(req.sampling, req.seed, False),
+            computed,
+            scheduled,
+            block_ids,
+            WorkerSampling.of(req.sampling, req.seed, first_send and req.wants_prompt_logprobs),
             None if req.lora is None else req.lora.name,
             None if req.lora is None else req.lora.path,
         )
