@@ -1,5 +1,5 @@
 """The decoder layer's small ops (RMSNorm, the residual add before it, SiLU-and-mul, the in-place
-rotary embedding of q and k), two ways.
+rotary embedding of q and k, a MoE layer's routing), two ways.
 
 `TORCH_LAYER_OPS`: the plain torch forms, op by op as Hugging Face writes them; any device and dtype,
 and the reference the tests hold the kernels to. `CppLayerOps`: our fused C++ kernels
@@ -50,6 +50,14 @@ class LayerOps(Protocol):
         """x [T, heads, head_dim] (any strides) rotated in place -> x; cos, sin [T, 1, head_dim/2]."""
         ...
 
+    def moe_route(
+        self, x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, hidden], router [experts, hidden] -> (expert ids [T, top_k] int64, their weights
+        [T, top_k] in x's dtype): softmax in float32 of the router's logits, top-k, renormalised over
+        the k where `normalize`, as the checkpoints' reference code routes."""
+        ...
+
 
 class TorchLayerOps:
     name = "torch"
@@ -78,6 +86,16 @@ class TorchLayerOps:
     def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return apply_rotary_(x, cos, sin)
 
+    @staticmethod
+    def moe_route(
+        x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = torch.softmax(F.linear(x, router), dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probs, top_k, dim=-1)
+        if normalize:
+            weights /= weights.sum(dim=-1, keepdim=True)
+        return experts, weights.to(x.dtype)
+
 
 TORCH_LAYER_OPS = TorchLayerOps()
 
@@ -98,6 +116,7 @@ class CppLayerOps:
         self.silu_and_mul = ops.silu_and_mul.default
         self._fused_add_rms_norm = ops.fused_add_rms_norm.default
         self._rotary_ = ops.rotary_.default
+        self._moe_route = ops.moe_route.default
 
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
@@ -108,6 +127,12 @@ class CppLayerOps:
     def rotary_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         self._rotary_(x, cos, sin)  # the same bits as apply_rotary_
         return x
+
+    def moe_route(
+        self, x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        experts, weights = self._moe_route(x, router, top_k, normalize)  # the torch form's ops, in C++
+        return experts, weights
 
 
 _cpp: CppLayerOps | None = None

@@ -5,6 +5,7 @@
 //   pagedserve_ops::fused_add_rms_norm(x, residual, weight, eps): residual += x; x = rms_norm(residual)
 //   pagedserve_ops::silu_and_mul(gate_up) -> silu(gate) * up, gate_up = [gate | up] per row
 //   pagedserve_ops::rotary_(x, cos, sin): x [T, heads, D] rotated in place ("rotate half" pairs)
+//   pagedserve_ops::moe_route(x, router, top_k, normalize) -> (expert ids [T, k], weights [T, k] in x's dtype)
 //
 // Each op does what Hugging Face's modules and our torch forms do op by op, with the same roundings:
 // the norm in float32 whatever the dtype (sum of squares, / D, + eps, 1 / sqrt), rounded to the
@@ -368,6 +369,22 @@ void rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   });
 }
 
+// A MoE layer's routing, the torch form's very ops (so its very bits) called from here: the router's
+// linear, softmax in float32, top-k, renormalised over the k where the model says so, rounded back to
+// x's dtype. One call instead of six from Python, ~20 us a layer of Python around ~18 us of ops at
+// one row (AMD EPYC Zen 3, 2 threads).
+std::tuple<at::Tensor, at::Tensor> moe_route(const at::Tensor& x, const at::Tensor& router, int64_t top_k,
+                                             bool normalize) {
+  TORCH_CHECK(x.dim() == 2 && router.dim() == 2 && router.size(1) == x.size(1),
+              "moe_route: x must be [tokens, hidden] and router [experts, hidden], got ", x.sizes(), " and ",
+              router.sizes());
+  TORCH_CHECK(top_k >= 1 && top_k <= router.size(0), "moe_route: top_k must be in [1, ", router.size(0),
+              "], got ", top_k);
+  auto [weights, experts] = at::topk(at::softmax(at::linear(x, router), -1, at::kFloat), top_k, -1);
+  if (normalize) weights.div_(weights.sum(-1, true));
+  return {experts, weights.to(x.scalar_type())};
+}
+
 }  // namespace
 
 PAGEDSERVE_TORCH_LIBRARY(m) {
@@ -375,6 +392,7 @@ PAGEDSERVE_TORCH_LIBRARY(m) {
   m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");
   m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()");
+  m.def("moe_route(Tensor x, Tensor router, int top_k, bool normalize) -> (Tensor, Tensor)");
 }
 
 PAGEDSERVE_TORCH_LIBRARY_IMPL(CPU, m) {
@@ -382,4 +400,5 @@ PAGEDSERVE_TORCH_LIBRARY_IMPL(CPU, m) {
   m.impl("fused_add_rms_norm", &fused_add_rms_norm);
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("rotary_", &rotary_);
+  m.impl("moe_route", &moe_route);
 }

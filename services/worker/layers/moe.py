@@ -3,7 +3,8 @@
 
 Routing follows the checkpoints' reference code exactly: router logits in the model dtype (the router
 stays dense: `Router`), softmax in float32, top-k of the probabilities, renormalised over the k when the config says so (Mixtral always,
-the others by `norm_topk_prob`), the weights rounded back to the model dtype. Qwen2-MoE adds a shared
+the others by `norm_topk_prob`), the weights rounded back to the model dtype (`LayerOps.moe_route`: those
+torch ops, called from Python or, where the C++ layer ops load, all from one C++ op). Qwen2-MoE adds a shared
 expert every token runs, scaled by sigmoid(a learned [hidden -> 1] gate).
 
 A step's tokens are grouped by expert (a stable sort of the (token, k) pairs by expert id): each
@@ -42,14 +43,11 @@ class Router(nn.Module):
     product of 32 rows takes a few microseconds in `F.linear`, ~80 as a oneDNN-packed linear (its
     per-call overhead), and a quantized router would round which experts run, not just by how much
     (llama.cpp's files keep it F32 too). Not an nn.Linear, so neither repacking nor quantized
-    installs take it."""
+    installs take it. The routing reads its weight (`LayerOps.moe_route`)."""
 
     def __init__(self, hidden_size: int, num_experts: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
 
 
 class ExpertLinear(nn.Module):
@@ -157,12 +155,7 @@ class SparseMoeBlock(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, hidden] -> (expert ids [T, k] int64, their weights [T, k] in x's dtype)."""
-        logits = self.gate.forward(x)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, experts = torch.topk(probs, self.top_k, dim=-1)
-        if self.normalize_top_k:
-            weights /= weights.sum(dim=-1, keepdim=True)
-        return experts, weights.to(x.dtype)
+        return self.ops.moe_route(x, self.gate.weight, self.top_k, self.normalize_top_k)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         experts, weights = self.route(x)

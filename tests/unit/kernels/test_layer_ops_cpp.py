@@ -140,6 +140,34 @@ def test_rotary_in_place_matches_the_copying_form(cpp):
     assert torch.equal(cpp.rotary_(x, cos, sin), expected)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    tokens=st.integers(0, 40),
+    experts=st.sampled_from([3, 7, 32, 60]),
+    data=st.data(),
+    dtype=st.sampled_from(DTYPES),
+    normalize=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_moe_route_gives_the_very_bits_of_the_torch_form(cpp, tokens, experts, data, dtype, normalize, seed):
+    # The same torch ops, called from C++: ids and weights equal bit for bit, ties included.
+    top_k = data.draw(st.integers(1, experts))
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, 48, generator=gen).to(dtype)
+    router = (0.2 * torch.randn(experts, 48, generator=gen)).to(dtype)
+    if tokens > 1:
+        x[1] = x[0]  # two tokens routed alike
+    ids, weights = cpp.moe_route(x, router, top_k, normalize)
+    want_ids, want_weights = TORCH_LAYER_OPS.moe_route(x, router, top_k, normalize)
+    assert ids.dtype == torch.int64 and weights.dtype == dtype
+    assert torch.equal(ids, want_ids) and torch.equal(weights, want_weights)
+
+
+def test_moe_route_refuses_a_top_k_beyond_the_experts(cpp):
+    with pytest.raises(RuntimeError, match=r"top_k must be in \[1, 4\], got 5"):
+        cpp.moe_route(torch.randn(2, 8), torch.randn(4, 8), 5, True)
+
+
 def test_rotary_refuses_cos_of_the_wrong_shape(cpp):
     x, cos = torch.randn(3, 4, 64), torch.randn(3, 1, 16)
     with pytest.raises(RuntimeError, match=r"cos and sin must be \[tokens, 1, head_dim / 2\] = \[3, 1, 32\]"):
