@@ -172,6 +172,22 @@ inline float offset_term(const float* b, const float* sxs, int64_t halves) {
 template <int64_t T, Signed form>
 constexpr bool has_offset() { return !signed_codes(T) || form == Signed::kOffset; }
 
+// Rows 0..M in tiles: of `Widest` rows (8 or 4) while they last, then of 4, the last 1-3 rows in one
+// smaller tile; tile(std::integral_constant<int, rows>, first row).
+template <int Widest, typename Tile>
+inline void row_tiles(int64_t M, const Tile& tile) {
+  int64_t m = 0;
+  if constexpr (Widest >= 8)
+    for (; m + 8 <= M; m += 8) tile(std::integral_constant<int, 8>{}, m);
+  for (; m + 4 <= M; m += 4) tile(std::integral_constant<int, 4>{}, m);
+  switch (M - m) {
+    case 3: tile(std::integral_constant<int, 3>{}, m); break;
+    case 2: tile(std::integral_constant<int, 2>{}, m); break;
+    case 1: tile(std::integral_constant<int, 1>{}, m); break;
+    default: break;
+  }
+}
+
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 
 // The lane sums of 8 vectors at once, as one vector: a tree of hadds instead of 8 separate reductions.
@@ -456,15 +472,10 @@ void pair_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w
       const int64_t n = 2 * p;
       const float* b = bias ? bias + n : nullptr;
       auto rows = [&](auto nt) {
-        constexpr int NT = decltype(nt)::value;
-        int64_t m = 0;
-        for (; m + 4 <= M; m += 4) pair_tile<T, 4, NT>(px, G, m, w + n * w_stride, w_stride, b, out + m * N + n, N);
-        switch (M - m) {
-          case 3: pair_tile<T, 3, NT>(px, G, m, w + n * w_stride, w_stride, b, out + m * N + n, N); break;
-          case 2: pair_tile<T, 2, NT>(px, G, m, w + n * w_stride, w_stride, b, out + m * N + n, N); break;
-          case 1: pair_tile<T, 1, NT>(px, G, m, w + n * w_stride, w_stride, b, out + m * N + n, N); break;
-          default: break;
-        }
+        row_tiles<4>(M, [&](auto mt, int64_t m) {
+          pair_tile<T, decltype(mt)::value, decltype(nt)::value>(px, G, m, w + n * w_stride, w_stride, b,
+                                                                 out + m * N + n, N);
+        });
       };
       if (n + 1 < N)
         rows(std::integral_constant<int, 2>{});
@@ -529,18 +540,14 @@ constexpr Signed signed_form() {
 template <int64_t T, int NT, bool VNNI>
 inline void int_rows(const QuantX& xq, int64_t M, const uint8_t* w, int64_t w_stride, const float* a8,
                      const float* bsc, const float* bias, float* out, int64_t N) {
-  int64_t m = 0;
 #if defined(CPU_CAPABILITY_AVX512)
-  // 8 rows a tile (16 accumulators of the 32 registers): each decoded pair of groups serves 8 rows.
-  for (; m + 8 <= M; m += 8) int_tile<T, 8, NT, VNNI>(xq, m, w, w_stride, a8, bsc, bias, out + m * N, N);
+  constexpr int widest = 8;  // 16 accumulators of the 32 registers: each decoded pair of groups serves 8 rows
+#else
+  constexpr int widest = 4;
 #endif
-  for (; m + 4 <= M; m += 4) int_tile<T, 4, NT, VNNI>(xq, m, w, w_stride, a8, bsc, bias, out + m * N, N);
-  switch (M - m) {
-    case 3: int_tile<T, 3, NT, VNNI>(xq, m, w, w_stride, a8, bsc, bias, out + m * N, N); break;
-    case 2: int_tile<T, 2, NT, VNNI>(xq, m, w, w_stride, a8, bsc, bias, out + m * N, N); break;
-    case 1: int_tile<T, 1, NT, VNNI>(xq, m, w, w_stride, a8, bsc, bias, out + m * N, N); break;
-    default: break;
-  }
+  row_tiles<widest>(M, [&](auto mt, int64_t m) {
+    int_tile<T, decltype(mt)::value, NT, VNNI>(xq, m, w, w_stride, a8, bsc, bias, out + m * N, N);
+  });
 }
 
 template <int64_t T, bool VNNI>
