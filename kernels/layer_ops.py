@@ -116,7 +116,7 @@ class CppLayerOps:
         self.silu_and_mul = ops.silu_and_mul.default
         self._fused_add_rms_norm = ops.fused_add_rms_norm.default
         self._rotary_ = ops.rotary_.default
-        self._moe_route = ops.moe_route.default
+        self.moe_route = ops.moe_route.default  # the torch form's ops, called from C++
 
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
@@ -127,12 +127,6 @@ class CppLayerOps:
     def rotary_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         self._rotary_(x, cos, sin)  # the same bits as apply_rotary_
         return x
-
-    def moe_route(
-        self, x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        experts, weights = self._moe_route(x, router, top_k, normalize)  # the torch form's ops, in C++
-        return experts, weights
 
 
 _cpp: CppLayerOps | None = None
