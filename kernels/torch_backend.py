@@ -37,10 +37,11 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        # Indexed assignment on the flattened slot axis was the fastest of the scatter variants.
+        # Indexed assignment on the flattened slot axis was the fastest of the scatter variants. A
+        # narrower cache (a float32 model's bfloat16 K/V) takes its rows rounded to its dtype.
         num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-        k_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = key
-        v_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = value
+        k_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = key.to(k_cache.dtype)
+        v_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = value.to(v_cache.dtype)
 
     def forward(
         self,
@@ -87,8 +88,11 @@ def _attend_one(
     span = seq_len - first
     blocks = block_table[first // block_size : -(-seq_len // block_size)]
     skip = first % block_size
-    key = k_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[skip : skip + span]
-    value = v_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[skip : skip + span]
+    # A narrower cache (a float32 model's bfloat16 K/V) is read in the query's dtype.
+    key = k_cache.index_select(0, blocks).to(query.dtype).view(-1, num_kv_heads, head_dim)[skip : skip + span]
+    value = (
+        v_cache.index_select(0, blocks).to(query.dtype).view(-1, num_kv_heads, head_dim)[skip : skip + span]
+    )
     # [kv, group, L, D] queries against K/V broadcast over the group without a copy: ~2x faster
     # than enable_gqa or repeated K/V on the CPU.
     q = query.view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
@@ -182,8 +186,10 @@ def _decode_padded(
     padded = num_blocks * block_size
     flat_tables = block_tables[:, :num_blocks].reshape(-1)
     # [rows, L, kv, D] -> [rows, kv, L, D]; the padding past each row's length is masked below.
-    k = k_cache.index_select(0, flat_tables).view(rows, padded, num_kv_heads, head_dim).transpose(1, 2)
-    v = v_cache.index_select(0, flat_tables).view(rows, padded, num_kv_heads, head_dim).transpose(1, 2)
+    k = k_cache.index_select(0, flat_tables).to(query.dtype)  # a narrower cache in the query's dtype
+    v = v_cache.index_select(0, flat_tables).to(query.dtype)
+    k = k.view(rows, padded, num_kv_heads, head_dim).transpose(1, 2)
+    v = v.view(rows, padded, num_kv_heads, head_dim).transpose(1, 2)
     q = query.view(rows, num_kv_heads, group, head_dim)
     positions = torch.arange(padded, device=query.device)[None, :]
     mask = positions < seq_lens[:, None]

@@ -140,7 +140,8 @@ class CacheSection(Section):
     kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16", "int8"] = Field(
         "auto",
         description="K/V storage: auto = the model's dtype; int8 = a quarter of float32's bytes, a scale per "
-        "slot and head (CPU; docs/kv-int8.md); a float dtype other than the model's is refused",
+        "slot and head (CPU; docs/kv-int8.md); bfloat16 under a float32 model = half its bytes (CPU); any "
+        "other float dtype than the model's is refused",
     )
     kv_persist: bool = Field(
         True,

@@ -15,6 +15,9 @@
 // avx512, avx2 and portable (no ISA flag: SSE2 on x86-64, NEON on ARM64). The vector code is written
 // over ATen's at::vec::Vectorized<float>, whose width W follows the build: 16 lanes on avx512, 8 on
 // avx2, 8 on x86's portable build (vec_base: arrays the compiler vectorises), 4 on NEON.
+// The caches hold the query's dtype (float32 or bfloat16), or bfloat16 under float32 queries: a float32
+// model's K/V kept in half the bytes (kv_cache_dtype bfloat16), widened as it is read; write_kv rounds
+// the float32 rows into it.
 // Two algorithms, one result (float32 accumulation whatever the cache dtype; GQA folded into rows:
 // the query heads sharing a KV head are rows served by the same K/V vector read, never repeated):
 // - fast (head_dim a multiple of W up to 128): all KV heads of a query tile in one work item, three
@@ -102,9 +105,10 @@ struct Item {
   int64_t cost;       // rows x positions read, to hand out the long items first
 };
 
-template <typename T>
-void attend_item(const Item& item, const T* query, int64_t q_stride, const T* k_cache, const T* v_cache,
-                 const int32_t* table, T* out, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+template <typename Q, typename C>
+void attend_item(const Item& item, const Q* query, int64_t q_stride, const C* k_cache, const C* v_cache,
+                 const int32_t* table, Q* out, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                 int64_t block_size,
                  const Scoring& scoring, std::vector<float>& scratch) {
   const int64_t group = num_heads / num_kv_heads;
   const int64_t rows = item.num_queries * group;
@@ -123,7 +127,7 @@ void attend_item(const Item& item, const T* query, int64_t q_stride, const T* k_
   for (int64_t i = 0; i < item.num_queries; ++i) {
     for (int64_t g = 0; g < group; ++g) {
       const int64_t r = i * group + g;
-      const T* src = query + (item.first_query + i) * q_stride + (item.kv_head * group + g) * D;
+      const Q* src = query + (item.first_query + i) * q_stride + (item.kv_head * group + g) * D;
       for (int64_t d = 0; d < D; ++d) q[r * D + d] = load(src[d]) * scoring.scale;
       limit[r] = static_cast<float>(item.first_pos + i + 1);
       lower[r] = static_cast<float>(scoring.first_visible(item.first_pos + i));
@@ -199,7 +203,7 @@ void attend_item(const Item& item, const T* query, int64_t q_stride, const T* k_
   for (int64_t i = 0; i < item.num_queries; ++i) {
     for (int64_t g = 0; g < group; ++g) {
       const int64_t r = i * group + g;
-      T* dst = out + ((item.first_query + i) * num_heads + item.kv_head * group + g) * D;
+      Q* dst = out + ((item.first_query + i) * num_heads + item.kv_head * group + g) * D;
       const float inv = 1.0f / l[r];
       for (int64_t d = 0; d < D; ++d) store(dst + d, acc[r * D + d] * inv);
     }
@@ -248,12 +252,12 @@ inline Vec row_scores(const float* q, const float*, const float* kb, int64_t str
 // bf16 keys: with AVX512-BF16 and an even NV, the row's own bf16 values (`qraw`) go straight into
 // pairwise bf16 dot products (exact products, float32 sums) and the scale is applied to the sums;
 // otherwise keys are widened to float32 and the float32 path runs.
-template <int NV>
-inline Vec row_scores(const float* q, const c10::BFloat16* qraw, const c10::BFloat16* kb, int64_t stride,
-                      int64_t n, float scale) {
+template <int NV, typename Q>
+inline Vec row_scores(const float* q, const Q* qraw, const c10::BFloat16* kb, int64_t stride, int64_t n,
+                      float scale) {
   Vec part[W];
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
-  if constexpr (NV % 2 == 0) {
+  if constexpr (NV % 2 == 0 && std::is_same_v<Q, c10::BFloat16>) {
     __m512bh qv[NV / 2];
     for (int v = 0; v < NV / 2; ++v) qv[v] = (__m512bh)_mm512_loadu_si512(qraw + v * 32);
     for (int t = 0; t < W; ++t) {
@@ -350,9 +354,9 @@ void add_values_upto(int64_t rb, float* acc, const float* w, int64_t row_stride,
 // passes measured 1.3-1.5x the online form in cache). Every KV head is served from the same
 // sub-block of W tokens: a token's K (and V) row for all heads is one contiguous run of memory, read
 // in order.
-template <typename T, int NV>
-void attend_item_fast(const Item& item, const T* query, int64_t q_stride, const T* k_cache, const T* v_cache,
-                      const int32_t* table, T* out, int64_t num_heads, int64_t num_kv_heads, int64_t block_size,
+template <typename Q, typename C, int NV>
+void attend_item_fast(const Item& item, const Q* query, int64_t q_stride, const C* k_cache, const C* v_cache,
+                      const int32_t* table, Q* out, int64_t num_heads, int64_t num_kv_heads, int64_t block_size,
                       const Scoring& scoring, std::vector<float>& scratch) {
   constexpr int D = NV * W;
   constexpr int RB = rows_per_chunk<NV>();
@@ -363,7 +367,7 @@ void attend_item_fast(const Item& item, const T* query, int64_t q_stride, const 
   k_cache += item.kv_head * D;  // the item's heads within each token's row
   v_cache += item.kv_head * D;
   for_each_sub_block(k_cache, table, block_size, token_stride, item.kv_count * D, rows.start, rows.context,
-                     [&](int64_t base, int64_t n, const T* kb) {
+                     [&](int64_t base, int64_t n, const C* kb) {
                        for (int64_t r = 0; r < rows.rows; ++r) {
                          if (!rows.reads(r, r, base, n)) continue;  // lanes outside the row are masked below
                          const Vec s = row_scores<NV>(rows.q + r * D, rows.query_row(query, q_stride, r),
@@ -373,9 +377,9 @@ void attend_item_fast(const Item& item, const T* query, int64_t q_stride, const 
                      });
   rows.softmax();
   for_each_sub_block(v_cache, table, block_size, token_stride, item.kv_count * D, rows.start, rows.context,
-                     [&](int64_t base, int64_t n, const T* vb) {
+                     [&](int64_t base, int64_t n, const C* vb) {
                        rows.for_each_chunk(RB, [&](int64_t h, int64_t r0, int64_t rb) {
-                         add_values_upto<T, NV, RB>(rb, rows.acc + r0 * D, rows.weights_at(r0, base),
+                         add_values_upto<C, NV, RB>(rb, rows.acc + r0 * D, rows.weights_at(r0, base),
                                                     rows.row_stride, vb + h * D, token_stride, n);
                        });
                      });
@@ -383,31 +387,31 @@ void attend_item_fast(const Item& item, const T* query, int64_t q_stride, const 
 }
 
 // The fast item function for this head_dim, or nullptr (the generic path serves it).
-template <typename T>
-using ItemFn = void (*)(const Item&, const T*, int64_t, const T*, const T*, const int32_t*, T*, int64_t, int64_t,
+template <typename Q, typename C>
+using ItemFn = void (*)(const Item&, const Q*, int64_t, const C*, const C*, const int32_t*, Q*, int64_t, int64_t,
                         int64_t, const Scoring&, std::vector<float>&);
 
-template <typename T, int NV = kMaxHeadDim / W>
-ItemFn<T> fast_item_fn(int64_t head_dim) {
-  if (head_dim == NV * W) return attend_item_fast<T, NV>;
-  if constexpr (NV > 1) return fast_item_fn<T, NV - 1>(head_dim);
+template <typename Q, typename C, int NV = kMaxHeadDim / W>
+ItemFn<Q, C> fast_item_fn(int64_t head_dim) {
+  if (head_dim == NV * W) return attend_item_fast<Q, C, NV>;
+  if constexpr (NV > 1) return fast_item_fn<Q, C, NV - 1>(head_dim);
   return nullptr;
 }
 
-template <typename T>
+template <typename Q, typename C>
 void run_items(const std::vector<Item>& items, const std::vector<int64_t>& order, int threads,
                const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                const at::Tensor& block_tables, const Scoring& scoring, bool generic, at::Tensor& out) {
-  const T* q = query.data_ptr<T>();
-  const T* kc = k_cache.data_ptr<T>();
-  const T* vc = v_cache.data_ptr<T>();
+  const Q* q = query.data_ptr<Q>();
+  const C* kc = k_cache.data_ptr<C>();
+  const C* vc = v_cache.data_ptr<C>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
-  T* o = out.data_ptr<T>();
+  Q* o = out.data_ptr<Q>();
   const int64_t width = block_tables.size(1), num_heads = query.size(1), head_dim = query.size(2);
   const int64_t q_stride = query.stride(0);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   const int64_t num_items = static_cast<int64_t>(items.size());
-  const ItemFn<T> fast = generic ? nullptr : fast_item_fn<T>(head_dim);
+  const ItemFn<Q, C> fast = generic ? nullptr : fast_item_fn<Q, C>(head_dim);
   // Our own parallel region on torch's OpenMP runtime (the same libgomp, already loaded), for the
   // dynamic schedule: at::parallel_for hands out equal contiguous ranges.
 #pragma omp parallel num_threads(threads)
@@ -421,7 +425,7 @@ void run_items(const std::vector<Item>& items, const std::vector<int64_t>& order
         fast(it, q, q_stride, kc, vc, table, o, num_heads, num_kv_heads, block_size, scoring, scratch);
         continue;
       }
-      attend_item<T>(it, q, q_stride, kc, vc, table, o, num_heads, num_kv_heads, head_dim, block_size, scoring,
+      attend_item<Q, C>(it, q, q_stride, kc, vc, table, o, num_heads, num_kv_heads, head_dim, block_size, scoring,
                      scratch);
     }
   }
@@ -450,9 +454,14 @@ void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor
               "paged_attention needs each token's query heads contiguous");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && out.is_contiguous() && block_tables.is_contiguous(),
               "paged_attention needs contiguous caches, out and block_tables");
-  TORCH_CHECK(query.scalar_type() == k_cache.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type() &&
-                  out.scalar_type() == query.scalar_type(),
-              "query, caches and out must share one dtype");
+  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type() && out.scalar_type() == query.scalar_type(),
+              "the caches must share one dtype, and out the query's");
+  // A float32 model may keep its K/V in bfloat16 (half the bytes a decode step reads); otherwise the
+  // caches hold the query's dtype.
+  const at::ScalarType qt = query.scalar_type(), ct = k_cache.scalar_type();
+  TORCH_CHECK((qt == at::kFloat || qt == at::kBFloat16) && (ct == qt || (qt == at::kFloat && ct == at::kBFloat16)),
+              "paged_attention takes float32 or bfloat16 queries over caches of the same dtype, or float32 "
+              "queries over bfloat16 caches; got ", qt, " over ", ct);
   TORCH_CHECK(query_start_loc.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
                   block_tables.scalar_type() == at::kInt,
               "query_start_loc, seq_lens and block_tables must be int32");
@@ -464,9 +473,8 @@ void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor
   const Scoring scoring{static_cast<float>(scale), window, static_cast<float>(softcap)};
 
   // The fast path takes every KV head of a query tile in one item; the generic one, one head.
-  const bool all_heads = !generic && (query.scalar_type() == at::kFloat
-                                          ? fast_item_fn<float>(head_dim) != nullptr
-                                          : fast_item_fn<c10::BFloat16>(head_dim) != nullptr);
+  // The fast path takes the same head dims whatever the dtypes.
+  const bool all_heads = !generic && fast_item_fn<float, float>(head_dim) != nullptr;
   std::vector<Item> items;
   paged_step::for_each_tile(query_start_loc, seq_lens, block_size, block_tables.size(1), scoring,
                             [&](int64_t b, int64_t first_query, int64_t nq, int64_t first_pos, int64_t span) {
@@ -482,14 +490,20 @@ void attend(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor
   const std::vector<int64_t> order = paged_step::longest_first(items);
   const int threads = paged_step::threads_for(items.size());
 
-  if (query.scalar_type() == at::kFloat) {
-    run_items<float>(items, order, threads, query, k_cache, v_cache, block_tables, scoring, generic, out);
-  } else if (query.scalar_type() == at::kBFloat16) {
-    run_items<c10::BFloat16>(items, order, threads, query, k_cache, v_cache, block_tables, scoring, generic,
-                             out);
+  if (qt == at::kFloat && ct == at::kFloat) {
+    run_items<float, float>(items, order, threads, query, k_cache, v_cache, block_tables, scoring, generic, out);
+  } else if (qt == at::kFloat) {
+    run_items<float, c10::BFloat16>(items, order, threads, query, k_cache, v_cache, block_tables, scoring, generic,
+                                    out);
   } else {
-    TORCH_CHECK(false, "paged_attention supports float32 and bfloat16, got ", query.scalar_type());
+    run_items<c10::BFloat16, c10::BFloat16>(items, order, threads, query, k_cache, v_cache, block_tables, scoring,
+                                            generic, out);
   }
+}
+
+// n float32 values rounded to bfloat16 (nearest even, as c10::BFloat16 rounds).
+inline void narrow_row(c10::BFloat16* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) store(dst + i, src[i]);
 }
 
 // This step's K and V rows into their cache slots: one copy of each token's row (every KV head),
@@ -501,9 +515,13 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cach
                   v_cache.sizes() == k_cache.sizes(),
               "write_kv: key/value [T, kv, D], caches [N, block, kv, D]");
   TORCH_CHECK(key.size(1) == k_cache.size(2) && key.size(2) == k_cache.size(3), "write_kv: head shapes do not match");
-  TORCH_CHECK(key.scalar_type() == k_cache.scalar_type() && value.scalar_type() == k_cache.scalar_type() &&
-                  v_cache.scalar_type() == k_cache.scalar_type(),
-              "write_kv: key, value and caches must share one dtype");
+  TORCH_CHECK(value.scalar_type() == key.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type(),
+              "write_kv: key and value must share one dtype, and the caches another");
+  // float32 rows into bfloat16 caches are rounded (to nearest even) as they are written.
+  const bool narrow = key.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(key.scalar_type() == k_cache.scalar_type() || narrow,
+              "write_kv: caches of ", k_cache.scalar_type(),
+              " take rows of that dtype (or float32 into bfloat16), got ", key.scalar_type());
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "write_kv: caches must be contiguous");
   const int64_t row = key.size(1) * key.size(2);
   TORCH_CHECK(key.stride(2) == 1 && key.stride(1) == key.size(2) && value.stride(2) == 1 &&
@@ -528,6 +546,13 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cach
   // Threads only for a prefill's worth of rows: a decode step's copy is shorter than waking them.
   at::parallel_for(0, key.size(0), 256, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
+      if (narrow) {
+        narrow_row(reinterpret_cast<c10::BFloat16*>(kc + slots[t] * bytes),
+                   reinterpret_cast<const float*>(k + t * k_stride), row);
+        narrow_row(reinterpret_cast<c10::BFloat16*>(vc + slots[t] * bytes),
+                   reinterpret_cast<const float*>(v + t * v_stride), row);
+        continue;
+      }
       std::memcpy(kc + slots[t] * bytes, k + t * k_stride, static_cast<size_t>(bytes));
       std::memcpy(vc + slots[t] * bytes, v + t * v_stride, static_cast<size_t>(bytes));
     }

@@ -72,10 +72,18 @@ def resolve_kv_dtype(
             )
         return torch.int8
     wanted = getattr(torch, kv_cache_dtype)
-    if wanted != model_dtype:
+    if wanted == model_dtype:
+        return wanted
+    model = str(model_dtype).removeprefix("torch.")
+    if (wanted, model_dtype) != (torch.bfloat16, torch.float32):
         raise ValueError(
-            f"kv_cache_dtype {kv_cache_dtype} with a {str(model_dtype).removeprefix('torch.')} model is not "
-            "supported: the attention kernels read K/V in the model's dtype; use auto, or int8"
+            f"kv_cache_dtype {kv_cache_dtype} with a {model} model is not supported: K/V is kept in the "
+            "model's dtype, in int8, or (a float32 model) in bfloat16; use auto, int8 or bfloat16"
+        )
+    if device.type != "cpu" or backend == "triton":
+        raise ValueError(
+            f"kv_cache_dtype bfloat16 with a float32 model runs on the CPU (the C++ kernel, or the torch "
+            f"reference); this worker runs {backend} on {device.type}: use kv_cache_dtype auto there"
         )
     return wanted
 

@@ -5,7 +5,7 @@ Face's eager attention does, which in bfloat16 alone drifts up to ~0.03 from the
 Every ISA path (kernels/cpu/isa.py: avx512, avx2, portable) this CPU can execute, each its own build;
 a path the CPU cannot run is skipped, naming the CPU flags it lacks, and a path that does not build
 fails. Shapes, block sizes 8-128, GQA ratios, mixed decode / prefill / continued-chunk rows, float32
-and bfloat16 caches; head dims that take the fast path on every path (multiples of 16 up to 128),
+and bfloat16 caches (and float32 queries over bfloat16 caches, a float32 model's narrowed K/V); head dims that take the fast path on every path (multiples of 16 up to 128),
 ones that take it on the 8-lane paths only (40, 72) and ones no path's fast path takes (36, 160),
 and the generic algorithm called on its own. Unused cache slots hold large garbage, so a read past a
 row's context shows. Half the steps run under a layer's rules too: a sliding window (odd sizes, some
@@ -13,6 +13,8 @@ shorter than a block, some longer than the context) and a logit softcap.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -23,7 +25,7 @@ from pagedserve.kernels.attention import CAUSAL, AttentionRules, get_backend
 from pagedserve.kernels.cpu.backend import CppAttentionBackend
 from pagedserve.kernels.cpu.build import PAGED_ATTENTION, load_extension
 from pagedserve.kernels.cpu.isa import ISA_ENV, runnable_isas
-from pagedserve.kernels.paged_reference import make_paged_batch, reference_attention
+from pagedserve.kernels.paged_reference import PagedBatch, make_paged_batch, reference_attention
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
 
 # bf16: both sides end rounded to bf16, the kernel after summing in its own order and blocking.
@@ -54,6 +56,12 @@ def steps(draw: st.DrawFn) -> dict:
     }
 
 
+def narrowed(batch: PagedBatch) -> PagedBatch:
+    """The step with its caches rounded to bfloat16 under float32 queries (kv_cache_dtype bfloat16 of a
+    float32 model): the reference reads the rounded K/V in float32, so the float32 tolerance holds."""
+    return dataclasses.replace(batch, k_cache=batch.k_cache.bfloat16(), v_cache=batch.v_cache.bfloat16())
+
+
 @st.composite
 def rules(draw: st.DrawFn) -> AttentionRules:
     if draw(st.booleans()):
@@ -68,9 +76,11 @@ def rules(draw: st.DrawFn) -> AttentionRules:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-@given(case=steps(), rule=rules())
-def test_cpp_matches_the_torch_backend(isa: str, case: dict, rule: AttentionRules) -> None:
+@given(case=steps(), rule=rules(), narrow=st.booleans())
+def test_cpp_matches_the_torch_backend(isa: str, case: dict, rule: AttentionRules, narrow: bool) -> None:
     batch = make_paged_batch(**case, device=torch.device("cpu"))
+    if narrow and case["dtype"] == torch.float32:
+        batch = narrowed(batch)
     meta = batch.metadata()
     scale = case["head_dim"] ** -0.5
     expected = reference_attention(batch, scale, rule).to(case["dtype"])
@@ -182,10 +192,13 @@ def test_a_context_longer_than_its_block_table_is_refused(isa: str) -> None:
     num_kv_heads=st.sampled_from([1, 3]),
     head_dim=st.sampled_from([16, 64, 80]),
     block_size=st.sampled_from([8, 16]),
-    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    dtypes=st.sampled_from([(torch.float32,) * 2, (torch.bfloat16,) * 2, (torch.float32, torch.bfloat16)]),
     seed=st.integers(0, 2**16),
 )
-def test_cpp_write_kv_matches_the_torch_backend(isa, tokens, num_kv_heads, head_dim, block_size, dtype, seed):
+def test_cpp_write_kv_matches_the_torch_backend(
+    isa, tokens, num_kv_heads, head_dim, block_size, dtypes, seed
+):
+    dtype, cache_dtype = dtypes  # float32 rows into bfloat16 caches are rounded to nearest even on both sides
     gen = torch.Generator().manual_seed(seed)
     # K and V as the model hands them over: views into one fused q/k/v row per token.
     kv = num_kv_heads * head_dim
@@ -195,7 +208,7 @@ def test_cpp_write_kv_matches_the_torch_backend(isa, tokens, num_kv_heads, head_
     shape = (-(-tokens // block_size) + 2, block_size, num_kv_heads, head_dim)
     slots = torch.randperm(shape[0] * block_size, generator=gen)[:tokens]
     caches = {
-        name: (torch.full(shape, 7.0).to(dtype), torch.full(shape, -7.0).to(dtype))
+        name: (torch.full(shape, 7.0).to(cache_dtype), torch.full(shape, -7.0).to(cache_dtype))
         for name in ("torch", "cpp")
     }
     TorchAttentionBackend().write_kv(key, value, *caches["torch"], slots)

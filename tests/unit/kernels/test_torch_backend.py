@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -167,3 +167,27 @@ def test_bfloat16_cache_is_close_to_the_float32_reference():
     out = TorchAttentionBackend().forward(case.query, case.k_cache, case.v_cache, case.meta, 0.2)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), dense_reference(case, 0.2), atol=3e-2, rtol=3e-2)
+
+
+def test_float32_queries_over_bfloat16_caches_match_the_reference_of_the_rounded_kv():
+    """kv_cache_dtype bfloat16 under a float32 model: K/V rounded once as stored, attention in float32."""
+    rng = random.Random(13)
+    seq_lens, query_lens = random_batch(rng, 6)
+    case = make_case(seq_lens, query_lens, 4, 16, seed=13)
+    k_cache, v_cache = (
+        torch.zeros_like(case.k_cache, dtype=torch.bfloat16),
+        torch.zeros_like(case.v_cache, dtype=torch.bfloat16),
+    )
+    new_k = torch.cat([k[s - q :] for k, s, q in zip(case.keys, seq_lens, query_lens, strict=True)])
+    backend = TorchAttentionBackend()
+    backend.write_kv(new_k, new_k, k_cache, v_cache, case.meta.slot_mapping)
+    assert torch.equal(k_cache.view(-1, *k_cache.shape[2:])[case.meta.slot_mapping], new_k.bfloat16())
+    k_cache, v_cache = case.k_cache.bfloat16(), case.v_cache.bfloat16()
+    out = backend.forward(case.query, k_cache, v_cache, case.meta, 0.2)
+    assert out.dtype == torch.float32
+    rounded = replace(
+        case,
+        keys=[k.bfloat16().float() for k in case.keys],
+        values=[v.bfloat16().float() for v in case.values],
+    )
+    torch.testing.assert_close(out.double(), dense_reference(rounded, 0.2), atol=1e-5, rtol=0)
