@@ -108,8 +108,7 @@ struct Item {
 template <typename Q, typename C>
 void attend_item(const Item& item, const Q* query, int64_t q_stride, const C* k_cache, const C* v_cache,
                  const int32_t* table, Q* out, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                 int64_t block_size,
-                 const Scoring& scoring, std::vector<float>& scratch) {
+                 int64_t block_size, const Scoring& scoring, std::vector<float>& scratch) {
   const int64_t group = num_heads / num_kv_heads;
   const int64_t rows = item.num_queries * group;
   const int64_t D = head_dim;
@@ -249,9 +248,10 @@ inline Vec row_scores(const float* q, const float*, const float* kb, int64_t str
   return sum_lanes(part);
 }
 
-// bf16 keys: with AVX512-BF16 and an even NV, the row's own bf16 values (`qraw`) go straight into
-// pairwise bf16 dot products (exact products, float32 sums) and the scale is applied to the sums;
-// otherwise keys are widened to float32 and the float32 path runs.
+// bf16 keys: with AVX512-BF16, an even NV and bf16 queries, the row's own bf16 values (`qraw`) go
+// straight into pairwise bf16 dot products (exact products, float32 sums) and the scale is applied to
+// the sums; otherwise (float32 queries too: a float32 model's bf16 K/V) keys are widened to float32
+// and the float32 path runs.
 template <int NV, typename Q>
 inline Vec row_scores(const float* q, const Q* qraw, const c10::BFloat16* kb, int64_t stride, int64_t n,
                       float scale) {
@@ -425,8 +425,8 @@ void run_items(const std::vector<Item>& items, const std::vector<int64_t>& order
         fast(it, q, q_stride, kc, vc, table, o, num_heads, num_kv_heads, block_size, scoring, scratch);
         continue;
       }
-      attend_item<Q, C>(it, q, q_stride, kc, vc, table, o, num_heads, num_kv_heads, head_dim, block_size, scoring,
-                     scratch);
+      attend_item<Q, C>(it, q, q_stride, kc, vc, table, o, num_heads, num_kv_heads, head_dim, block_size,
+                        scoring, scratch);
     }
   }
 }
