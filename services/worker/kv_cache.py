@@ -64,26 +64,24 @@ def resolve_kv_dtype(
     """What K/V is stored as; ValueError naming the setting where this worker cannot do it."""
     if kv_cache_dtype == "auto":
         return model_dtype
-    if kv_cache_dtype == "int8":
-        if device.type != "cpu" or backend == "triton":
-            raise ValueError(
-                f"kv_cache_dtype int8 runs on the CPU (the C++ kernel, or the torch reference); "
-                f"this worker runs {backend} on {device.type}: use kv_cache_dtype auto there"
-            )
-        return torch.int8
     wanted = getattr(torch, kv_cache_dtype)
     if wanted == model_dtype:
         return wanted
-    model = str(model_dtype).removeprefix("torch.")
-    if (wanted, model_dtype) != (torch.bfloat16, torch.float32):
+    # Narrower than the model: int8 under any model, bfloat16 under a float32 one, both CPU kernels'.
+    what = (
+        "int8"
+        if wanted == torch.int8
+        else f"{kv_cache_dtype} with a {str(model_dtype).removeprefix('torch.')} model"
+    )
+    if wanted != torch.int8 and (wanted, model_dtype) != (torch.bfloat16, torch.float32):
         raise ValueError(
-            f"kv_cache_dtype {kv_cache_dtype} with a {model} model is not supported: K/V is kept in the "
-            "model's dtype, in int8, or (a float32 model) in bfloat16; use auto, int8 or bfloat16"
+            f"kv_cache_dtype {what} is not supported: K/V is kept in the model's dtype, in int8, or (a "
+            "float32 model) in bfloat16; use auto, int8 or bfloat16"
         )
     if device.type != "cpu" or backend == "triton":
         raise ValueError(
-            f"kv_cache_dtype bfloat16 with a float32 model runs on the CPU (the C++ kernel, or the torch "
-            f"reference); this worker runs {backend} on {device.type}: use kv_cache_dtype auto there"
+            f"kv_cache_dtype {what} runs on the CPU (the C++ kernel, or the torch reference); "
+            f"this worker runs {backend} on {device.type}: use kv_cache_dtype auto there"
         )
     return wanted
 
