@@ -5,9 +5,10 @@ Face's eager attention does, which in bfloat16 alone drifts up to ~0.03 from the
 Every ISA path (kernels/cpu/isa.py: avx512, avx2, portable) this CPU can execute, each its own build;
 a path the CPU cannot run is skipped, naming the CPU flags it lacks, and a path that does not build
 fails. Shapes, block sizes 8-128, GQA ratios, mixed decode / prefill / continued-chunk rows, float32
-and bfloat16 caches (and float32 queries over bfloat16 caches, a float32 model's narrowed K/V); head dims that take the fast path on every path (multiples of 16 up to 128),
-ones that take it on the 8-lane paths only (40, 72) and ones no path's fast path takes (36, 160),
-and the generic algorithm called on its own. Unused cache slots hold large garbage, so a read past a
+and bfloat16 caches (and float32 queries over bfloat16 caches, a float32 model's narrowed K/V); head
+dims that take the fast path on every path (multiples of 16 up to 128), ones that take it on the
+8-lane paths only (40, 72) and ones no path's fast path takes (36, 160), and the generic algorithm
+called on its own. Unused cache slots hold large garbage, so a read past a
 row's context shows. Half the steps run under a layer's rules too: a sliding window (odd sizes, some
 shorter than a block, some longer than the context) and a logit softcap.
 """
