@@ -15,7 +15,6 @@ from types import TracebackType
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from pagedserve.shared.completion_text import text_decoder
 from pagedserve.shared.protocol.frontend import SamplingParams
@@ -31,6 +30,7 @@ from pagedserve.shared.sdk.connection import Connection, SocketOptions, Waker
 from pagedserve.shared.sdk.request_state import Event, LiveRequest, make_submit
 from pagedserve.shared.sdk.results import RequestError, Result
 from pagedserve.shared.sdk.session import Session
+from pagedserve.shared.sdk.socket_waiter import SocketWaiter
 from pagedserve.shared.sdk.streams import AsyncPendingRequest, AsyncStream
 
 log = logging.getLogger("pagedserve.sdk")
@@ -72,7 +72,7 @@ class AsyncClient:
         self._tokenizer = tokenizer
         self._decode = text_decoder(tokenizer)
         options = SocketOptions(endpoint, max_message_bytes, curve_server_public_key, curve_client_keys)
-        # Plain (blocking) sockets, read with NOBLOCK; only the waiting is asyncio's (zmq.asyncio.Poller).
+        # Plain (blocking) sockets, read with NOBLOCK; only the waiting is asyncio's (SocketWaiter).
         self._ctx = zmq.Context()
         self._session = Session(heartbeat_s, reconnect_after_s, max_message_bytes, idle_timeout_s)
         self._conn = Connection(self._ctx, options, min_reopen_s=heartbeat_s)
@@ -212,6 +212,7 @@ class AsyncClient:
     def _abort_now(self, request_id: str) -> None:
         if not self._closed and self._broken is None:
             self._conn.send(self._session.abort(request_id))
+            self._waker.wake()  # the send may have taken the socket's news of an arrival (SocketWaiter)
 
     def _abort_soon(self, request_id: str) -> None:
         """Abort from anywhere, even a finalizer on another thread: the socket is used on the loop only."""
@@ -227,17 +228,15 @@ class AsyncClient:
     # ------------------------------------------------------------------ the reader task
 
     async def _read(self) -> None:
+        assert self._loop is not None
+        waiter, generation = SocketWaiter(self._loop), -1
         try:
-            poller, generation = zmq.asyncio.Poller(), -1
             while True:
                 if generation != self._conn.generation:  # a reconnect made new sockets
-                    poller = zmq.asyncio.Poller()
-                    for sock in (self._conn.dealer, self._conn.monitor, self._waker.rx):
-                        poller.register(sock, zmq.POLLIN)
+                    waiter.watch((self._conn.dealer, self._conn.monitor, self._waker.rx))
                     generation = self._conn.generation
-                wait = self._session.next_wakeup(time.monotonic())
-                timeout_ms = poll_timeout_ms(wait)
-                ready = {sock for sock, _ in await poller.poll(-1 if timeout_ms is None else timeout_ms)}
+                timeout_ms = poll_timeout_ms(self._session.next_wakeup(time.monotonic()))
+                ready = await waiter.wait(None if timeout_ms is None else timeout_ms / 1000)
                 if self._waker.rx in ready:
                     self._waker.drain()
                 self._conn.service(self._session, ready, time.monotonic())
@@ -247,3 +246,5 @@ class AsyncClient:
             log.exception("pagedserve sdk: the reader task failed")
             self._broken = f"the client's reader task failed: {type(exc).__name__}: {exc}"
             self._session.fail_all("internal", self._broken)
+        finally:
+            waiter.close()  # before the sockets close: the loop must not watch their fds
