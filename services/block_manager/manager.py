@@ -271,9 +271,10 @@ class BlockManager:
         table = self._tables.get(request_id)
         if table is None:
             raise UnknownRequestError(f"unknown request {request_id!r}")
-        if num_slots > table.num_slots:
+        # Up to the blocks it holds: the scheduler sends no grow for a step that fits them.
+        if num_slots > table.capacity:
             raise BlockManagerError(
-                f"request {request_id!r}: cannot resume at {num_slots} slots, it was given {table.num_slots}"
+                f"request {request_id!r}: cannot resume at {num_slots} slots, its blocks hold {table.capacity}"
             )
         pool = table.pool
         owner = table.lease.owner

@@ -35,7 +35,10 @@ LONG_ROPE_SALT = "longrope-long"  # the prefix-cache namespace of requests rotat
 @dataclass(slots=True)
 class PlanEntry:
     request: Request
-    op_index: int
+    # Its op in the batch; None: a decode within the blocks its request holds, in a batch of nothing
+    # else. Its grow would change no block, so it is not sent, and a step of such decodes alone (15 of
+    # 16 at one request) needs no block manager. The next grow or free tells the slots and tokens since.
+    op_index: int | None
     num_tokens: int  # new: max new tokens asked for; cached: tokens scheduled
     new: bool
     lookahead: int = 0  # a decode's slots for proposed tokens (speculation.py)
@@ -56,6 +59,11 @@ class StepPlan:
     @property
     def empty(self) -> bool:
         return not self.entries
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to run or free."""
+        return not self.entries and not self.block_ops
 
     @property
     def only_frees(self) -> bool:
@@ -93,12 +101,14 @@ def schedulable(req: Request) -> bool:
 
 
 def free_ops(req: Request) -> list[BlockOp]:
-    """Free a table whose slots are all computed (no step in flight names it). Tokens it computed that
-    the block manager was never told (accepted proposals of its last step) go first, so the blocks they
-    fill are cached like any other; the free then confirms exactly the computed slots."""
+    """Free a table whose slots are all computed (no step in flight names it). Slots and tokens it
+    computed that the block manager was never told (decodes within its blocks, accepted proposals of
+    its last step) go first, so the blocks they fill are cached like any other; the free then confirms
+    exactly the computed slots."""
     ops: list[BlockOp] = []
-    if req.num_known_sent < min(req.num_slots_used, req.num_known):
-        ops.append(Grow(req.request_id, 0, req.known_since(req.num_known_sent)))
+    untold = max(0, req.num_slots_used - req.num_slots_given)
+    if untold or req.num_known_sent < min(req.num_slots_used, req.num_known):
+        ops.append(Grow(req.request_id, untold, req.known_since(req.num_known_sent)))
     ops.append(Free(req.request_id, req.num_slots_used))
     return ops
 
@@ -137,6 +147,7 @@ class _Draft:
     ops: list[BlockOp] = field(default_factory=list)
     entries: list[PlanEntry] = field(default_factory=list)
     prefetch: list[tuple[str, str]] = field(default_factory=list)
+    within_blocks: list[tuple[PlanEntry, Grow]] = field(default_factory=list)  # decodes whose grow waits
 
 
 class Planner:
@@ -167,6 +178,12 @@ class Planner:
         state.starving = False
         self._plan_running(draft)
         self._plan_admission(draft, now)
+        if draft.ops:
+            # The batch goes anyway: decodes within their blocks are told too, so that a table the block
+            # manager dropped (it lost the pool) is found in any batch that could hand its blocks out.
+            for entry, grow in draft.within_blocks:
+                entry.op_index = len(draft.ops)
+                draft.ops.append(grow)
         forget, state.forget = state.forget, []
         return StepPlan(state.worker_id, draft.ops, draft.entries, forget, draft.prefetch)
 
@@ -210,9 +227,18 @@ class Planner:
                 if req.resume:  # back to its committed slots, the whole table answered for the worker
                     draft.ops.append(Resume(req.request_id, req.num_slots_used, n, new_known))
                 else:
-                    # The table grows only past the slots it was given (rejected proposals' slots are reused).
-                    grow = max(0, req.num_slots_used + n + ahead - req.num_slots_given)
-                    draft.ops.append(Grow(req.request_id, grow, new_known))
+                    # The table grows only past the slots it was given (rejected proposals' slots are reused;
+                    # those of decodes within its blocks that were not sent are told now).
+                    grow = Grow(
+                        req.request_id,
+                        max(0, req.num_slots_used + n + ahead - req.num_slots_given),
+                        new_known,
+                    )
+                    if need == 0 and not want_prefill:
+                        entry.op_index = None
+                        draft.within_blocks.append((entry, grow))
+                    else:
+                        draft.ops.append(grow)
                 if want_prefill and req.num_slots_used + n == req.num_known:
                     entry.forks = plan_forks(req, draft.owner, draft.ops)
                 draft.entries.append(entry)

@@ -39,8 +39,9 @@ class Request:
     # in flight, as if every proposal they may bring were accepted (an upper bound), corrected by
     # their results (speculation.py). With nothing in flight it is exact.
     num_slots_used: int = 0
-    # Slots the block manager's table holds: the most num_slots_used has been. Slots of rejected
-    # proposals stay given and are written again by the next tokens.
+    # Slots the block manager's table holds: the most num_slots_used had been at the last batch that
+    # named it. Slots of rejected proposals stay given and are written again by the next tokens; decodes
+    # within the blocks held use slots past it without an op (PlanEntry.op_index).
     num_slots_given: int = 0
     lookahead_in_flight: int = 0  # proposal slots of the steps in flight, not yet resolved
     # Of those, the slots of steps whose results came back: KV known written (rejected proposals not

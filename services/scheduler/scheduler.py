@@ -12,7 +12,8 @@ The service sends the batch and goes on reading its sockets: results of the work
 flight, aborts and deadlines may all land before the answer, and `commit` takes each entry as it
 finds it then. Until then the plan is the worker's `planned` one and it gets no other.
 `begin_step` / `finish_step` are the two halves as the service uses them; `step_once` runs both
-around a direct call (the in-process engine).
+around a direct call (the in-process engine). A decode within the blocks its request holds has no op
+(PlanEntry.op_index): a plan of those alone has an empty batch and needs no block manager.
 
 Up to `pipeline_depth` steps per worker are in flight: step N+1 is planned before N's tokens are
 known (the worker feeds a decode its own last sampled token). Blocks of a finished or preempted
@@ -39,6 +40,7 @@ from pagedserve.services.scheduler.speculation import SpeculationPolicy
 from pagedserve.shared.completion_text import Tokenizer
 from pagedserve.shared.lora_modules import LoRAModule, LoRARegistry
 from pagedserve.shared.protocol.blocks import (
+    UNCHANGED,
     Allocation,
     BlockAnswers,
     BlockOp,
@@ -339,11 +341,11 @@ class Scheduler:
         return any(schedulable(r) for r in state.running)
 
     def schedule(self, worker_id: str, now: float) -> StepPlan:
-        """Plan the worker's next step. A plan with block ops stays the worker's `planned` one, and
-        the worker gets no other, until `commit` takes the block manager's answer to it."""
+        """Plan the worker's next step. A plan with anything to run or free stays the worker's `planned`
+        one, and the worker gets no other, until `commit` takes the block manager's answer to it."""
         state = self.placement.workers[worker_id]
         plan = self.planner.plan(state, self.owner, now)
-        if plan.block_ops:
+        if not plan.idle:
             state.planned = plan
         return plan
 
@@ -352,7 +354,7 @@ class Scheduler:
         and what clients should see now (requests that can never fit)."""
         plan = self.schedule(worker_id, now)
         events: list[Event] = list(self.take_rejected())
-        if not plan.block_ops:
+        if plan.idle:
             # Nothing to run or free: the worker hears of the requests to forget with the next step
             # (dropping them here left their state on the worker for good).
             self.placement.workers[worker_id].forget[:0] = plan.forget
@@ -391,7 +393,7 @@ class Scheduler:
         lookahead: dict[str, int] = {}
         for entry in plan.entries:
             req = entry.request
-            res = results[entry.op_index]
+            res = UNCHANGED if entry.op_index is None else results[entry.op_index]
             ok = type(res) is (Allocation if entry.new else Resumption if entry.resume else Growth)
             ended = req.status is Status.FINISHED
             if not ended and req.status is not Status.RUNNING and not entry.new:
@@ -435,8 +437,9 @@ class Scheduler:
             else:
                 assert isinstance(res, Growth)
                 req.num_slots_used += entry.num_tokens + entry.lookahead
-                req.num_slots_given = max(req.num_slots_given, req.num_slots_used)
-                req.num_known_sent = req.num_known
+                if entry.op_index is not None:  # its grow was sent: the table holds these slots and tokens
+                    req.num_slots_given = max(req.num_slots_given, req.num_slots_used)
+                    req.num_known_sent = req.num_known
                 req.shares_last_block = False
                 execute.copies.extend(res.copies)
                 execute.cached_requests.append(

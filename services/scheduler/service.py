@@ -2,8 +2,9 @@
 
     clients  --Submit/Abort/Ping-->  front ROUTER   --Accepted/Delta/Finished/Error/Pong-->
     workers  --hello/heartbeat/step_result-->  worker ROUTER  --execute/reset-->
-    block manager  <--block_ops / renew_owner / pools--  DEALER (one batch per planned step, its
-                                                          answer read like any other frame)
+    block manager  <--block_ops / renew_owner / pools--  DEALER (one batch per planned step that
+                                                          changes blocks, its answer read like any
+                                                          other frame)
 
 The parts: frontdoor.py (the clients), liveness.py (which workers are alive), block_client.py (the
 block-manager RPC, its seq / instance / lease-owner epoch). This loop wires them to the core.
@@ -617,7 +618,8 @@ class SchedulerService:
     def schedule_all(self) -> None:
         """Plan a step for every worker that something happened to (a result, an answer; every worker
         on a client's frame or a tick) with room in its pipeline window and no plan out: each plan's
-        batch goes to the block manager, whose answer (`finish_step`) sends the step."""
+        batch goes to the block manager, whose answer (`finish_step`) sends the step (at once where
+        the batch is empty)."""
         if self.bm.down:
             return
         # Asking every worker on every wake-up cost more than the planning at 16 workers.
@@ -634,7 +636,9 @@ class SchedulerService:
             plan, events = self.core.begin_step(wid, now)
             self.metrics.preemptions.inc(self.core.stats.preemptions - before)
             self.front.dispatch(events, now)
-            if plan is not None:
+            if plan is not None and not plan.block_ops:  # decodes within their blocks: nothing to ask
+                self.finish_step(plan, BlockAnswers([], {}))
+            elif plan is not None:
                 self.bm.send(plan.block_ops, now, plan)
 
     def finish_step(self, plan: StepPlan, answers: BlockAnswers) -> None:

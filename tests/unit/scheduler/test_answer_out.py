@@ -4,10 +4,11 @@ lose a request, or let a stale answer change a worker that has moved on."""
 
 from __future__ import annotations
 
+import pytest
 from test_scheduler_core import ScriptedWorker, W, greedy, make, run
 
 from pagedserve.services.scheduler.scheduler import RequestDone
-from pagedserve.shared.protocol.blocks import Free, OpError
+from pagedserve.shared.protocol.blocks import Free, Grow, OpError
 
 
 def test_a_worker_with_a_plan_out_gets_no_other_until_its_answer():
@@ -85,21 +86,32 @@ def test_a_worker_suspended_while_its_plan_is_out_frees_the_tables_the_batch_mak
     assert bm.num_requests() == 0 and bm.num_free_blocks(W) == 64
 
 
-def test_a_grow_refused_for_a_table_the_block_manager_dropped_recomputes_instead_of_starving():
+@pytest.mark.parametrize("newcomer", [False, True])
+def test_a_grow_refused_for_a_table_the_block_manager_dropped_recomputes_instead_of_starving(newcomer: bool):
+    """The drop is found by the first batch after it: a decode that needs a block (a prompt of 8 fills
+    its block), or, for a decode within its block (a prompt of 3), whatever else the batch carries (a
+    newcomer's alloc, which could take those very blocks)."""
+    prompt = [1, 2, 3] if newcomer else [1, 2, 3, 4, 5, 6, 7, 8]
     clean_sched, clean_bm = make()
-    clean_sched.add_request("a", [1, 2, 3], greedy(6), 0.0)
+    clean_sched.add_request("a", prompt, greedy(6), 0.0)
     (want,) = run(clean_sched, clean_bm)
     sched, bm = make()
-    sched.add_request("a", [1, 2, 3], greedy(6), 0.0)
+    sched.add_request("a", prompt, greedy(6), 0.0)
     plan = sched.schedule(W, 0.0)
-    first = ScriptedWorker().execute(sched.commit(plan, bm.apply(plan.block_ops, 0.0), 0.0))
-    sched.on_step_result(W, first, 0.0)
+    worker = ScriptedWorker()
+    sched.on_step_result(W, worker.execute(sched.commit(plan, bm.apply(plan.block_ops, 0.0), 0.0)), 0.0)
     bm.remove_pool(W)  # it thought the worker silent (it was paused itself) and dropped the pool
     bm.add_pool(W, 64, 8)
+    if newcomer:
+        sched.add_request("b", [9, 9, 9], greedy(2), 0.0)
     plan = sched.schedule(W, 0.0)
     refused = bm.apply(plan.block_ops, 0.0)
-    assert isinstance(refused.results[0], OpError)
-    assert sched.commit(plan, refused, 0.0) is None  # nothing runs: the request goes back...
-    (done,) = run(sched, bm)  # ... and is computed again from prompt + outputs
-    assert done.completions[0].output_token_ids == want.completions[0].output_token_ids
+    (a_op,) = [i for i, op in enumerate(plan.block_ops) if isinstance(op, Grow) and op.request_id == "a"]
+    assert isinstance(refused.results[a_op], OpError)
+    execute = sched.commit(plan, refused, 0.0)  # a does not run: it goes back...
+    assert execute is None or execute.request_ids() == ["b"]
+    if execute is not None:
+        sched.on_step_result(W, worker.execute(execute), 0.0)
+    done = {d.request_id: d for d in run(sched, bm, worker=worker)}  # ... and is computed again
+    assert done["a"].completions[0].output_token_ids == want.completions[0].output_token_ids
     assert bm.num_requests() == 0 and bm.num_free_blocks(W) == 64 and bm.check_invariants() == []

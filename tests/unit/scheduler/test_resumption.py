@@ -146,7 +146,7 @@ def drive(
     while True:
         while sched.can_schedule(W):
             plan = sched.schedule(W, 0.0)
-            if not plan.block_ops:
+            if plan.idle:
                 break
             ex = sched.commit(plan, bm.apply(plan.block_ops, 0.0), 0.0)
             if ex is None:
@@ -174,7 +174,7 @@ def reference() -> dict[str, list[int]]:
 def finish(sched: Scheduler, bm: BlockManager, worker: PoolWorker) -> list[RequestDone]:
     done = drive(sched, bm, worker)
     plan = sched.schedule(W, 0.0)  # the frees of the last results
-    if plan.block_ops:
+    if not plan.idle:
         sched.commit(plan, bm.apply(plan.block_ops, 0.0), 0.0)
     return done
 
@@ -325,7 +325,9 @@ def test_resume_op_rewinds_the_table_and_drops_pending_keys_past_the_committed_s
     growth = bm.resume("a", 4, 6, [], 1.0)
     assert growth is not None and bm.table("a") == alloc.block_ids
     assert bm.num_cached_blocks() == 1  # block 1's key was pending on us and its KV may be unwritten
-    with pytest.raises(ValueError, match="cannot resume at 20 slots"):
+    # Decodes within its blocks were never told: slots past the told ones, up to the blocks held, resume.
+    assert bm.resume("a", 11, 1, [], 1.0) is not None and bm.table("a") == alloc.block_ids
+    with pytest.raises(ValueError, match="cannot resume at 20 slots, its blocks hold 12"):
         bm.resume("a", 20, 0, [], 1.0)
     assert bm.apply([Resume("a", 10, 1, [77])], 1.0).results == [Resumption(alloc.block_ids, [])]
     assert bm.free("a") == 3 and bm.check_invariants() == []

@@ -59,13 +59,19 @@ def make(num_blocks: int = 64, block_size: int = 8, **limits) -> tuple[Scheduler
     return sched, bm
 
 
-def run(sched: Scheduler, bm: BlockManager, now: float = 0.0, max_steps: int = 10_000) -> list:
-    worker = ScriptedWorker()
+def run(
+    sched: Scheduler,
+    bm: BlockManager,
+    now: float = 0.0,
+    max_steps: int = 10_000,
+    worker: ScriptedWorker | None = None,
+) -> list:
+    worker = worker or ScriptedWorker()
     results, done = [], []
     for _ in range(max_steps):
         while sched.can_schedule(W):
             plan = sched.schedule(W, now)
-            if not plan.block_ops:
+            if plan.idle:
                 break
             ex = sched.commit(plan, bm.apply(plan.block_ops, now), now)
             if ex is None:
@@ -78,7 +84,7 @@ def run(sched: Scheduler, bm: BlockManager, now: float = 0.0, max_steps: int = 1
         done += [e for e in sched.on_step_result(W, results.pop(0), now) if isinstance(e, RequestDone)]
     # one more plan sends the frees of the last results
     plan = sched.schedule(W, now)
-    if plan.block_ops:
+    if not plan.idle:
         sched.commit(plan, bm.apply(plan.block_ops, now), now)
     return done
 
