@@ -25,7 +25,7 @@ from pagedserve.ops.bench.rss_peaks import command, descendants
 def process_name(pid: int) -> str:
     """`scheduler`, `worker --worker-id worker-0`, ...: the service command without the interpreter."""
     cmd = command(pid)
-    return cmd.split(" cli ", 1)[1] if " cli " in cmd else cmd.rsplit("/", 1)[-1][:40]
+    return cmd.split("pagedserve.ops.cli ", 1)[-1]
 
 
 def load(base_url: str, args: argparse.Namespace, prompts: int) -> dict:
