@@ -1,12 +1,20 @@
 """A decode within the blocks its request holds sends the block manager nothing: at one request 15 steps
 of 16 need no batch at all. The table catches up with the next grow or free, so the block manager ends
-with the slots, tokens and prefix-cache blocks it would have had if every step had been told."""
+with the slots, tokens and prefix-cache blocks it would have had if every step had been told; and under
+any mix of sharing, preemption, proposals and aborts no step writes outside the blocks it holds."""
 
 from __future__ import annotations
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_resumption import BS, SPEC, PoolWorker
 from test_scheduler_core import ScriptedWorker, W, greedy, make, run
 
+from pagedserve.services.block_manager.manager import BlockManager
+from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
 from pagedserve.shared.protocol.blocks import Alloc, Free, Grow
+from pagedserve.shared.protocol.frontend import SamplingParams
+from pagedserve.shared.speculative_config import SpeculativeConfig
 
 
 def test_one_request_asks_the_block_manager_only_for_blocks_and_the_free():
@@ -53,3 +61,87 @@ def test_a_batch_that_goes_anyway_carries_the_decodes_within_their_blocks():
     done = run(sched, bm, worker=worker)
     assert sorted(d.request_id for d in done) == ["a", "b"]
     assert bm.num_requests() == 0 and bm.num_free_blocks(W) == 64 and bm.check_invariants() == []
+
+
+def drive_with_aborts(
+    sched: Scheduler, bm: BlockManager, aborts: dict[int, list[str]]
+) -> dict[str, RequestDone]:
+    """Steps with the window kept full against a worker that reads every sampled context back through
+    its block table (test_resumption.PoolWorker); `aborts`: request ids aborted before step N's plan."""
+    worker, done, inflight, step = PoolWorker({}), {}, [], 0
+    while True:
+        for rid in aborts.pop(step, []):
+            done.update((e.request_id, e) for e in sched.abort(rid) if isinstance(e, RequestDone))
+        while sched.can_schedule(W):
+            plan = sched.schedule(W, 0.0)
+            if plan.idle:
+                break
+            execute = sched.commit(plan, bm.apply(plan.block_ops, 0.0), 0.0)
+            done.update((e.request_id, e) for e in sched.take_rejected())
+            if execute is None:
+                if plan.entries:
+                    break
+                continue
+            inflight.append(execute)
+        if not inflight:
+            if not aborts:
+                return done
+            step = min(aborts)
+            continue
+        events = sched.on_step_result(W, worker.execute(inflight.pop(0)), 0.0)
+        done.update((e.request_id, e) for e in events if isinstance(e, RequestDone))
+        step += 1
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shapes=st.lists(st.tuples(st.integers(1, 30), st.integers(1, 30)), min_size=1, max_size=8),
+    num_blocks=st.integers(12, 48),
+    depth=st.integers(1, 3),
+    speculate=st.booleans(),
+    aborts=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 60)), max_size=3),
+)
+def test_any_mix_keeps_every_context_and_leaks_no_block(
+    shapes: list[tuple[int, int]],
+    num_blocks: int,
+    depth: int,
+    speculate: bool,
+    aborts: list[tuple[int, int]],
+) -> None:
+    """Requests sharing prefixes, in pools small enough to preempt, at every pipeline depth, with
+    proposals and aborts: every sampled context reads back its own tokens, every request ends as it
+    would alone in a large pool (aborted ones a prefix of it), and the pool is whole again."""
+
+    def start(blocks: int, window: int, spec: SpeculativeConfig | None) -> tuple[Scheduler, BlockManager]:
+        bm = BlockManager(lease_ttl_s=100.0)
+        bm.add_pool(W, blocks, BS)
+        limits = SchedulerLimits(
+            max_model_len=4096, pipeline_depth=window, max_num_batched_tokens=24, speculative=spec
+        )
+        sched = Scheduler(limits, eos_token_ids=[0])
+        sched.add_worker(W, blocks, BS)
+        for i, (prompt_len, max_tokens) in enumerate(shapes):
+            prompt = [5, 6, 7, 8, 9, 10, 11, 12][: prompt_len % 9] + [20 + i] * prompt_len
+            sched.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=max_tokens), 0.0)
+        return sched, bm
+
+    ref_sched, ref_bm = start(512, 1, None)
+    want = {
+        rid: d.completions[0].output_token_ids for rid, d in drive_with_aborts(ref_sched, ref_bm, {}).items()
+    }
+    sched, bm = start(num_blocks, depth, SPEC if speculate else None)
+    at: dict[int, list[str]] = {}
+    for index, step in aborts:
+        if index < len(shapes):
+            at.setdefault(step, []).append(f"r{index}")
+    done = drive_with_aborts(sched, bm, at)
+    assert sorted(done) == sorted(want)
+    for rid, result in done.items():
+        got = result.completions[0].output_token_ids
+        if result.error_code is not None:
+            continue  # refused: it could never fit this pool
+        if result.completions[0].finish_reason == "abort":
+            assert got == want[rid][: len(got)], rid
+        else:
+            assert got == want[rid], rid
+    assert bm.num_requests() == 0 and bm.num_free_blocks(W) == num_blocks and bm.check_invariants() == []
