@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import cast
 
 import zmq
 
@@ -26,12 +27,12 @@ class SocketWaiter:
         """Wait on these sockets from now on (a reconnect made new ones)."""
         self.close()
         self._socks = list(socks)
-        self._fds = [sock.getsockopt(zmq.FD) for sock in self._socks]
+        self._fds = [sock.fileno() for sock in self._socks]
         for fd in self._fds:
             self._loop.add_reader(fd, self._on_change)
 
     def readable(self) -> set[zmq.Socket]:
-        return {sock for sock in self._socks if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN}
+        return {sock for sock in self._socks if cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN}
 
     async def wait(self, timeout_s: float | None) -> set[zmq.Socket]:
         """The sockets with a message waiting; empty once `timeout_s` (None: no limit) has passed."""
