@@ -35,7 +35,8 @@ class SocketWaiter:
         return {sock for sock in self._socks if cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN}
 
     async def wait(self, timeout_s: float | None) -> set[zmq.Socket]:
-        """The sockets with a message waiting; empty once `timeout_s` (None: no limit) has passed."""
+        """The sockets with a message waiting: at once if any has one, else after the next change
+        inside ZeroMQ or `timeout_s` (None: no limit), whichever comes first; empty if it brought none."""
         ready = self.readable()
         if ready:
             return ready
