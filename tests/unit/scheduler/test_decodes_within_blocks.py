@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_resumption import BS, SPEC, PoolWorker
+from test_resumption import BS, SPEC, PoolWorker, drive
 from test_scheduler_core import ScriptedWorker, W, greedy, make, run
 
 from pagedserve.services.block_manager.manager import BlockManager
-from pagedserve.services.scheduler.scheduler import RequestDone, Scheduler, SchedulerLimits
+from pagedserve.services.scheduler.scheduler import Scheduler, SchedulerLimits
 from pagedserve.shared.protocol.blocks import Alloc, Free, Grow
 from pagedserve.shared.protocol.frontend import SamplingParams
 from pagedserve.shared.speculative_config import SpeculativeConfig
@@ -63,36 +63,6 @@ def test_a_batch_that_goes_anyway_carries_the_decodes_within_their_blocks():
     assert bm.num_requests() == 0 and bm.num_free_blocks(W) == 64 and bm.check_invariants() == []
 
 
-def drive_with_aborts(
-    sched: Scheduler, bm: BlockManager, aborts: dict[int, list[str]]
-) -> dict[str, RequestDone]:
-    """Steps with the window kept full against a worker that reads every sampled context back through
-    its block table (test_resumption.PoolWorker); `aborts`: request ids aborted before step N's plan."""
-    worker, done, inflight, step = PoolWorker({}), {}, [], 0
-    while True:
-        for rid in aborts.pop(step, []):
-            done.update((e.request_id, e) for e in sched.abort(rid) if isinstance(e, RequestDone))
-        while sched.can_schedule(W):
-            plan = sched.schedule(W, 0.0)
-            if plan.idle:
-                break
-            execute = sched.commit(plan, bm.apply(plan.block_ops, 0.0), 0.0)
-            done.update((e.request_id, e) for e in sched.take_rejected())
-            if execute is None:
-                if plan.entries:
-                    break
-                continue
-            inflight.append(execute)
-        if not inflight:
-            if not aborts:
-                return done
-            step = min(aborts)
-            continue
-        events = sched.on_step_result(W, worker.execute(inflight.pop(0)), 0.0)
-        done.update((e.request_id, e) for e in events if isinstance(e, RequestDone))
-        step += 1
-
-
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     shapes=st.lists(st.tuples(st.integers(1, 30), st.integers(1, 30)), min_size=1, max_size=8),
@@ -126,21 +96,18 @@ def test_any_mix_keeps_every_context_and_leaks_no_block(
         return sched, bm
 
     ref_sched, ref_bm = start(512, 1, None)
-    want = {
-        rid: d.completions[0].output_token_ids for rid, d in drive_with_aborts(ref_sched, ref_bm, {}).items()
-    }
+    want = {d.request_id: d.completions[0].output_token_ids for d in drive(ref_sched, ref_bm, PoolWorker({}))}
     sched, bm = start(num_blocks, depth, SPEC if speculate else None)
     at: dict[int, list[str]] = {}
     for index, step in aborts:
         if index < len(shapes):
             at.setdefault(step, []).append(f"r{index}")
-    done = drive_with_aborts(sched, bm, at)
+    done = {d.request_id: d for d in drive(sched, bm, PoolWorker({}), aborts=at)}
     assert sorted(done) == sorted(want)
     for rid, result in done.items():
         got = result.completions[0].output_token_ids
-        if result.error_code is not None:
-            continue  # refused: it could never fit this pool
-        if result.completions[0].finish_reason == "abort":
+        if result.error_code is not None or result.completions[0].finish_reason == "abort":
+            # aborted, or refused once it outgrew this pool (preempted, it no longer fits): cut short
             assert got == want[rid][: len(got)], rid
         else:
             assert got == want[rid], rid

@@ -138,14 +138,25 @@ def setup(
 
 
 def drive(
-    sched: Scheduler, bm: BlockManager, worker: PoolWorker, done: list[RequestDone] | None = None
+    sched: Scheduler,
+    bm: BlockManager,
+    worker: PoolWorker,
+    done: list[RequestDone] | None = None,
+    aborts: dict[int, list[str]] | None = None,
 ) -> list[RequestDone]:
-    """Run steps with the window kept full, into `done`; a Crash leaves the steps in flight unanswered."""
+    """Run steps with the window kept full, into `done` (requests refused as too large for the pool
+    too); a Crash leaves the steps in flight unanswered. `aborts`: the request ids aborted before the
+    step of that number is planned."""
     done = [] if done is None else done
+    aborts = dict(aborts or {})
     inflight: list[Execute] = []
+    step = 0
     while True:
+        for rid in aborts.pop(step, []):
+            done += [e for e in sched.abort(rid) if isinstance(e, RequestDone)]
         while sched.can_schedule(W):
             plan = sched.schedule(W, 0.0)
+            done += [e for e in sched.take_rejected() if isinstance(e, RequestDone)]
             if plan.idle:
                 break
             ex = sched.commit(plan, bm.apply(plan.block_ops, 0.0), 0.0)
@@ -155,9 +166,13 @@ def drive(
                 continue
             inflight.append(ex)
         if not inflight:
-            break
+            if not aborts:
+                break
+            step = min(aborts)  # nothing runs until the next abort: take it now
+            continue
         result = worker.execute(inflight.pop(0))  # may raise Crash: the rest stay in flight, lost
         done += [e for e in sched.on_step_result(W, result, 0.0) if isinstance(e, RequestDone)]
+        step += 1
     return done
 
 
