@@ -636,10 +636,12 @@ class SchedulerService:
             plan, events = self.core.begin_step(wid, now)
             self.metrics.preemptions.inc(self.core.stats.preemptions - before)
             self.front.dispatch(events, now)
-            if plan is not None and not plan.block_ops:  # decodes within their blocks: nothing to ask
-                self.finish_step(plan, BlockAnswers([], {}))
-            elif plan is not None:
+            if plan is None:
+                continue
+            if plan.block_ops:
                 self.bm.send(plan.block_ops, now, plan)
+            else:  # decodes within their blocks: nothing to ask
+                self.finish_step(plan, BlockAnswers([], {}))
 
     def finish_step(self, plan: StepPlan, answers: BlockAnswers) -> None:
         now = time.monotonic()
