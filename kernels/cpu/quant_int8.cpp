@@ -14,7 +14,8 @@
 //   avx2      one group per 256-bit register, vpmaddubsw + vpmaddwd (no VNNI needed: the EPYC Zen 3 has
 //             none), signed codes by vpsignb. 4 x 2 a tile. Its scales come from each group's block as
 //             it goes and its b term is a scalar per (row, output) in group order (see its int_tile).
-//             Q4_0 and Q4_1 take two groups per register instead (pair_tile).
+//             Q4_0 and Q4_1 take two groups per register instead (pair_tile; from 16 rows each output's
+//             pairs decoded once into a panel that every row tile reads, panel_tile).
 //   portable  a plain C++ integer dot per half-group (no intrinsics; the compiler vectorizes).
 // vpmaddubsw sums two products into int16 with saturation: at most 2 * 63 * 127 (Q6_K) or 2 * 128 * 127
 // (|Q8_0|), both below 32767.
@@ -372,116 +373,199 @@ inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_s
 // is subtracted in int16; Q4_1's minimum m adds m * sx * sum(q) per group, as a vector.
 constexpr bool paired_groups(int64_t t) { return t == Q4_0 || t == Q4_1; }
 
-// The activations by pairs of groups, padded as QuantX's are: padded_groups(G) / 2 pairs per row.
+// One row's activations for a pair of groups (g, g + 1), as the tiles read them: one record, so that a
+// tile's rows at a pair are neighbours and one pointer walks a tile's pairs (PairX's order).
+struct alignas(32) PairRow {
+  int8_t q[64];  // g's codes 0-15, g+1's 0-15, g's 16-31, g+1's 16-31
+  float sx[8];   // g's scale in lanes 0-3, g+1's in 4-7
+  union {
+    int16_t xoff[16];  // Q4_0: 8 * the four codes each int16 lane's products take
+    float sxg[8];      // Q4_1: scale * the group's code sum in lanes 0 and 4, else 0
+  };
+};
+
+// Every row's pairs, in tiles of 8 rows (fewer rows: one tile of them): [tiles][P][tile] (the last
+// tile padded), so that the rows of a tile at a pair are neighbours and a tile's pairs one run of
+// memory. (Pair-major over all the rows put a 1024-wide tile's 16 pairs 64 rows apart, 8 KB: the same
+// L1 sets, more of them than its 8 ways.) An odd last group pairs with zeros.
 struct PairX {
-  std::vector<int8_t> q;      // [M][P][64]: g's codes 0-15, g+1's 0-15, g's 16-31, g+1's 16-31
-  std::vector<float> sx;      // [M][P][8]: g's scale in lanes 0-3, g+1's in 4-7
-  std::vector<float> sxg;     // [M][P][8]: scale * the group's code sum in lanes 0 and 4, else 0 (Q4_1)
-  std::vector<int16_t> xoff;  // [M][P][16]: 8 * the four codes each int16 lane's products take (Q4_0)
-  int64_t P;
+  static constexpr int64_t kTile = 8;
+  std::vector<PairRow> rows;
+  int64_t P, tile;
+  int64_t index(int64_t m, int64_t p) const { return ((m / tile) * P + p) * tile + m % tile; }
+  const PairRow* at(int64_t m, int64_t p) const { return rows.data() + index(m, p); }
 };
 
 PairX pair_layout(const float* x, int64_t M, int64_t K, int offset) {
   PairX px;
-  px.P = padded_groups(K / kGroup) / 2;
-  const int64_t P = px.P;
-  px.q.assign(M * P * 64, 0);
-  px.sx.assign(M * P * 8, 0.0f);
-  px.sxg.assign(offset ? 0 : M * P * 8, 0.0f);
-  px.xoff.assign(offset ? M * P * 16 : 0, 0);
+  px.P = (K / kGroup + 1) / 2;
+  px.tile = std::clamp<int64_t>(M, 1, PairX::kTile);
+  px.rows.assign((M + px.tile - 1) / px.tile * px.tile * px.P, PairRow{});
   quantize_rows(x, M, K, [&](int64_t m, int64_t g, const int8_t* q, const GroupCodes& c) {
-    const int64_t at = m * P + g / 2, h = g % 2;  // h: group g is the pair's first or its second
-    int8_t* dst = px.q.data() + at * 64;
-    std::memcpy(dst + 16 * h, q, 16);
-    std::memcpy(dst + 32 + 16 * h, q + 16, 16);
-    for (int64_t l = 0; l < 4; ++l) px.sx[at * 8 + 4 * h + l] = c.d;
+    PairRow& row = px.rows[px.index(m, g / 2)];
+    const int64_t h = g % 2;  // group g is the pair's first or its second
+    std::memcpy(row.q + 16 * h, q, 16);
+    std::memcpy(row.q + 32 + 16 * h, q + 16, 16);
+    for (int64_t l = 0; l < 4; ++l) row.sx[4 * h + l] = c.d;
     if (offset) {
       // Lane i of the group's eight: the codes i's int16 lane multiplies, 2i and 2i + 1 of each half.
       int16_t pairs[16];
       offset_pairs(q, offset, pairs);
-      for (int64_t i = 0; i < 8; ++i) px.xoff[at * 16 + 8 * h + i] = static_cast<int16_t>(pairs[i] + pairs[8 + i]);
+      for (int64_t i = 0; i < 8; ++i) row.xoff[8 * h + i] = static_cast<int16_t>(pairs[i] + pairs[8 + i]);
     } else {
-      px.sxg[at * 8 + 4 * h] = c.d * static_cast<float>(c.sums[0] + c.sums[1]);
+      row.sxg[4 * h] = c.d * static_cast<float>(c.sums[0] + c.sums[1]);
     }
   });
   return px;
 }
 
+// One output's pair of groups (g, g + 1) read from its blocks: the codes as the activations are laid out
+// (lo: both groups' codes 0-15, hi: their codes 16-31), the scales d spread to each group's four
+// int32 lanes, and Q4_1's minimums alike (zero for Q4_0).
+struct CodePair {
+  __m256i lo, hi;
+  __m256 d, mins;
+};
+
+template <int64_t T>
+inline CodePair code_pair(const uint8_t* block, bool both) {
+  constexpr int64_t B = block_bytes(T), codes_at = T == Q4_0 ? 2 : 4;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  // Four halves converted: Q4_0 [d_g, d_g+1, 0, 0], Q4_1 [d_g, m_g, d_g+1, m_g+1]; spread to the lanes.
+  const __m256i spread_d =
+      T == Q4_0 ? _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) : _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
+  const __m256i spread_m = _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3);
+  const __m128i first = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + codes_at));
+  const __m128i second =
+      both ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + B + codes_at)) : _mm_setzero_si128();
+  const __m256i raw = _mm256_set_m128i(second, first);
+  uint32_t head0 = 0, head1 = 0;  // Q4_0: d (2 bytes), Q4_1: d and m (4)
+  std::memcpy(&head0, block, T == Q4_0 ? 2 : 4);
+  if (both) std::memcpy(&head1, block + B, T == Q4_0 ? 2 : 4);
+  const __m128i halves = T == Q4_0 ? _mm_cvtsi32_si128(static_cast<int>(head0 | (head1 << 16)))
+                                   : _mm_setr_epi32(static_cast<int>(head0), static_cast<int>(head1), 0, 0);
+  const __m256 converted = _mm256_castps128_ps256(_mm_cvtph_ps(halves));
+  return {_mm256_and_si256(raw, low4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
+          _mm256_permutevar8x32_ps(converted, spread_d),
+          T == Q4_1 ? _mm256_permutevar8x32_ps(converted, spread_m) : _mm256_setzero_ps()};
+}
+
+// acc += one output's pair of groups times one row's (the unit both tiles below repeat): the two
+// products add in int16, Q4_0's 8 * x comes off there, then the int32 lane sums times d * sx.
+template <int64_t T>
+inline __m256 pair_dot(const CodePair& w, const PairRow& x, __m256 acc) {
+  const uint8_t* q = reinterpret_cast<const uint8_t*>(x.q);
+  __m256i products =
+      _mm256_add_epi16(_mm256_maddubs_epi16(w.lo, load256(q)), _mm256_maddubs_epi16(w.hi, load256(q + 32)));
+  if constexpr (T == Q4_0) products = _mm256_sub_epi16(products, load256(reinterpret_cast<const uint8_t*>(x.xoff)));
+  const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(products, _mm256_set1_epi16(1)));
+  acc = _mm256_fmadd_ps(dot, _mm256_mul_ps(w.d, _mm256_load_ps(x.sx)), acc);
+  if constexpr (T == Q4_1) acc = _mm256_fmadd_ps(w.mins, _mm256_load_ps(x.sxg), acc);
+  return acc;
+}
+
+// MT rows x NT outputs from the blocks, each output's pairs decoded as the tile goes (the path for a
+// few rows: every weight is read once a call, straight from memory).
 template <int64_t T, int MT, int NT>
 inline void pair_tile(const PairX& px, int64_t G, int64_t m0, const uint8_t* w, int64_t w_stride, const float* bias,
                       float* out, int64_t out_stride) {
-  constexpr int64_t B = block_bytes(T), codes_at = T == Q4_0 ? 2 : 4;
-  const int64_t P = px.P;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  // Four halves converted: Q4_0 [d_g, d_g+1, 0, 0], Q4_1 [d_g, m_g, d_g+1, m_g+1]; spread to the lanes.
-  const __m256i spread_d = T == Q4_0 ? _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) : _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
-  const __m256i spread_m = _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3);
-  __m256 acc[MT][NT];
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps();
-  for (int64_t p = 0; 2 * p < G; ++p) {
-    const bool both = 2 * p + 1 < G;  // an odd last group pairs with zeros, never the bytes past its row
-    __m256i lo[NT], hi[NT];
-    __m256 d[NT], mins[NT];
+  constexpr int64_t B = block_bytes(T);
+  __m256 acc[(MT * NT + 7) / 8 * 8];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  const PairRow* x = px.at(m0, 0);
+  for (int64_t p = 0; p < px.P; ++p, x += px.tile) {
+    CodePair c[NT];
     for (int j = 0; j < NT; ++j) {
       const uint8_t* block = w + j * w_stride + 2 * p * B;
       prefetch_ahead(block);
-      const __m128i first = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + codes_at));
-      const __m128i second =
-          both ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + B + codes_at)) : _mm_setzero_si128();
-      const __m256i raw = _mm256_set_m128i(second, first);
-      lo[j] = _mm256_and_si256(raw, low4);
-      hi[j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-      uint32_t head0 = 0, head1 = 0;  // Q4_0: d (2 bytes), Q4_1: d and m (4)
-      std::memcpy(&head0, block, T == Q4_0 ? 2 : 4);
-      if (both) std::memcpy(&head1, block + B, T == Q4_0 ? 2 : 4);
-      const __m128i halves = T == Q4_0 ? _mm_cvtsi32_si128(static_cast<int>(head0 | (head1 << 16)))
-                                       : _mm_setr_epi32(static_cast<int>(head0), static_cast<int>(head1), 0, 0);
-      const __m256 converted = _mm256_castps128_ps256(_mm_cvtph_ps(halves));
-      d[j] = _mm256_permutevar8x32_ps(converted, spread_d);
-      mins[j] = T == Q4_1 ? _mm256_permutevar8x32_ps(converted, spread_m) : _mm256_setzero_ps();
+      c[j] = code_pair<T>(block, 2 * p + 1 < G);
     }
-    for (int i = 0; i < MT; ++i) {
-      const int64_t at = (m0 + i) * P + p;
-      const uint8_t* xp = reinterpret_cast<const uint8_t*>(px.q.data() + at * 64);
-      const __m256i x_lo = load256(xp), x_hi = load256(xp + 32);
-      const __m256 sx = _mm256_loadu_ps(px.sx.data() + at * 8);
-      for (int j = 0; j < NT; ++j) {
-        __m256i products = _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], x_lo), _mm256_maddubs_epi16(hi[j], x_hi));
-        if constexpr (T == Q4_0)
-          products = _mm256_sub_epi16(products, load256(reinterpret_cast<const uint8_t*>(px.xoff.data() + at * 16)));
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(products, ones));
-        acc[i][j] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d[j], sx), acc[i][j]);
-        if constexpr (T == Q4_1) acc[i][j] = _mm256_fmadd_ps(mins[j], _mm256_loadu_ps(px.sxg.data() + at * 8), acc[i][j]);
-      }
-    }
+    for (int i = 0; i < MT; ++i)
+      for (int j = 0; j < NT; ++j) acc[i * NT + j] = pair_dot<T>(c[j], x[i], acc[i * NT + j]);
   }
-  __m256 sums[(MT * NT + 7) / 8 * 8];
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j) sums[i * NT + j] = acc[i][j];
-  store_sums<MT, NT>(sums, bias, out, out_stride);
+  store_sums<MT, NT>(acc, bias, out, out_stride);
 }
+
+// MT rows x one output from its pairs decoded in a panel (the path for many rows: see pair_impl).
+template <int64_t T, int MT>
+inline void panel_tile(const PairX& px, int64_t m0, const CodePair* decoded, const float* bias, float* out,
+                       int64_t out_stride) {
+  __m256 acc[8];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  const PairRow* x = px.at(m0, 0);
+  for (int64_t p = 0; p < px.P; ++p, x += px.tile) {
+    const CodePair c = decoded[p];
+    for (int i = 0; i < MT; ++i) acc[i] = pair_dot<T>(c, x[i], acc[i]);
+  }
+  store_sums<MT, 1>(acc, bias, out, out_stride);
+}
+
+// Rows from which pair_impl decodes each output's pairs once into a panel and runs every row tile
+// over it, rather than decoding them again in each tile of 4 rows. Decoding (two loads, an insert,
+// three logic ops, the scales' convert and permutes) cost about as much as a tile's 8 products of it,
+// and the 4 x 2 tile holding the decoded codes, scales and 8 accumulators at once ran out of AVX2's 16
+// registers (its accumulators went through the stack). The panels' 8 x 1 tile is 8 instructions a
+// product, none spilled. AMD EPYC Zen 3, Q4_0, mode 2, min us of 3 alternated runs (ops: one thread /
+// two): 3072x1024 at 16 rows 1237 -> 1104 / 615 -> 547, 64 rows 4888 -> 3977 / 2473 -> 1960, 512 rows
+// 53.7 -> 34.3 ms / 27.3 -> 16.5; 1024x512 at 64 rows 903 -> 688 / 493 -> 351. Below 16 rows the
+// streaming tiles stay ahead where the weights come from memory (at 8 rows 549 against 627 us, 70 MB
+// of weights, one thread): they overlap the reads with the products, the panels take them in turn.
+constexpr int64_t kDecodedPairRows = 16;
+// A panel's decoded pairs, at most: with an 8-row tile of activations (16 KB at 1024 wide) it stays in
+// a 32 KB L1.
+constexpr int64_t kPanelPairBytes = 8192;
+// A block of rows' activations at the most (see pair_impl): well inside a 512 KB L2.
+constexpr int64_t kRowBlockBytes = 131072;
 
 template <int64_t T>
 void pair_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w_stride, const float* bias,
                float* out, int64_t N) {
+  constexpr int64_t B = block_bytes(T);
   const PairX px = pair_layout(x, M, K, code_offset(T));
-  const int64_t G = K / kGroup;
-  at::parallel_for(0, (N + 1) / 2, (grain(M, K) + 1) / 2, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t n = 2 * p;
-      const float* b = bias ? bias + n : nullptr;
-      auto rows = [&](auto nt) {
-        row_tiles<4>(M, [&](auto mt, int64_t m) {
-          pair_tile<T, decltype(mt)::value, decltype(nt)::value>(px, G, m, w + n * w_stride, w_stride, b,
-                                                                 out + m * N + n, N);
-        });
-      };
-      if (n + 1 < N)
-        rows(std::integral_constant<int, 2>{});
-      else
-        rows(std::integral_constant<int, 1>{});
-    }
+  const int64_t G = K / kGroup, P = px.P;
+  if (M < kDecodedPairRows) {
+    at::parallel_for(0, (N + 1) / 2, (grain(M, K) + 1) / 2, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        const int64_t n = 2 * p;
+        const float* b = bias ? bias + n : nullptr;
+        auto rows = [&](auto nt) {
+          row_tiles<4>(M, [&](auto mt, int64_t m) {
+            pair_tile<T, decltype(mt)::value, decltype(nt)::value>(px, G, m, w + n * w_stride, w_stride, b,
+                                                                   out + m * N + n, N);
+          });
+        };
+        if (n + 1 < N)
+          rows(std::integral_constant<int, 2>{});
+        else
+          rows(std::integral_constant<int, 1>{});
+      }
+    });
+    return;
+  }
+  // Panels of outputs: each thread decodes a panel's pairs, then runs the rows over them in tiles of
+  // up to 8 rows by one output: the 8 accumulators, the output's decoded pair and the products in
+  // registers, each row's activations read once a tile where they are used. The rows go in blocks
+  // whose activations stay in L2 while every panel of the thread passes over them (each panel decoded
+  // again per block: a few instructions per pair against a block's 8 per row).
+  const int64_t width = std::max<int64_t>(1, kPanelPairBytes / (P * static_cast<int64_t>(sizeof(CodePair))));
+  const int64_t block_rows = std::max<int64_t>(
+      1, kRowBlockBytes / (P * static_cast<int64_t>(sizeof(PairRow))) / PairX::kTile) * PairX::kTile;
+  at::parallel_for(0, (N + width - 1) / width, 1, [&](int64_t begin, int64_t end) {
+    std::vector<CodePair> panel(width * P);
+    for (int64_t m_block = 0; m_block < M; m_block += block_rows)
+      for (int64_t k = begin; k < end; ++k) {
+        const int64_t n0 = k * width, n_panel = std::min(width, N - n0);
+        for (int64_t j = 0; j < n_panel; ++j)
+          for (int64_t p = 0; p < P; ++p)
+            panel[j * P + p] = code_pair<T>(w + (n0 + j) * w_stride + 2 * p * B, 2 * p + 1 < G);
+        for (int64_t m = m_block; m < std::min(M, m_block + block_rows); m += PairX::kTile)
+          for (int64_t j = 0; j < n_panel; ++j) {
+            const float* b = bias ? bias + n0 + j : nullptr;
+            row_tiles<8>(std::min<int64_t>(8, M - m), [&](auto mt, int64_t i) {
+              panel_tile<T, decltype(mt)::value>(px, m + i, panel.data() + j * P, b, out + (m + i) * N + n0 + j, N);
+            });
+          }
+      }
   });
 }
 

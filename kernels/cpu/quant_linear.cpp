@@ -49,11 +49,11 @@ using namespace quant;
 constexpr int64_t kPanelRows = 24;
 
 // Mode 1's switch to the panels, per type: where the avx2 path takes Q4_0 and Q4_1 two groups per
-// register (quant_int8.cpp's pair_tile), its int8 tiles beat the panels far beyond 24 rows (AMD EPYC Zen
-// 3, 2 threads, quant_linear_ab --types Q4_0 Q4_1 --modes int int8, TinyLlama layers, min ms, tiles /
-// panels: Q4_0 24 rows 51 / 121, 64 rows 140 / 199, 256 rows 590 / 748, 512 rows (one layer) 299 / 293,
-// 1024 652 / 568; Q4_1 alike, 512 rows 319 / 291), so they keep the tiles below 384 rows.
-constexpr int64_t kPairedPanelRows = 384;
+// register (quant_int8.cpp's pair_impl), its int8 tiles beat the panels far beyond 24 rows (AMD EPYC Zen
+// 3, 2 threads, Q4_0, min ms of 3 runs, int8 / panels: 3072x1024 at 384 rows 11.5 / 15.9, 512 15.8 /
+// 20.5, 1024 31.7 / 39.5; 1024x2048 at 512 14.2 / 13.8, 1024 27.5 / 26.2), so they keep the tiles below
+// 1024 rows.
+constexpr int64_t kPairedPanelRows = 1024;
 
 int64_t int8_panel_rows(int64_t type) { return int8_pairs_groups(type) ? kPairedPanelRows : kPanelRows; }
 

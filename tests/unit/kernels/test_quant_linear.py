@@ -129,6 +129,24 @@ def test_mode_0_switches_to_panels_at_the_threshold(ops: Any) -> None:
     assert not torch.equal(ops.quant_linear(at, blocks, 2, None, TILES), panels)  # their sums' orders differ
 
 
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_many_rows_score_as_each_row_alone(ops: Any, type_name: str) -> None:
+    """From 16 rows the avx2 path decodes Q4_0/Q4_1 weights into panels of outputs once and walks the
+    rows over them in blocks (quant_int8.cpp's pair_impl); each row still sums in the one-row path's
+    order, bit for bit: across panels (a partial last one), row blocks, 8-row tails and an odd last group."""
+    kind = TYPES[type_name]
+    # (outputs, in features, rows): 512 wide, panels of 8 outputs (the last one partial) and a row-block
+    # edge at 128 rows; 2048 wide, panels of 2 outputs and blocks of 32 rows; 96 wide, 3 groups (the
+    # last one unpaired).
+    for n, k, rows in [(37, 512, 16), (37, 512, 137), (5, 96, 29), (19, 2048, 40)]:
+        blocks, _ = weights(type_name, n, k, seed=3)
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+        bias = torch.randn(n, generator=torch.Generator().manual_seed(n))
+        together = ops.quant_linear(x, blocks, kind, bias, INT)
+        alone = torch.cat([ops.quant_linear(x[i : i + 1], blocks, kind, bias, INT) for i in range(rows)])
+        assert torch.equal(together, alone), (n, k, rows)
+
+
 @pytest.mark.parametrize(
     "mode", [INT, INT_NO_VNNI, INT_BELOW_PANELS], ids=["int", "int-novnni", "int-mode-1"]
 )
@@ -157,11 +175,11 @@ def test_int8_activations_stay_within_the_quantization_bound(ops: Any, mode: int
 def test_mode_1_takes_int8_activations_below_the_panels_and_the_panels_from_there(
     ops: Any, isa: str, type_name: str
 ) -> None:
-    """Mode 1's switch is per type and path: 24 rows, or 384 where the avx2 path pairs Q4_0/Q4_1 groups."""
+    """Mode 1's switch is per type and path: 24 rows, or 1024 where the avx2 path pairs Q4_0/Q4_1 groups."""
     kind = TYPES[type_name]
     switch = ops.int8_panel_rows(kind)
     paired = isa == "avx2" and type_name in ("Q4_0", "Q4_1")
-    assert switch == (384 if paired else PANEL_ROWS)
+    assert switch == (1024 if paired else PANEL_ROWS)
     blocks, _ = weights(type_name, 8, 256)
     x = torch.randn(switch + 8, 256)
     for rows in (1, 7, 8, PANEL_ROWS - 1, PANEL_ROWS, 64, switch - 1, switch, switch + 8):
