@@ -561,7 +561,7 @@ void pair_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w
         for (int64_t m = m_block; m < std::min(M, m_block + block_rows); m += PairX::kTile)
           for (int64_t j = 0; j < n_panel; ++j) {
             const float* b = bias ? bias + n0 + j : nullptr;
-            row_tiles<8>(std::min<int64_t>(8, M - m), [&](auto mt, int64_t i) {
+            row_tiles<8>(std::min(PairX::kTile, M - m), [&](auto mt, int64_t i) {
               panel_tile<T, decltype(mt)::value>(px, m + i, panel.data() + j * P, b, out + (m + i) * N + n0 + j, N);
             });
           }
