@@ -19,6 +19,7 @@ from pagedserve.kernels.attention import get_backend
 from pagedserve.kernels.kv_int8 import Int8KVBackend
 from pagedserve.services.worker import pooling, prompt_logprobs
 from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
+from pagedserve.services.worker.heap import keep_freed_heap
 from pagedserve.services.worker.kv_budget import PoolSizing, sized_pool
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, resolve_kv_dtype
 from pagedserve.services.worker.layers.packed_linear import linears_kind
@@ -113,6 +114,8 @@ class ModelRunner:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = torch.device(device)
+        if self.device.type == "cpu":
+            keep_freed_heap()  # the steps' large buffers reuse memory instead of faulting it in again
         dtype = resolve_dtype(dtype, self.device)
         if not allow_slow_dtype:
             check_cpu_dtype(dtype, self.device)  # UnsupportedDtype, naming the missing CPU feature
