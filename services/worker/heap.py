@@ -3,13 +3,14 @@
 glibc's malloc maps a buffer above its mmap threshold afresh on every allocation and trims the top of
 the heap once more than its trim threshold is free there (both thresholds move up with use, to 32 MB
 and 64 MB at most). A prefill step allocates buffers of that size many times a layer (the MoE experts'
-gathered rows and outputs, attention's scratch), so every step faulted the same memory in again, page
-by page: a 1B MoE's 2048-token chunks took ~200K minor faults a step on an AMD EPYC Zen 3. With both
+gathered rows and outputs: 32 MiB each at a 2048-token chunk), so every step faulted the same memory
+in again, page by page: a 1B MoE's 2048-token chunks took ~200K minor faults a step on an AMD EPYC Zen 3. With both
 thresholds at 1 GB and the heap grown 64 MB at a time, freed memory is reused: 2048-token prefills ran
 ~10% faster (faults 1.2M -> 0.37M over four steps; docs/cpu-performance.md). The cost is memory: what
 a step frees stays resident, and big buffers now share the heap with small ones, so its holes are
 not always reused. A served 64-request run of that MoE peaked at 1,721 MB of worker RSS against
-1,557 without (+164 MB, the K/V pool's 655 MB included in both).
+1,557 without (+164 MB, the K/V pool's 655 MB included in both). The setting is the process's: an
+`LLM` on the CPU sets it in its caller's process too.
 """
 
 from __future__ import annotations
