@@ -30,18 +30,22 @@ GROW_BYTES = 64 << 20  # how much more the heap grows than an allocation asks fo
 _kept = False
 
 
+def on_glibc() -> bool:
+    """Whether this process's C library is glibc, whose mallopt these settings are (musl, macOS: not)."""
+    try:
+        return bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (ValueError, OSError):  # a platform without that confstr name
+        return False
+
+
 def keep_freed_heap() -> bool:
     """Set this process's malloc to keep freed memory (once; glibc only). Returns whether it is set."""
     global _kept
     if _kept:
         return True
-    try:
-        if not os.confstr("CS_GNU_LIBC_VERSION"):
-            return False
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        mallopt = libc.mallopt
-    except (ValueError, OSError, AttributeError):
-        return False  # not glibc (musl, macOS): its allocator is left as it is
+    if not on_glibc():
+        return False  # another allocator is left as it is
+    mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
     settings = ((_M_MMAP_THRESHOLD, KEEP_BYTES), (_M_TRIM_THRESHOLD, KEEP_BYTES), (_M_TOP_PAD, GROW_BYTES))
     _kept = all(mallopt(option, value) == 1 for option, value in settings)
     if not _kept:
