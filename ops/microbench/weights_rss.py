@@ -143,7 +143,7 @@ def main() -> None:
             )  # fmt: skip
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]))
-        from pagedserve.services.worker.weights.bundled import resolve_model
+        from pagedserve.services.checkpoint import resolve_model
         from pagedserve.services.worker.weights.gguf_weights import gguf_source
 
         source = gguf_source(resolve_model(model))

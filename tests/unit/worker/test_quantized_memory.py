@@ -80,3 +80,21 @@ def test_loading_imports_neither_dynamo_nor_sympy(tmp_path: Path) -> None:
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         assert json.loads(done.stdout.strip().splitlines()[-1]) == [], quantization
+
+
+def test_the_weights_rss_tool_runs_end_to_end_on_a_gguf_folder(tmp_path: Path) -> None:
+    """The tool the docs' memory tables come from: one child process per form, then the parent's own
+    summary (it once imported `resolve_model` from a module that no longer had it, after the rows)."""
+    folder = make_tiny_model("llama", tmp_path / "m")
+    quantize_checkpoint(folder, "Q4_1")
+    done = subprocess.run(
+        [sys.executable, "-m", "pagedserve.ops.microbench.weights_rss", "--models", str(folder), "--kv-mib", "4"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    rows = [json.loads(line) for line in lines if line.startswith("{")]
+    assert [row["quantization"] for row in rows] == ["none", "gguf"]
+    assert all(row["weights_mib"] > 0 and row["kv_pool_mib"] == 4 for row in rows)
+    assert any("llama.cpp reads" in line for line in lines)
+    assert any("gguf / none: RSS" in line for line in lines)
