@@ -19,7 +19,7 @@ from pagedserve.kernels.attention import get_backend
 from pagedserve.kernels.kv_int8 import Int8KVBackend
 from pagedserve.services.worker import pooling, prompt_logprobs
 from pagedserve.services.worker.cpu_dtype import check_cpu_dtype
-from pagedserve.services.worker.heap import keep_freed_heap
+from pagedserve.services.worker.heap import RELEASE_AFTER_ROWS, keep_freed_heap, release_freed_heap
 from pagedserve.services.worker.kv_budget import PoolSizing, sized_pool
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, resolve_kv_dtype
 from pagedserve.services.worker.layers.packed_linear import linears_kind
@@ -127,6 +127,7 @@ class ModelRunner:
         self.backend = backend
         self.attention_backend = backend.name
         self.prefilling = False  # the step being run computes part of a prompt (for failpoints)
+        self.step_rows = 0  # the rows of the step being run
         self.model_path = Path(model_path)
         shard = ranks.shard if ranks is not None else shard
         loaded = load_model(
@@ -301,6 +302,8 @@ class ModelRunner:
             for name, path in step.prefetch_loras:
                 self.loras.prefetch(name, path)
         result, logits = self._run(step, keep_logits, t_start)
+        if self.step_rows >= RELEASE_AFTER_ROWS and self.device.type == "cpu":
+            release_freed_heap()  # a big step's buffers: reused across its layers, not kept after it
         if self.loras is not None:
             result.loras_ready = self.loras.ready()
         return result, logits
@@ -308,6 +311,7 @@ class ModelRunner:
     def _run(
         self, step: Execute, keep_logits: bool, t_start: float
     ) -> tuple[StepResult, torch.Tensor | None]:
+        self.step_rows = 0  # until the batch is packed (a step may compute none)
         scheduled, lookahead = self._update_states(step)
         if self.loras is not None and len(scheduled) > 1:
             scheduled, lookahead = _group_by_adapter(scheduled, lookahead)
@@ -322,6 +326,7 @@ class ModelRunner:
             return StepResult(step.step, timings={"step_s": time.perf_counter() - t_start}), None
         proposed = self._propose(scheduled, lookahead) if lookahead else {}
         batch = pack_batch(scheduled, self.block_size, self.device, proposed)
+        self.step_rows = len(batch.input_ids)
         lora_load_s = 0.0
         if self.loras is not None:  # rows per request: its tokens and any proposed ones
             lora_load_s = self.loras.rows_for_step(

@@ -40,3 +40,33 @@ def test_a_freed_large_buffer_is_reused_without_faulting_it_in_again() -> None:
     pages = 48 * 1024 * 1024 // os.sysconf("SC_PAGE_SIZE")
     assert _last_round_faults("default") > pages // 2  # the control: glibc maps it afresh each time
     assert _last_round_faults("keep") < pages // 20
+
+
+# Keeps the heap, frees a 48 MB buffer that a small one after it pins in the middle of the heap (so
+# glibc's own top trim could not return it), and prints the resident anonymous KiB it gave back.
+RELEASE = """
+import sys, torch
+from pagedserve.services.worker.heap import keep_freed_heap, release_freed_heap
+assert keep_freed_heap()
+def anon_kib():
+    status = open("/proc/self/status").read()
+    return int(status.split("RssAnon:")[1].split()[0])
+buffer = torch.ones(12 * 1024 * 1024)
+pin = torch.ones(1024)
+del buffer
+before = anon_kib()
+if sys.argv[1] == "release":
+    release_freed_heap()
+print(before - anon_kib())
+"""
+
+
+def _kib_given_back(mode: str) -> int:
+    done = subprocess.run([sys.executable, "-c", RELEASE, mode], capture_output=True, text=True, check=True)
+    return int(done.stdout.strip())
+
+
+@needs_glibc
+def test_a_kept_heap_hands_its_free_pages_back_when_released() -> None:
+    assert _kib_given_back("keep") < 4 * 1024  # the control: a kept heap holds the freed buffer
+    assert _kib_given_back("release") > 40 * 1024
