@@ -1,7 +1,11 @@
 """Peak resident memory of a server's processes while a benchmark runs, sampled every 0.5 s.
 
     python -m pagedserve.ops.bench.rss_peaks ROOT_PID LLAMA_SERVER_PORT OUT.json &
-    ... run the load ...; kill %1     # SIGTERM writes {"<pid> <command line>": peak RSS MiB}
+    ... run the load ...; kill %1     # SIGTERM writes {"<pid> <command line>": {"rss_mib": ...}}
+
+Each process's peak RSS, with its parts at that peak (anonymous, file-backed, shared memory: a
+worker's K/V pool is shared memory, its copied weights anonymous, so the parts say what the peak was
+made of), all in MiB.
 
 Watches ROOT_PID and every process under it (`pagedserve serve`: API, scheduler, block manager,
 workers), and any llama-server listening on LLAMA_SERVER_PORT (started by `bench serve --peer-llamacpp`).
@@ -43,9 +47,12 @@ def command(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ").strip()
 
 
-def rss_mib(pid: int) -> float:
+PARTS = {"rss_mib": "VmRSS:", "anon_mib": "RssAnon:", "file_mib": "RssFile:", "shmem_mib": "RssShmem:"}
+
+
+def rss_parts(pid: int) -> dict[str, float]:
     status = Path(f"/proc/{pid}/status").read_text()
-    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+    return {name: round(int(status.split(field)[1].split()[0]) / 1024, 1) for name, field in PARTS.items()}
 
 
 def watched(root: int, port: str) -> list[int]:
@@ -63,7 +70,7 @@ def watched(root: int, port: str) -> list[int]:
 
 def main() -> None:
     root, port, out = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-    peaks: dict[str, float] = {}
+    peaks: dict[str, dict[str, float]] = {}
 
     def stop(*_: object) -> None:
         out.write_text(json.dumps(portable(peaks), indent=1))  # its keys are command lines
@@ -73,10 +80,11 @@ def main() -> None:
     while True:
         for pid in watched(root, port):
             try:
-                key, rss = f"{pid} {command(pid)[:200]}", rss_mib(pid)
+                key, parts = f"{pid} {command(pid)[:200]}", rss_parts(pid)
             except (OSError, IndexError):
                 continue  # exited between the listing and the read
-            peaks[key] = round(max(peaks.get(key, 0.0), rss), 1)
+            if parts["rss_mib"] > peaks.get(key, {}).get("rss_mib", -1.0):
+                peaks[key] = parts
         time.sleep(0.5)
 
 

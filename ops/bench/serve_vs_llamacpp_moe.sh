@@ -12,8 +12,10 @@
 # Any folder holding one GGUF works (ops/models/random_dense_gguf.py writes Gemma and Phi ones).
 # pagedserve runs as `pagedserve serve` (all services, 2 threads, --quantization gguf) with room in its
 # KV pool for every request in flight; llama-server (LLAMACPP_VENV, default /work/main/.venv-llamacpp)
-# gets C slots of the longest request each, 2 threads. The worker's RSS is written once the server is
-# ready (rss-LABEL.txt). Every process started here is stopped on exit.
+# gets C slots of the longest request each, 2 threads. rss-LABEL.txt holds each process's RSS when the
+# API first answers (the worker is still loading its model then: that is its runtime alone), and
+# rss-peaks-LABEL.json every process's peak over the whole run, llama-server's too (rss_peaks.py).
+# Every process started here is stopped on exit.
 set -euo pipefail
 model=${1:?model folder}
 label=${2:?label}
@@ -31,7 +33,8 @@ logdir=$(mktemp -d)
     --block-manager-endpoint tcp://127.0.0.1:$((port + 3)) --scheduler-ops-port $((port + 5)) \
     --block-manager-ops-port $((port + 6)) &
 server=$!
-trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
+sampler=
+trap 'kill -TERM $sampler $server 2>/dev/null; wait $sampler $server 2>/dev/null || true' EXIT
 for _ in $(seq 600); do
     curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
     kill -0 $server 2>/dev/null || { tail -n 50 "$logdir"/*.log; exit 1; }
@@ -42,6 +45,8 @@ done
     for f in "$model"/*.gguf; do echo "file: $(stat -c %s "$f") $(basename "$f")"; done  # no machine path
     ps -o pid,rss,args --ppid $server | grep -v "ps -o"
 } | sed -e "s#$repo/#./#g" -e "s#$HOME/#~/#g" | tee "$out/rss-$label.txt"  # no machine paths
+"$repo/.venv/bin/python" -m pagedserve.ops.bench.rss_peaks $server $((port + 4)) "$out/rss-peaks-$label.json" &
+sampler=$!
 
 bench() {  # NAME ARGS...
     local name=$1; shift
