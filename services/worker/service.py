@@ -59,6 +59,9 @@ class WorkerService:
         # Where a start (or a restart) spends its time, for the start log: the process up to here
         # (interpreter, imports), the model, the pool, the registration.
         self.startup: dict[str, float] = {"process_s": round(process_age_s(), 3)}
+        # Resident memory before and after the model loads: what the runtime (the interpreter, torch, our
+        # modules) holds, and what the weights add.
+        self.memory: dict[str, float | None] = {}
         self.config = config
         self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.incarnation = uuid.uuid4().hex
@@ -84,6 +87,7 @@ class WorkerService:
         else:
             from pagedserve.services.worker.runner import ModelRunner  # lazily: torch
 
+            self.memory["rss_before_load_mib"] = resident_mib()
             if config.num_threads:
                 import torch
 
@@ -110,6 +114,7 @@ class WorkerService:
                 for name, path in parse_lora_modules(config.lora_modules):
                     self.runner.loras.load(name, str(Path(path).resolve()))
         self.startup["load_s"] = round(time.monotonic() - started, 3)
+        self.memory["rss_loaded_mib"] = resident_mib()
         self.pool = PoolAttachment()
         self.pool_continued = False  # the block manager kept our tables (set at registration)
         self.keys = CurveKeys(Path(config.curve_keys_dir)) if config.curve_keys_dir else None
@@ -243,6 +248,7 @@ class WorkerService:
             **self.runner.runtime,  # dtype, attention backend, the ISA path of each C++ op
             **self.pool_facts(),  # how many tokens the pool holds, and how it was sized
             startup=self.startup,
+            memory=self.memory,
             tensor_parallel_size=1 if self.group is None else self.group.shard.size,
             pool_epoch=self.pool.epoch,
             pool_continued=self.pool_continued,
@@ -317,6 +323,15 @@ def process_age_s() -> float:
         return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def resident_mib() -> float | None:
+    """This process's resident memory (VmRSS) in MiB, where /proc says (Linux); else None."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        return round(int(status.split("VmRSS:")[1].split()[0]) / 1024, 1)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def ranks_per_machine(config: ServeConfig) -> int:
