@@ -75,6 +75,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument(
+        "--warmups",
+        type=int,
+        default=1,
+        help="untimed requests each server answers first (an 8-token prompt no timed one starts with, 4 "
+        "tokens out): a server's first request pays for what it sets up lazily (vLLM's bench warms up too)",
+    )
+    ap.add_argument(
         "--peer-llamacpp",
         action="store_true",
         help="then start llama.cpp's server (llama-server from LLAMACPP_VENV, else llama_cpp.server) on the "
@@ -93,6 +100,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--max-concurrency must be >= 1")
     if args.num_prompts < 1:
         ap.error("--num-prompts must be >= 1")
+    if args.warmups < 0:
+        ap.error("--warmups must be >= 0")
     return args
 
 
@@ -130,6 +139,8 @@ def workload(
 
 
 Workloads = list[tuple[list[list[int]], list[int]]]
+WARMUP_PROMPT_LEN = 8  # under a block: a warm-up is never a prefix-cache hit for the workload
+WARMUP_OUTPUT_LEN = 4
 
 
 def rate_workloads(args: argparse.Namespace, vocab_size: int) -> Workloads:
@@ -171,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             **({"min_len": args.min_len, "max_len": args.max_len} if args.workload == "bench" else {}),
         },
         "max_concurrency": args.max_concurrency,
+        "warmups": args.warmups,  # untimed requests before the load, on every server
         "machine": {
             "cpus": os.cpu_count(),
             "load_average_at_start": load_at_start,
@@ -205,6 +217,14 @@ def run_rates(
 ) -> list[dict[str, Any]]:
     """The load at every --request-rate against one server, rate i with workloads[i] -> a summary per
     rate. extra_for(prompts): LoadSpec fields a text-only server needs for those prompts."""
+    if args.warmups:
+        # The first prompt backwards: its tokens, but the start of no timed prompt (no prefix-cache hit).
+        warm = [workloads[0][0][0][::-1][:WARMUP_PROMPT_LEN]] * args.warmups
+        spec = LoadSpec(base_url, model, warm, [WARMUP_OUTPUT_LEN] * len(warm), math.inf, 1, args.seed,
+                        args.api_key, **(extra_for(warm) if extra_for else {}))  # fmt: skip
+        records, _ = asyncio.run(run_load(spec))
+        if failed := [r for r in records if r.error]:
+            raise SystemExit(f"bench serve: a warm-up request to {base_url} failed: {failed[0].error}")
     runs = []
     for rate, (prompts, output_lens) in zip(args.request_rate, workloads, strict=True):
         spec = LoadSpec(

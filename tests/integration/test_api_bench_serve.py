@@ -6,6 +6,18 @@ import json
 import subprocess
 import sys
 
+import httpx
+
+
+def completions_answered(deployment) -> float:
+    """The API's count of /v1/completions answered 200, from its /metrics."""
+    text = httpx.get(deployment.api.base_url.removesuffix("/v1") + "/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("pagedserve_api_requests_total{") and "/v1/completions" in line and '"200"' in line
+    )
+
 
 def test_bench_serve_measures_a_local_deployment_at_two_rates(api_deployment, tmp_path):
     out = tmp_path / "serve.json"
@@ -15,9 +27,13 @@ def test_bench_serve_measures_a_local_deployment_at_two_rates(api_deployment, tm
         "--num-prompts", "6", "--input-len", "16", "--output-len", "8",
         "--request-rate", "4,inf", "--max-concurrency", "4", "--out", str(out), "--no-progress",
     ]  # fmt: skip
+    answered = completions_answered(api_deployment)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(out.read_text())
+    # One warm-up request first (untimed, uncounted in the runs), then both rates' 6.
+    assert report["warmups"] == 1
+    assert completions_answered(api_deployment) - answered == 1 + 2 * 6
     assert report["model"] == api_deployment.model_name
     assert [r["request_rate"] for r in report["runs"]] == [4.0, "inf"]
     for run in report["runs"]:
