@@ -16,7 +16,7 @@ out=bench/results; logs=$(mktemp -d)
 .venv/bin/pagedserve serve --model "$model" --quantization gguf --num-threads 2 --kv-cache-memory 536870912 \
   --api-port 18431 --scheduler-ops-port 18433 --block-manager-ops-port 18434 --log-dir "$logs" > "$logs/serve.out" 2>&1 &
 serve=$!
-for _ in $(seq 1 300); do curl -sf http://127.0.0.1:18431/v1/models > /dev/null && break; sleep 1; done
+for _ in $(seq 1 300); do curl -sf http://127.0.0.1:18431/health > /dev/null && break; sleep 1; done
 .venv/bin/python -m pagedserve.ops.bench.rss_peaks "$serve" 18432 "$out/$name-rss.json" &
 sampler=$!
 for c in $concurrencies; do

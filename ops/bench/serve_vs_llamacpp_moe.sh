@@ -12,10 +12,12 @@
 # Any folder holding one GGUF works (ops/models/random_dense_gguf.py writes Gemma and Phi ones).
 # pagedserve runs as `pagedserve serve` (all services, 2 threads, --quantization gguf) with room in its
 # KV pool for every request in flight; llama-server (LLAMACPP_VENV, default /work/main/.venv-llamacpp)
-# gets C slots of the longest request each, 2 threads. rss-LABEL.txt holds each process's RSS when the
-# API first answers (the worker is still loading its model then: that is its runtime alone), and
-# rss-peaks-LABEL.json every process's peak over the whole run, llama-server's too (rss_peaks.py).
-# Every process started here is stopped on exit.
+# gets C slots of the longest request each, 2 threads. The load starts once /health says a worker is
+# ready (its model loaded), and `bench serve` warms each server up with one untimed request first.
+# rss-LABEL.txt holds each process's RSS then, and the worker's own figures before and after its model
+# loaded (`memory` on its worker_started line: the runtime, and what the weights add);
+# rss-peaks-LABEL.json every process's peak over the whole run with its parts, llama-server's too
+# (rss_peaks.py). Every process started here is stopped on exit.
 set -euo pipefail
 model=${1:?model folder}
 label=${2:?label}
@@ -33,10 +35,11 @@ logdir=$(mktemp -d)
     --block-manager-endpoint tcp://127.0.0.1:$((port + 3)) --scheduler-ops-port $((port + 5)) \
     --block-manager-ops-port $((port + 6)) &
 server=$!
-sampler=
+"$repo/.venv/bin/python" -m pagedserve.ops.bench.rss_peaks $server $((port + 4)) "$out/rss-peaks-$label.json" &
+sampler=$!  # from the start: the model's load is part of the peak too
 trap 'kill -TERM $sampler $server 2>/dev/null; wait $sampler $server 2>/dev/null || true' EXIT
 for _ in $(seq 600); do
-    curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null && break  # a worker is ready
     kill -0 $server 2>/dev/null || { tail -n 50 "$logdir"/*.log; exit 1; }
     sleep 1
 done
@@ -44,9 +47,8 @@ done
     grep -m1 "model name" /proc/cpuinfo
     for f in "$model"/*.gguf; do echo "file: $(stat -c %s "$f") $(basename "$f")"; done  # no machine path
     ps -o pid,rss,args --ppid $server | grep -v "ps -o"
+    grep -h -o '"memory": {[^}]*}' "$logdir"/worker-0.log | head -1
 } | sed -e "s#$repo/#./#g" -e "s#$HOME/#~/#g" | tee "$out/rss-$label.txt"  # no machine paths
-"$repo/.venv/bin/python" -m pagedserve.ops.bench.rss_peaks $server $((port + 4)) "$out/rss-peaks-$label.json" &
-sampler=$!
 
 bench() {  # NAME ARGS...
     local name=$1; shift
