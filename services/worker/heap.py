@@ -14,7 +14,7 @@ at 1,637-1,644 MiB of worker RSS against 1,492-1,543 without, since big buffers 
 small ones and its holes are not always reused. So the runner hands the free heap back after each
 step of `RELEASE_AFTER_ROWS` rows or more (`release_freed_heap`, glibc's malloc_trim). A step still
 reuses its buffers from layer to layer and faults them in once (~80K faults a 2048-token step), and
-the same run peaked at 1,523-1,531 MiB (the K/V pool's 640 MiB in every figure). The setting is the
+the same run peaked at 1,497-1,531 MiB (the K/V pool's 640 MiB in every figure). The setting is the
 process's: an `LLM` on the CPU sets it in its caller's process too.
 """
 
