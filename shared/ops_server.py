@@ -25,7 +25,6 @@ import socket
 import threading
 from collections.abc import Callable
 from http.cookies import SimpleCookie
-from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -36,6 +35,8 @@ from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
+
+from pagedserve.shared.proc_memory import resident_bytes
 
 Handler = Callable[[], tuple[int, str, bytes]]
 BodyHandler = Callable[[Any], tuple[int, str, bytes]]  # an admin POST that reads a JSON body
@@ -52,17 +53,10 @@ def json_response(body: Any, status: int = 200) -> tuple[int, str, bytes]:
 def process_view() -> tuple[int, str, bytes]:
     """RSS from /proc (Linux), and every object the garbage collector tracks: a per-request leak
     shows in one or the other."""
-    rss = None
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) * 1024
-    except OSError:
-        pass
     return json_response(
         {
             "pid": os.getpid(),
-            "rss_bytes": rss,
+            "rss_bytes": resident_bytes(),
             "python_objects": len(gc.get_objects()),
             "threads": threading.active_count(),
         }

@@ -34,6 +34,7 @@ import numpy as np
 
 from pagedserve.kernels.cpu.isa import cpu_model
 from pagedserve.shared.config import add_config_flag
+from pagedserve.shared.proc_memory import resident_bytes
 
 OPS_LIMIT_S = 1.0
 
@@ -141,13 +142,8 @@ async def run_clients(args: argparse.Namespace, base_url: str, model: str) -> li
 
 
 def rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+    rss = resident_bytes(pid)
+    return None if rss is None else rss / 2**20
 
 
 def sample(

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from pagedserve.ops.results import portable
+from pagedserve.shared.proc_memory import memory_kib
 
 
 def descendants(pid: int) -> list[int]:
@@ -47,12 +48,15 @@ def command(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ").strip()
 
 
-PARTS = {"rss_mib": "VmRSS:", "anon_mib": "RssAnon:", "file_mib": "RssFile:", "shmem_mib": "RssShmem:"}
+PARTS = {"rss_mib": "VmRSS", "anon_mib": "RssAnon", "file_mib": "RssFile", "shmem_mib": "RssShmem"}
 
 
-def rss_parts(pid: int) -> dict[str, float]:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return {name: round(int(status.split(field)[1].split()[0]) / 1024, 1) for name, field in PARTS.items()}
+def rss_parts(pid: int) -> dict[str, float] | None:
+    """The process's RSS and its parts in MiB; None once it has exited."""
+    kib = memory_kib(pid)
+    if any(field not in kib for field in PARTS.values()):
+        return None
+    return {name: round(kib[field] / 1024, 1) for name, field in PARTS.items()}
 
 
 def watched(root: int, port: str) -> list[int]:
@@ -81,9 +85,9 @@ def main() -> None:
         for pid in watched(root, port):
             try:
                 key, parts = f"{pid} {command(pid)[:200]}", rss_parts(pid)
-            except (OSError, IndexError):
+            except OSError:
                 continue  # exited between the listing and the read
-            if parts["rss_mib"] > peaks.get(key, {}).get("rss_mib", -1.0):
+            if parts is not None and parts["rss_mib"] > peaks.get(key, {}).get("rss_mib", -1.0):
                 peaks[key] = parts
         time.sleep(0.5)
 

@@ -27,7 +27,6 @@ import asyncio
 import collections
 import gc
 import json
-import os
 import random
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from pagedserve.ops.deploy.local_api import local_config
 from pagedserve.ops.deploy.supervisor import Supervisor, resolve_model_first
 from pagedserve.ops.results import write_json
 from pagedserve.shared.config import ServeConfig, add_config_flag
+from pagedserve.shared.proc_memory import resident_bytes
 
 KINDS = ("ok", "abort", "timeout", "disconnect")
 FINISHED_RESULTS_KEPT = 100
@@ -89,16 +89,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # ---------------------------------------------------------------- what is measured
 
 
-def rss_bytes(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def process_view(ops_url: str) -> dict[str, Any]:
     return ops_client.get_json(f"{ops_url}/process", timeout_s=10.0)
 
@@ -124,11 +114,11 @@ def is_idle(state: dict[str, Any]) -> bool:
 def measure(sup: Supervisor, workers: int, client: Any, done: int) -> dict[str, Any]:
     gc.collect()
     sched, bm = process_view(sup.scheduler_ops_url), process_view(sup.block_manager_ops_url)
-    worker_rss = {f"worker-{i}": rss_bytes(sup.pid(f"worker-{i}") or -1) for i in range(workers)}
+    worker_rss = {f"worker-{i}": resident_bytes(sup.pid(f"worker-{i}") or -1) for i in range(workers)}
     return {
         "requests_done": done,
         "rss_bytes": {"scheduler": sched["rss_bytes"], "block-manager": bm["rss_bytes"], **worker_rss}
-        | {"soak-client": rss_bytes(os.getpid())},
+        | {"soak-client": resident_bytes()},
         "python_objects": {
             "scheduler": sched["python_objects"],
             "block-manager": bm["python_objects"],

@@ -44,9 +44,9 @@ def rss_parts() -> dict[str, float]:
     """This process's RSS, anonymous and file-backed parts, peak, and the shared libraries' pages (MiB)."""
     from pathlib import Path
 
-    status = dict(
-        line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line
-    )
+    from pagedserve.shared.proc_memory import memory_kib
+
+    status = memory_kib()
     libraries = 0
     mapping = ""
     for line in Path("/proc/self/smaps").read_text().splitlines():
@@ -57,7 +57,7 @@ def rss_parts() -> dict[str, float]:
             libraries += int(fields[1])
 
     def mib(key: str) -> float:
-        return round(int(status[key].split()[0]) / 1024, 1)
+        return round(status[key] / 1024, 1)
 
     return {
         "rss_mib": mib("VmRSS"),

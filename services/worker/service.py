@@ -33,6 +33,7 @@ from pagedserve.shared import failpoints
 from pagedserve.shared.config import ServeConfig
 from pagedserve.shared.log import configure_logging, on_stop_signals
 from pagedserve.shared.lora_modules import parse_lora_modules
+from pagedserve.shared.proc_memory import resident_bytes
 from pagedserve.shared.protocol.codec import ProtocolError, decode
 from pagedserve.shared.protocol.control import DumpStacks, Heartbeat, Hello, Register, Registered, Reset
 from pagedserve.shared.protocol.frontend import Error
@@ -327,11 +328,8 @@ def process_age_s() -> float:
 
 def resident_mib() -> float | None:
     """This process's resident memory (VmRSS) in MiB, where /proc says (Linux); else None."""
-    try:
-        status = Path("/proc/self/status").read_text()
-        return round(int(status.split("VmRSS:")[1].split()[0]) / 1024, 1)
-    except (OSError, ValueError, IndexError):
-        return None
+    rss = resident_bytes()
+    return None if rss is None else round(rss / 2**20, 1)
 
 
 def ranks_per_machine(config: ServeConfig) -> int:
