@@ -6,16 +6,20 @@ import json
 import subprocess
 import sys
 
-import httpx
+from harness.deployment import get_text
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def completions_answered(deployment) -> float:
     """The API's count of /v1/completions answered 200, from its /metrics."""
-    text = httpx.get(deployment.api.base_url.removesuffix("/v1") + "/metrics", timeout=10).text
+    text = get_text(deployment.api.base_url.removesuffix("/v1") + "/metrics")
+    answered = {"route": "/v1/completions", "status": "200"}
     return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("pagedserve_api_requests_total{") and "/v1/completions" in line and '"200"' in line
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "pagedserve_api_requests"
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels == answered
     )
 
 
