@@ -195,24 +195,31 @@ inline Scales scales_at(const uint8_t* row, int64_t g) {
   }
 }
 
+// The packed 6-bit fields' masks: four bytes' worth at a time.
+constexpr uint32_t kLow2 = 0x03030303, kLow4 = 0x0f0f0f0f, kLow6 = 0x3f3f3f3f;
+
+// Q4_K's and Q5_K's 12 bytes of packed scales and mins -> sm[0..7] the eight scales, sm[8..15] the eight
+// mins (k_scale_min, four at a time).
+inline void k_scales_mins(const uint8_t* packed, uint8_t* sm) {
+  uint32_t u[4];
+  std::memcpy(u, packed, 12);
+  u[3] = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);
+  const uint32_t mins_low = u[1] & kLow6;
+  u[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);
+  u[2] = mins_low;
+  u[0] &= kLow6;
+  std::memcpy(sm, u, 16);
+}
+
 // A super-block's eight groups' scales at once (the 256-weight types): a[k], b[k] for k = group (one
 // pair a group) or 2 * group + half (half_scales types). The packed 6-bit fields are unpacked 32 bits at
 // a time and the conversions are plain loops the compiler vectorizes: one group at a time cost more than
 // the decoding of its codes (Q4_K at 1 row ran at half Q4_1's speed per byte).
 template <int64_t T>
 inline void superblock_scales(const uint8_t* block, float* a, float* b) {
-  constexpr uint32_t kLow2 = 0x03030303, kLow4 = 0x0f0f0f0f, kLow6 = 0x3f3f3f3f;
   if constexpr (T == Q4_K || T == Q5_K) {
-    uint32_t u[4];
-    std::memcpy(u, block + 4, 12);
-    // -> bytes 0-7 the eight scales, 8-15 the eight mins (k_scale_min, four at a time)
-    u[3] = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);
-    const uint32_t mins_low = u[1] & kLow6;
-    u[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);
-    u[2] = mins_low;
-    u[0] &= kLow6;
     uint8_t sm[16];
-    std::memcpy(sm, u, 16);
+    k_scales_mins(block + 4, sm);
     const float d = half_at(block), dmin = half_at(block + 2);
     for (int k = 0; k < 8; ++k) a[k] = d * static_cast<float>(sm[k]);
     for (int k = 0; k < 8; ++k) b[k] = -dmin * static_cast<float>(sm[8 + k]);

@@ -15,7 +15,8 @@
 //             none), signed codes by vpsignb. 4 x 2 a tile. Its scales come from each group's block as
 //             it goes and its b term is a scalar per (row, output) in group order (see its int_tile).
 //             Q4_0 and Q4_1 take two groups per register instead (pair_tile; from 16 rows each output's
-//             pairs decoded once into a panel that every row tile reads, panel_tile).
+//             pairs decoded once into a panel that every row tile reads, panel_tile), and the K-quants
+//             with unsigned codes a super-block at a time (superblock_tile).
 //   portable  a plain C++ integer dot per half-group (no intrinsics; the compiler vectorizes).
 // vpmaddubsw sums two products into int16 with saturation: at most 2 * 63 * 127 (Q6_K) or 2 * 128 * 127
 // (|Q8_0|), both below 32767.
@@ -39,6 +40,7 @@ struct QuantX {
   std::vector<float> sx8;   // [M][Gp * 8]: each group's scale, 8 copies (one per int32 lane of its dot)
   std::vector<float> sxs;   // [M][Gp * 2]: scale * the sum of each half-group's codes
   std::vector<float> sxg;   // [M][Gp]: scale * the sum of the group's codes (one offset per group)
+  std::vector<float> sx;    // [M][Gp]: each group's scale, once (the avx2 super-block tiles read 4 at a time)
   // [M][Gp][16], only for a weight type with a constant code offset c (code_offset): c * the sum of
   // each pair of neighbouring codes, what vpmaddubsw's int16 lanes lose to the offset.
   std::vector<int16_t> xoff;
@@ -130,6 +132,7 @@ QuantX quantize_x(const float* x, int64_t M, int64_t K, int offset = 0) {
   xq.sx8.assign(M * xq.Gp * 8, 0.0f);
   xq.sxs.assign(M * xq.Gp * 2, 0.0f);
   xq.sxg.assign(M * xq.Gp, 0.0f);
+  xq.sx.assign(M * xq.Gp, 0.0f);
   if (offset) xq.xoff.assign(M * xq.Gp * 16, 0);
   quantize_rows(x, M, K, [&](int64_t m, int64_t g, const int8_t* q, const GroupCodes& c) {
     const int64_t at = m * xq.Gp + g;
@@ -138,6 +141,7 @@ QuantX quantize_x(const float* x, int64_t M, int64_t K, int offset = 0) {
     for (int i = 0; i < 8; ++i) xq.sx8[at * 8 + i] = c.d;
     for (int h = 0; h < 2; ++h) xq.sxs[at * 2 + h] = c.d * static_cast<float>(c.sums[h]);
     xq.sxg[at] = c.d * static_cast<float>(c.sums[0] + c.sums[1]);
+    xq.sx[at] = c.d;
   });
   return xq;
 }
@@ -360,6 +364,139 @@ inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_s
   store_sums<MT, NT>(sums, bias, out, out_stride);
   for (int i = 0; i < MT; ++i)
     for (int j = 0; j < NT; ++j) out[i * out_stride + j] += off[i][j];
+}
+
+// ---- The K-quants with unsigned codes (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) on avx2: a super-block at a time.
+// int_tile spent about twenty instructions per (group, output) on them: each group's scales read alone,
+// its dot converted and scaled alone, Q6_K's 32 * x subtracted in int16, so Q4_K ran at a third of
+// Q5_0's bytes a second and Q6_K at a quarter (1 row). Here each output's super-block scales are unpacked
+// once (superblock_scales), three hadds fold four groups' int32 dots into one vector (lanes 0-3 their
+// first halves, 4-7 their second), which one convert and one FMA scale, and the offsets (the mins, Q3_K's
+// 4, Q6_K's 32) join the sum as one FMA per eight of superblock_scales' b with the activations' group or
+// half sums. Every row's sum is the same in any tile (each (row, output) runs the same sequence).
+constexpr bool superblock_tiles(int64_t t) { return t == Q2_K || t == Q3_K || t == Q4_K || t == Q5_K || t == Q6_K; }
+
+// One output's super-block scales, as the tile reads them: quad[q] the a of groups 4q..4q+3 (lanes 0-3
+// their first halves', 4-7 their second's: the folded dots' order), b[] superblock_scales' b in its own
+// order (by group, or by 2 * group + half), which is the activations' sums' order too.
+template <int64_t T>
+struct SuperBlockScales {
+  static constexpr int H = half_scales(T) ? 2 : 1;
+  __m256 quad[2], b[H];
+  explicit SuperBlockScales(const uint8_t* block) {
+    if constexpr (T == Q4_K || T == Q5_K || T == Q6_K) {
+      // The integer scales widened eight at a time: superblock_scales' scalar loops compiled to a byte
+      // extract and a convert per scale, a third of Q4_K's time at one row.
+      if constexpr (T == Q6_K) {
+        const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192));
+        const __m256 d = _mm256_set1_ps(half_at(block + 208));
+        // Each quad's first halves (scales 2g) then its second halves (2g + 1).
+        const __m128i by_half = _mm_shuffle_epi8(sc, _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15));
+        quad[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(by_half)));
+        quad[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(by_half, by_half))));
+        const __m256 minus32d = _mm256_mul_ps(d, _mm256_set1_ps(-32.0f));
+        b[0] = _mm256_mul_ps(minus32d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+        b[H - 1] = _mm256_mul_ps(minus32d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc, sc))));
+      } else {
+        uint8_t sm[16];  // the eight scales, then the eight mins
+        k_scales_mins(block + 4, sm);
+        const __m128i both = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sm));
+        const __m256 a = _mm256_mul_ps(_mm256_set1_ps(half_at(block)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(both)));
+        quad[0] = _mm256_permute2f128_ps(a, a, 0x00);
+        quad[1] = _mm256_permute2f128_ps(a, a, 0x11);
+        b[0] = _mm256_mul_ps(_mm256_set1_ps(-half_at(block + 2)),
+                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(both, both))));
+      }
+    } else {
+      float a[8 * H], bs[8 * H];
+      superblock_scales<T>(block, a, bs);
+      alignas(32) float qa[16];
+      for (int q = 0; q < 2; ++q)
+        for (int h = 0; h < 2; ++h)
+          for (int k = 0; k < 4; ++k) qa[q * 8 + h * 4 + k] = a[(4 * q + k) * H + (H == 2 ? h : 0)];
+      quad[0] = _mm256_load_ps(qa);
+      quad[1] = _mm256_load_ps(qa + 8);
+      for (int h = 0; h < H; ++h) b[h] = _mm256_loadu_ps(bs + 8 * h);
+    }
+  }
+};
+
+// The int32 dot of one group's codes and one row's int8 activations: lanes 0-3 its first 16 products.
+inline __m256i group_dot(__m256i codes, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), _mm256_set1_epi16(1));
+}
+
+template <int64_t T, int MT, int NT>
+inline void superblock_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_stride, const float* bias,
+                            float* out, int64_t out_stride) {
+  constexpr int H = SuperBlockScales<T>::H;
+  const int64_t Gp = xq.Gp, blocks = xq.G / 8;
+  __m256 acc[(MT * NT + 7) / 8 * 8];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (int64_t s = 0; s < blocks; ++s) {
+    const uint8_t* block[NT];
+    for (int j = 0; j < NT; ++j) {
+      block[j] = w + j * w_stride + s * block_bytes(T);
+      // Every cache line of it (a super-block spans 2-4): one prefetch per block left Q6_K's rows waiting
+      // on memory at their scales, its first bytes read.
+      for (int64_t line = 0; line < block_bytes(T); line += 64) prefetch_ahead(block[j] + line);
+    }
+    for (int j = 0; j < NT; ++j) {
+      const SuperBlockScales<T> sc(block[j]);
+      for (int q = 0; q < 2; ++q) {
+        __m256i pairs[MT][2];
+        for (int p = 0; p < 2; ++p) {
+          const int g = 4 * q + 2 * p;  // groups g and g + 1 of the super-block, decoded once for the rows
+          const __m256i first = codes_group<T>(block[j], g), second = codes_group<T>(block[j], g + 1);
+          for (int i = 0; i < MT; ++i) {
+            const uint8_t* x = reinterpret_cast<const uint8_t*>(xq.q.data() + ((m0 + i) * Gp + 8 * s + g) * kGroup);
+            pairs[i][p] = _mm256_hadd_epi32(group_dot(first, load256(x)), group_dot(second, load256(x + kGroup)));
+          }
+        }
+        for (int i = 0; i < MT; ++i) {
+          const __m256 sx = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(xq.sx.data() + (m0 + i) * Gp + 8 * s + 4 * q));
+          acc[i * NT + j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_hadd_epi32(pairs[i][0], pairs[i][1])),
+                                            _mm256_mul_ps(sc.quad[q], sx), acc[i * NT + j]);
+        }
+      }
+      for (int i = 0; i < MT; ++i) {  // the offsets: by the row's group sums, or its half sums
+        const int64_t at = (m0 + i) * Gp + 8 * s;
+        const float* sums = H == 1 ? xq.sxg.data() + at : xq.sxs.data() + 2 * at;
+        for (int h = 0; h < H; ++h)
+          acc[i * NT + j] = _mm256_fmadd_ps(sc.b[h], _mm256_loadu_ps(sums + 8 * h), acc[i * NT + j]);
+      }
+    }
+  }
+  store_sums<MT, NT>(acc, bias, out, out_stride);
+}
+
+template <int64_t T>
+void superblock_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w_stride, const float* bias,
+                     float* out, int64_t N) {
+  const QuantX xq = quantize_x(x, M, K);
+  at::parallel_for(0, (N + 1) / 2, (grain(M, K) + 1) / 2, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n = 2 * p;
+      const float* b = bias ? bias + n : nullptr;
+      auto rows = [&](auto nt) {
+        constexpr int NT = decltype(nt)::value;
+        row_tiles<4>(M, [&](auto mt, int64_t m) {
+          constexpr int MT = decltype(mt)::value;
+          if constexpr (MT == 1) {
+            superblock_tile<T, 1, NT>(xq, m, w + n * w_stride, w_stride, b, out + m * N + n, N);
+          } else {  // more rows: one output at a time, or a tile's accumulators and dots spill
+            for (int j = 0; j < NT; ++j)
+              superblock_tile<T, MT, 1>(xq, m, w + (n + j) * w_stride, w_stride, b ? b + j : nullptr,
+                                        out + m * N + n + j, N);
+          }
+        });
+      };
+      if (n + 1 < N)
+        rows(std::integral_constant<int, 2>{});
+      else
+        rows(std::integral_constant<int, 1>{});
+    }
+  });
 }
 
 // ---- Q4_0 and Q4_1 on avx2: two groups per register. One group's 16 bytes of nibbles filled half a
@@ -639,6 +776,7 @@ void int8_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w
                float* out, int64_t N) {
 #if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
   if constexpr (paired_groups(T)) return pair_impl<T>(x, M, K, w, w_stride, bias, out, N);
+  if constexpr (superblock_tiles(T)) return superblock_impl<T>(x, M, K, w, w_stride, bias, out, N);
 #endif
   constexpr Signed form = signed_form<VNNI>();
   const QuantX xq = quantize_x(x, M, K, kScalesInline ? code_offset(T) : 0);

@@ -94,7 +94,9 @@ def test_both_float_paths_match_the_reference_at_any_row_count(ops: Any, type_na
 
 
 @pytest.mark.parametrize("mode", [TILES, INT, INT_NO_VNNI], ids=["tiles", "int", "int-novnni"])
-@pytest.mark.parametrize("type_name", ["Q4_1", "Q4_0", "Q8_0", "Q6_K", "Q4_K", "IQ4_XS", "BF16"])
+@pytest.mark.parametrize(
+    "type_name", ["Q4_1", "Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "BF16"]
+)
 def test_a_tile_row_scores_as_it_would_alone(ops: Any, type_name: str, mode: int) -> None:
     """Below the panel threshold (float) or at any row count (int8 activations) each row's sum runs
     in one order whatever the row count, so the k + 1 rows a speculative verify step scores give bit
