@@ -823,4 +823,13 @@ bool int8_pairs_groups(int64_t type) {
 #endif
 }
 
+bool int8_superblock_tiles(int64_t type) {
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+  return superblock_tiles(type);
+#else
+  (void)type;
+  return false;  // no super-block tiles in this build
+#endif
+}
+
 QUANT_END

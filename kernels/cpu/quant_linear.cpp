@@ -55,7 +55,15 @@ constexpr int64_t kPanelRows = 24;
 // 1024 rows.
 constexpr int64_t kPairedPanelRows = 1024;
 
-int64_t int8_panel_rows(int64_t type) { return int8_pairs_groups(type) ? kPairedPanelRows : kPanelRows; }
+// The same for the avx2 path's K-quants, a super-block at a time (quant_int8.cpp's superblock_tile): their
+// int8 tiles beat the panels to 64 rows and lose from ~128 (AMD EPYC Zen 3, 2 threads, a 2048 x 5632
+// linear, best ms, int8 / panels: Q4_K at 24 rows 4.2 / 8.8, 64 15.1 / 28.0, 128 32.5 / 28.0, 256 70.7 /
+// 54.2; Q6_K 4.8 / 7.2, 12.5 / 24.5, 39.6 / 31.4, 59.6 / 54.1; a 1024 x 2048 Q4_K at 128 rows 4.8 / 5.9).
+constexpr int64_t kSuperblockPanelRows = 96;
+
+int64_t int8_panel_rows(int64_t type) {
+  return int8_pairs_groups(type) ? kPairedPanelRows : int8_superblock_tiles(type) ? kSuperblockPanelRows : kPanelRows;
+}
 
 // Whether this CPU runs vpdpbusd (avx512 path only; the build itself never assumes it).
 inline bool cpu_has_vnni() {

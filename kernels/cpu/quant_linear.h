@@ -61,4 +61,8 @@ void linear_int8(int64_t type, const float* x, int64_t M, int64_t K, const uint8
 // those tiles stay ahead of the panels far longer (quant_linear.cpp's int8_panel_rows).
 bool int8_pairs_groups(int64_t type);
 
+// Whether this build's linear_int8 takes `type` a super-block at a time (the avx2 path's Q2_K-Q6_K): those
+// tiles stay ahead of the panels to ~96 rows (quant_linear.cpp's int8_panel_rows).
+bool int8_superblock_tiles(int64_t type);
+
 QUANT_END

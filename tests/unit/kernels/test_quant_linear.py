@@ -173,15 +173,17 @@ def test_int8_activations_stay_within_the_quantization_bound(ops: Any, mode: int
         assert (err <= 0.01 * magnitude).all(), (rows, k)
 
 
-@pytest.mark.parametrize("type_name", ["Q4_1", "Q4_0", "Q8_0"])
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q4_0", "Q8_0", "Q4_K", "Q6_K"])
 def test_mode_1_takes_int8_activations_below_the_panels_and_the_panels_from_there(
     ops: Any, isa: str, type_name: str
 ) -> None:
-    """Mode 1's switch is per type and path: 24 rows, or 1024 where the avx2 path pairs Q4_0/Q4_1 groups."""
+    """Mode 1's switch is per type and path: 24 rows, 1024 where the avx2 path pairs Q4_0/Q4_1 groups,
+    96 where it takes the K-quants a super-block at a time."""
     kind = TYPES[type_name]
     switch = ops.int8_panel_rows(kind)
     paired = isa == "avx2" and type_name in ("Q4_0", "Q4_1")
-    assert switch == (1024 if paired else PANEL_ROWS)
+    superblocks = isa == "avx2" and type_name.endswith("_K")
+    assert switch == (1024 if paired else 96 if superblocks else PANEL_ROWS)
     blocks, _ = weights(type_name, 8, 256)
     x = torch.randn(switch + 8, 256)
     for rows in (1, 7, 8, PANEL_ROWS - 1, PANEL_ROWS, 64, switch - 1, switch, switch + 8):
