@@ -50,10 +50,9 @@ struct QuantX {
 // The weight types whose every code sits at a constant offset c from zero (weight = a * (code - c)):
 // their b term is -c * a, so the avx2 tiles subtract c * x from each pair of products in int16 (one
 // vpsubw) instead of adding b * sx * sum(q) in float per (group, output) (three scalar operations), as
-// the types with a free minimum (Q4_1, the K-quants' mins) still do.
-constexpr int code_offset(int64_t t) {
-  return t == Q4_0 ? 8 : t == Q5_0 ? 16 : t == Q3_K ? 4 : t == Q6_K ? 32 : 0;
-}
+// the types with a free minimum (Q4_1, the K-quants' mins) still do. (Q3_K's 4 and Q6_K's 32 are not
+// listed: on avx2 the K-quants take the super-block tiles, whose offsets all join through b.)
+constexpr int code_offset(int64_t t) { return t == Q4_0 ? 8 : t == Q5_0 ? 16 : 0; }
 
 inline int64_t padded_groups(int64_t G) { return (G + 15) / 16 * 16; }
 
@@ -396,7 +395,7 @@ struct SuperBlockScales {
         quad[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(by_half, by_half))));
         const __m256 minus32d = _mm256_mul_ps(d, _mm256_set1_ps(-32.0f));
         b[0] = _mm256_mul_ps(minus32d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-        b[H - 1] = _mm256_mul_ps(minus32d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc, sc))));
+        b[1] = _mm256_mul_ps(minus32d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc, sc))));
       } else {
         uint8_t sm[16];  // the eight scales, then the eight mins
         k_scales_mins(block + 4, sm);
