@@ -316,6 +316,7 @@ inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_s
 template <int64_t T, int MT, int NT, bool VNNI>
 inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_stride, const float* /*a8*/,
                      const float* /*bsc*/, const float* bias, float* out, int64_t out_stride) {
+  static_assert(!half_scales(T), "the K-quants with a scale per 16 take the super-block tiles on avx2");
   const int64_t G = xq.G, Gp = xq.Gp;
   __m256 acc[MT][NT];
   float off[MT][NT];
@@ -343,16 +344,11 @@ inline void int_tile(const QuantX& xq, int64_t m0, const uint8_t* w, int64_t w_s
         __m256i products = _mm256_maddubs_epi16(wabs[j], xj);
         if constexpr (c != 0) products = _mm256_sub_epi16(products, xoff);  // (code - c) * x, exactly
         const __m256i dot = _mm256_madd_epi16(products, ones);
-        // Lanes 0-3 sum the group's first 16 products, 4-7 its last 16 (a scale per half where the type has one).
-        const __m256 scale = half_scales(T) ? _mm256_setr_m128(_mm_set1_ps(sc[j].a[0] * sx), _mm_set1_ps(sc[j].a[1] * sx))
-                                            : _mm256_set1_ps(sc[j].a[0] * sx);
-        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i][j]);
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sc[j].a[0] * sx), acc[i][j]);
         // std::fma: one rounding whatever the compiler makes of the tile's shape (contracted or
         // vectorised differently per MT, a row's sum would change with the rows beside it).
         // A b term only for a free minimum: a constant offset is folded in above, signed codes have none.
-        if constexpr (c == 0 && !signed_codes(T) && half_scales(T))
-          off[i][j] = std::fma(sc[j].b[1], xq.sxs[at * 2 + 1], std::fma(sc[j].b[0], xq.sxs[at * 2], off[i][j]));
-        else if constexpr (c == 0 && !signed_codes(T))
+        if constexpr (c == 0 && !signed_codes(T))
           off[i][j] = std::fma(sc[j].b[0], xq.sxg[at], off[i][j]);  // one offset for the whole group
       }
     }
@@ -770,13 +766,10 @@ inline void int_rows(const QuantX& xq, int64_t M, const uint8_t* w, int64_t w_st
   });
 }
 
+// The one-group tiles (int_tile): every type on avx512 and portable, the rest on avx2.
 template <int64_t T, bool VNNI>
-void int8_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w_stride, const float* bias,
-               float* out, int64_t N) {
-#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
-  if constexpr (paired_groups(T)) return pair_impl<T>(x, M, K, w, w_stride, bias, out, N);
-  if constexpr (superblock_tiles(T)) return superblock_impl<T>(x, M, K, w, w_stride, bias, out, N);
-#endif
+void group_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w_stride, const float* bias,
+                float* out, int64_t N) {
   constexpr Signed form = signed_form<VNNI>();
   const QuantX xq = quantize_x(x, M, K, kScalesInline ? code_offset(T) : 0);
   const int64_t Gp = xq.Gp;
@@ -796,6 +789,21 @@ void int8_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w
         int_rows<T, 1, VNNI>(xq, M, w + n * w_stride, w_stride, a8.data(), bsc.data(), b, out + n, N);
     }
   });
+}
+
+template <int64_t T, bool VNNI>
+void int8_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t w_stride, const float* bias,
+               float* out, int64_t N) {
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+  if constexpr (paired_groups(T))
+    pair_impl<T>(x, M, K, w, w_stride, bias, out, N);
+  else if constexpr (superblock_tiles(T))
+    superblock_impl<T>(x, M, K, w, w_stride, bias, out, N);
+  else
+    group_impl<T, VNNI>(x, M, K, w, w_stride, bias, out, N);
+#else
+  group_impl<T, VNNI>(x, M, K, w, w_stride, bias, out, N);
+#endif
 }
 
 }  // namespace
