@@ -76,7 +76,9 @@ KV_INT8 = Extension(
 )
 # LoRA adapters' deltas of a step's rows, grouped by slot (BGMV-style)
 LORA = Extension("lora", (HERE / "lora.cpp",), headers=(LANE_SUM,))
-EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING, QUANT_LINEAR, KV_INT8, LORA)
+# A whole decoder layer in one call: the kernels above, reached through the dispatcher
+DECODER_LAYER = Extension("decoder_layer", (HERE / "decoder_layer.cpp",))
+EXTENSIONS = (PAGED_ATTENTION, LAYER_OPS, SAMPLING, QUANT_LINEAR, KV_INT8, LORA, DECODER_LAYER)
 
 _lock = threading.Lock()
 _loaded: set[str] = set()

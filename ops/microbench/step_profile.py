@@ -3,6 +3,7 @@
     .venv/bin/python -m pagedserve.ops.microbench.step_profile [--dtype float32 bfloat16] [--batch 64]
                                                                [--backend torch cpp] [--steps 12]
                                                                [--prepack on off] [--fused-ops on off]
+                                                               [--fused-layers on off]
                                                                [--quantization none gguf] [--no-breakdown]
                                                                [--model FOLDER]
 
@@ -10,8 +11,8 @@ A ModelRunner on the bundled SmolLM2-135M (or `--model`, e.g. ops/models/random_
 bench workload's (16-256 prompt tokens plus what they generated), samples at temperature 0.6, and runs
 decode steps. Wall time per step is the median of un-profiled steps; the breakdown comes from one
 torch.profiler pass over a few more steps. Variants (dtype x backend x prepacked weights or not x
-fused C++ layer ops or the plain torch ones x the bundled GGUF's weights dequantized or kept in their
-stored types) are interleaved step by step in one process, so a
+fused C++ layer ops or the plain torch ones x whole decoder layers as one C++ call each or op by op x
+the bundled GGUF's weights dequantized or kept in their stored types) are interleaved step by step in one process, so a
 shared, noisy machine moves them alike.
 """
 
@@ -83,6 +84,7 @@ class Variant:
         seed: int,
         prepack: bool = True,
         fused_ops: bool = True,
+        fused_layers: bool = True,
         quantization: str = "none",
         model: str = "smollm2-135m",
     ) -> None:
@@ -106,6 +108,8 @@ class Variant:
             self.name += "/prepacked"
         # "fused": our C++ norms, adds and SiLU-and-mul; "torch-ops": the plain forms.
         self.name += "/fused" if self.runner.model.use_fused_ops(fused_ops) == "cpp" else "/torch-ops"
+        # "layer-op": decoder layers as one C++ call each, where they qualify (layers/fused_layer.py)
+        self.name += "/layer-op" if self.runner.model.use_fused_layers(fused_layers) else ""
         params = WorkerSampling.of(SamplingParams(temperature=0.6, ignore_eos=True), None)
         vocab = self.runner.vocab_size
         self.ids = [f"r{i}" for i in range(batch)]
@@ -223,6 +227,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--prepack", nargs="+", choices=["on", "off"], default=["on"])
     ap.add_argument("--fused-ops", nargs="+", choices=["on", "off"], default=["on"])
+    ap.add_argument("--fused-layers", nargs="+", choices=["on", "off"], default=["on"])
     ap.add_argument(
         "--quantization", nargs="+", choices=["none", "gguf"], default=["none"], help="the GGUF's weights"
     )
@@ -243,6 +248,7 @@ def main() -> None:
             0,
             prepack=p == "on",
             fused_ops=f == "on",
+            fused_layers=fl == "on",
             quantization=q,
             model=args.model,
         )
@@ -250,6 +256,7 @@ def main() -> None:
         for b in args.backend
         for p in args.prepack
         for f in args.fused_ops
+        for fl in args.fused_layers
         for q in args.quantization
     ]
     for v in variants:

@@ -273,4 +273,5 @@ def install_lora_linears(model: LlamaForCausalLM, num_slots: int) -> tuple[LoRAB
             wrapped = LoRALinear(base, batch, num_slots, fused_parts(model, attr, base.out_features))
             setattr(parent, attr, wrapped)
             linears[f"layers.{index}.{target}"] = wrapped
+    model.fused_layers = None  # a layer with adapters runs in Python: decided again at the next forward
     return batch, linears

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
+import structlog
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,6 +29,7 @@ from torch import nn
 from pagedserve.kernels.attention import AttentionBackend, AttentionMetadata
 from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, LayerOps, layer_ops_for
 from pagedserve.services.worker.layers.attention import Attention
+from pagedserve.services.worker.layers.fused_layer import FusedLayer, fuse_layer
 from pagedserve.services.worker.layers.mlp import GatedMLP
 from pagedserve.services.worker.layers.norm import RMSNorm
 from pagedserve.services.worker.layers.packed_linear import pack_linear, prepack_linears
@@ -61,6 +63,21 @@ class LlamaDecoderLayer(nn.Module):
         # Under tensor parallelism each sub-layer's output is this rank's partial sum (its heads, its
         # MLP columns): the all-reduce that adds them up (tensor_parallel/shard.py); alone, nothing.
         self.reduce: Callable[[torch.Tensor], torch.Tensor] = unchanged
+        self.fused: FusedLayer | None = None  # this layer as one C++ call, where it qualifies (use_fused)
+
+    def use_fused(self, rotary_dims: set[int]) -> str | None:
+        """Run this layer as one C++ call where all of its parts allow (layers/fused_layer.py)
+        -> None if it now does, else why not."""
+        self.fused = None
+        if type(self) is not LlamaDecoderLayer or self.reduce is not unchanged:
+            return "a family's own layer, or a tensor-parallel rank's"
+        fused = fuse_layer(
+            self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp, rotary_dims
+        )
+        if isinstance(fused, str):
+            return fused
+        self.fused = fused
+        return None
 
     def forward(
         self,
@@ -76,6 +93,8 @@ class LlamaDecoderLayer(nn.Module):
 
         The residual stream is carried, not summed here: the next norm adds it to x in the same
         op (one fused kernel on the CPU), the first layer's norm has nothing to add yet."""
+        if self.fused is not None:
+            return self.fused(x, residual, cos, sin, k_cache, v_cache, meta)
         if residual is None:
             x, residual = self.input_layernorm.forward(x), x
         else:
@@ -126,6 +145,9 @@ class LlamaForCausalLM(nn.Module):
         self.slides = [cfg.window(i) is not None for i in range(cfg.num_layers)]
         self.tied_head: nn.Module | None = None  # the embedding packed for the LM head, once prepacked
         self.layer_ops: LayerOps | None = None  # chosen once the weights' device is real
+        # How many layers run as one C++ call each (use_fused_layers); None: decided at the next forward,
+        # once the weights, adapters and ranks are all in place.
+        self.fused_layers: int | None = None
 
     @staticmethod
     def make_mlp(cfg: ModelConfig, layer: int) -> nn.Module:
@@ -151,13 +173,33 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, (RMSNorm, Attention, GatedMLP)):
                 module.ops = ops
         self.layer_ops = ops
+        self.fused_layers = None
         return ops.name
+
+    def use_fused_layers(self, enabled: bool = True) -> int:
+        """Run each decoder layer that qualifies as one C++ call (layers/fused_layer.py), or none
+        (`enabled=False`, for A/B runs) -> how many do. Logs why the first layer left out was."""
+        rotary_dims = {self.rotary.rotary_dim}
+        if self.sliding_rotary is not None:
+            rotary_dims.add(self.sliding_rotary.rotary_dim)
+        reasons: list[str | None] = []
+        for layer in self.layers:
+            assert isinstance(layer, LlamaDecoderLayer)  # every family's layer is one
+            layer.fused = None
+            reasons.append(layer.use_fused(rotary_dims) if enabled else "turned off")
+        self.fused_layers = reasons.count(None)
+        left_out = next((reason for reason in reasons if reason is not None), None)
+        structlog.get_logger("pagedserve.worker").info(
+            "decoder_layers_fused", fused=self.fused_layers, layers=len(reasons), left_out_because=left_out
+        )
+        return self.fused_layers
 
     def use_all_reduce(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """A tensor-parallel rank's model: every decoder layer sums its sub-layers' partial outputs."""
         for layer in self.layers:
             assert isinstance(layer, LlamaDecoderLayer)  # every family's layer is one
             layer.reduce = reduce
+        self.fused_layers = None
 
     def forward(
         self,
@@ -171,6 +213,8 @@ class LlamaForCausalLM(nn.Module):
         long_tokens [T] bool: the tokens a LongRoPE model rotates with its long factors (rope.py)."""
         if self.layer_ops is None:
             self.use_fused_ops()
+        if self.fused_layers is None:
+            self.use_fused_layers()
         x = self.embed_tokens(input_ids)
         if self.config.embed_scale is not None:
             # In the model dtype, as transformers scales (sqrt(3072) is 55.5 in bfloat16, not 55.43).

@@ -1,0 +1,172 @@
+"""A decoder layer as one C++ call (kernels/cpu/decoder_layer.cpp), where all of it runs our C++ kernels.
+
+A one-request decode step calls ~14 kernels a layer, each for a few to a few dozen microseconds; from
+Python each call also pays its round trip and argument parsing, ~4.5 ms of a ~14 ms step of the bundled
+model (AMD EPYC Zen 3, 2 threads). The fused op makes the same kernel calls, in the same order, from C++:
+its output is the Python layer's to the bit, so the Python layer stays the reference the tests hold it to.
+
+A layer is fused when every part of it is one of those kernels on one ISA path: RMSNorms without
+Gemma's float32 formula, our layer ops, q/k/v with optional per-head q/k norms (Qwen3) and a full rotary,
+the C++ paged attention on a float K/V cache (no failpoints watching its writes), GGUF-quantized linears
+without a GPTQ input order, and a SiLU MLP or a MoE block whose quantized experts run as one op and which
+has no shared expert. Anything else (dense weights, LoRA-wrapped linears, int8 K/V, tensor parallelism,
+Gemma, OLMoE's whole-projection norms) runs the Python layer; `fuse_layer` says why in one phrase.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pagedserve.kernels.attention import AttentionMetadata
+from pagedserve.kernels.cpu.backend import CppAttentionBackend
+from pagedserve.kernels.cpu.build import (
+    DECODER_LAYER,
+    QUANT_LINEAR,
+    KernelBuildError,
+    library_name,
+    load_extension,
+)
+from pagedserve.kernels.layer_ops import CppLayerOps
+from pagedserve.services.worker.layers.attention import Attention
+from pagedserve.services.worker.layers.mlp import GatedMLP
+from pagedserve.services.worker.layers.moe import QuantExpertLinear, SparseMoeBlock
+from pagedserve.services.worker.layers.norm import RMSNorm
+from pagedserve.services.worker.layers.quant_linear import QuantLinear
+
+
+@dataclass(frozen=True, slots=True)
+class FusedLayer:
+    """The op and the layer's flat argument lists (the layout decoder_layer.cpp reads)."""
+
+    op: Any
+    tensors: list[torch.Tensor | None]
+    ints: list[int]
+    floats: list[float]
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.op(
+            x,
+            residual,
+            cos,
+            sin,
+            k_cache,
+            v_cache,
+            meta.slot_mapping,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.block_tables,
+            self.tensors,
+            self.ints,
+            self.floats,
+        )
+
+
+def _plain_norm(norm: Any, isa: str) -> bool:
+    return (
+        type(norm) is RMSNorm
+        and norm.scale_f32 is None
+        and norm.weight.dtype == torch.float32
+        and isinstance(norm.ops, CppLayerOps)
+        and norm.ops.isa == isa
+    )
+
+
+def _quantized(linear: Any, isa: str) -> bool:
+    return (
+        type(linear) is QuantLinear
+        and linear.input_order is None
+        and linear.ops.name == library_name(QUANT_LINEAR, isa)
+    )
+
+
+def _add_linear(linear: QuantLinear, tensors: list[torch.Tensor | None], ints: list[int]) -> None:
+    tensors.append(linear.bias)
+    ints.append(len(linear.runs))
+    for type_id, blocks, _ in linear.runs:
+        tensors.append(blocks)
+        ints.append(type_id)
+
+
+def fuse_layer(
+    input_norm: Any, attn: Any, post_norm: Any, mlp: Any, rotary_dims: set[int]
+) -> FusedLayer | str:
+    """A Llama-family layer's parts -> its fused form, or why it runs in Python."""
+    ops = input_norm.ops
+    if not isinstance(ops, CppLayerOps):
+        return "the C++ layer ops are off"
+    isa = ops.isa
+    if not (_plain_norm(input_norm, isa) and _plain_norm(post_norm, isa)):
+        return "its norms are not the C++ float32 ones"
+    if type(attn) is not Attention or attn.qk_norm_full or attn.clip_qkv is not None:
+        return "its attention normalises or clips the whole projection"
+    backend = attn.backend
+    if type(backend) is not CppAttentionBackend or backend.isa != isa or "write_kv" in vars(backend):
+        return "its attention is not the C++ kernel on a float K/V cache"
+    if rotary_dims != {attn.head_dim}:
+        return "its rotary turns part of each head"
+    q_norm, k_norm = attn.q_norm, attn.k_norm
+    if q_norm is not None and not (
+        k_norm is not None
+        and _plain_norm(q_norm, isa)
+        and _plain_norm(k_norm, isa)
+        and q_norm.eps == k_norm.eps
+    ):
+        return "its q/k norms are not the C++ float32 ones"
+    if not (_quantized(attn.qkv_proj, isa) and _quantized(attn.o_proj, isa)):
+        return "its attention's linears are not GGUF-quantized (or are adapted)"
+    tensors: list[torch.Tensor | None] = [
+        input_norm.weight,
+        post_norm.weight,
+        None if q_norm is None else q_norm.weight,
+        None if k_norm is None else k_norm.weight,
+    ]
+    linears: list[Any] = [attn.qkv_proj, attn.o_proj]  # QuantLinears, checked above
+    modes = {attn.qkv_proj.mode}
+    ints = [attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.rules.window or 0, attn.qkv_proj.mode]
+    mlp_tensors: list[torch.Tensor | None] = []
+    mlp_ints: list[int] = []
+    if type(mlp) is GatedMLP:
+        if not (mlp.silu and _quantized(mlp.gate_up_proj, isa) and _quantized(mlp.down_proj, isa)):
+            return "its MLP is not a SiLU MLP over GGUF-quantized linears"
+        linears += [mlp.gate_up_proj, mlp.down_proj]
+        tensors.append(None)  # no router
+        ints += [0, 0, 0]  # no routing: top_k 0
+    elif type(mlp) is SparseMoeBlock:
+        experts = mlp.experts
+        gate_up, down = experts.gate_up_proj, experts.down_proj
+        quantized = isinstance(gate_up, QuantExpertLinear) and isinstance(down, QuantExpertLinear)
+        if mlp.shared_expert is not None or not (experts.fused and quantized):
+            return "its MoE block has a shared expert or unquantized experts"
+        assert isinstance(gate_up, QuantExpertLinear) and isinstance(down, QuantExpertLinear)
+        if gate_up.ops.name != library_name(QUANT_LINEAR, isa) or mlp.gate.weight.dtype != torch.float32:
+            return "its experts' kernels are on another path"
+        modes |= {gate_up.mode, down.mode}
+        tensors.append(mlp.gate.weight)
+        ints += [mlp.top_k, int(mlp.normalize_top_k), experts.num_experts]
+        mlp_tensors = [gate_up.blocks, down.blocks]
+        mlp_ints = [gate_up.type_id, down.type_id]
+    else:
+        return "its MLP is neither a gated MLP nor a sparse MoE block"
+    if len(modes | {linear.mode for linear in linears}) > 1:
+        return "its linears take activations in different modes"
+    for linear in linears:
+        _add_linear(linear, tensors, ints)
+    try:
+        op = load_extension(DECODER_LAYER, isa).decoder_layer.default
+    except KernelBuildError as e:
+        return f"the fused layer op did not build ({e})"
+    floats = [input_norm.eps, post_norm.eps, 0.0 if q_norm is None else q_norm.eps, attn.scale]
+    floats.append(attn.rules.softcap or 0.0)
+    return FusedLayer(op, tensors + mlp_tensors, ints + mlp_ints, floats)
