@@ -1,4 +1,5 @@
-"""Where one worker step's time goes: linears, attention, K/V gathers, sampling, Python between kernels.
+"""Where one worker step's time goes: linears, attention, K/V gathers, sampling, Python between kernels;
+and the share of the machine's read bandwidth its weight reads reach (decode_bandwidth.py).
 
     .venv/bin/python -m pagedserve.ops.microbench.step_profile [--dtype float32 bfloat16] [--batch 64]
                                                                [--backend torch cpp] [--steps 12]
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from pagedserve.ops.microbench.decode_bandwidth import read_bandwidth, weight_bytes_per_token
 from pagedserve.ops.results import write_json
 from pagedserve.services.checkpoint import resolve_model
 from pagedserve.services.worker.layers.packed_linear import PackedLinear
@@ -269,6 +271,19 @@ def main() -> None:
         print(
             f"{v.name}: median decode step {statistics.median(times[v.name]) * 1e3:.1f} ms at B={args.batch}"
         )
+    # The share of the machine's read bandwidth a step's weight reads reach (decode_bandwidth.py).
+    bandwidth = read_bandwidth(args.threads)
+    print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s (torch.sum over 512 MiB, {args.threads} threads)")
+    weights_read: dict[str, dict[str, float]] = {}
+    for v in variants:
+        nbytes = weight_bytes_per_token(v.runner.model)
+        rate = nbytes / statistics.median(times[v.name])
+        weights_read[v.name] = {"mb": round(nbytes / 1e6, 1), "gb_s": round(rate / 1e9, 2)}
+        weights_read[v.name]["of_bandwidth"] = round(rate / bandwidth, 3)
+        print(
+            f"{v.name}: reads {nbytes / 1e6:.1f} MB of weights a step (one token's): {rate / 1e9:.1f} GB/s, "
+            f"{100 * rate / bandwidth:.0f}% of the machine's"
+        )
     report: dict[str, Any] = {
         "batch": args.batch,
         "model": args.model,
@@ -278,6 +293,8 @@ def main() -> None:
         "load_average_after_steps": os.getloadavg(),
         "median_step_ms": {v.name: round(statistics.median(times[v.name]) * 1e3, 2) for v in variants},
         "step_ms": {v.name: [round(t * 1e3, 2) for t in times[v.name]] for v in variants},
+        "read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+        "weights_read": weights_read,
         "profiled_ms": {},
     }
     for v in variants if not args.no_breakdown else []:
