@@ -8,13 +8,14 @@ and the share of the machine's read bandwidth its weight reads reach (decode_ban
                                                                [--quantization none gguf] [--no-breakdown]
                                                                [--model FOLDER]
 
-A ModelRunner on the bundled SmolLM2-135M (or `--model`, e.g. ops/models/random_moe_gguf.py's) holds `--batch` requests whose contexts are spread like the
-bench workload's (16-256 prompt tokens plus what they generated), samples at temperature 0.6, and runs
-decode steps. Wall time per step is the median of un-profiled steps; the breakdown comes from one
-torch.profiler pass over a few more steps. Variants (dtype x backend x prepacked weights or not x
-fused C++ layer ops or the plain torch ones x whole decoder layers as one C++ call each or op by op x
-the bundled GGUF's weights dequantized or kept in their stored types) are interleaved step by step in one process, so a
-shared, noisy machine moves them alike.
+A ModelRunner on the bundled SmolLM2-135M (or `--model`, e.g. ops/models/random_moe_gguf.py's) holds
+`--batch` requests whose contexts are spread like the bench workload's (16-256 prompt tokens plus what
+they generated), samples at temperature 0.6, and runs decode steps. Wall time per step is the median of
+un-profiled steps; the breakdown comes from one torch.profiler pass over a few more steps. Variants
+(dtype x backend x prepacked weights or not x fused C++ layer ops or the plain torch ones x whole
+decoder layers as one C++ call each or op by op x the bundled GGUF's weights dequantized or kept in
+their stored types) are interleaved step by step in one process, so a shared, noisy machine moves them
+alike.
 """
 
 from __future__ import annotations

@@ -185,8 +185,11 @@ class LlamaForCausalLM(nn.Module):
         reasons: list[str | None] = []
         for layer in self.layers:
             assert isinstance(layer, LlamaDecoderLayer)  # every family's layer is one
-            layer.fused = None
-            reasons.append(layer.use_fused(rotary_dims) if enabled else "turned off")
+            if enabled:
+                reasons.append(layer.use_fused(rotary_dims))
+            else:
+                layer.fused = None
+                reasons.append("turned off")
         self.fused_layers = reasons.count(None)
         left_out = next((reason for reason in reasons if reason is not None), None)
         structlog.get_logger("pagedserve.worker").info(
