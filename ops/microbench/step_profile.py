@@ -279,8 +279,11 @@ def main() -> None:
     for v in variants:
         nbytes = weight_bytes_per_token(v.runner.model)
         rate = nbytes / statistics.median(times[v.name])
-        weights_read[v.name] = {"mb": round(nbytes / 1e6, 1), "gb_s": round(rate / 1e9, 2)}
-        weights_read[v.name]["of_bandwidth"] = round(rate / bandwidth, 3)
+        weights_read[v.name] = {
+            "mb": round(nbytes / 1e6, 1),
+            "gb_s": round(rate / 1e9, 2),
+            "of_bandwidth": round(rate / bandwidth, 3),
+        }
         print(
             f"{v.name}: reads {nbytes / 1e6:.1f} MB of weights a step (one token's): {rate / 1e9:.1f} GB/s, "
             f"{100 * rate / bandwidth:.0f}% of the machine's"

@@ -83,12 +83,13 @@ def _plain_norm(norm: Any, isa: str) -> bool:
     )
 
 
+def _on_path(kernel_user: QuantLinear | QuantExpertLinear, isa: str) -> bool:
+    """Whether its quantized-linear kernels are the build of `isa`."""
+    return kernel_user.ops.name == library_name(QUANT_LINEAR, isa)
+
+
 def _quantized(linear: Any, isa: str) -> bool:
-    return (
-        type(linear) is QuantLinear
-        and linear.input_order is None
-        and linear.ops.name == library_name(QUANT_LINEAR, isa)
-    )
+    return type(linear) is QuantLinear and linear.input_order is None and _on_path(linear, isa)
 
 
 def _add_linear(linear: QuantLinear, tensors: list[torch.Tensor | None], ints: list[int]) -> None:
@@ -133,7 +134,7 @@ def fuse_layer(
         None if k_norm is None else k_norm.weight,
     ]
     linears: list[Any] = [attn.qkv_proj, attn.o_proj]  # QuantLinears, checked above
-    modes = {attn.qkv_proj.mode}
+    modes: set[int] = set()  # the experts' (the linears' join at the end)
     ints = [attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.rules.window or 0, attn.qkv_proj.mode]
     mlp_tensors: list[torch.Tensor | None] = []
     mlp_ints: list[int] = []
@@ -150,7 +151,7 @@ def fuse_layer(
         if mlp.shared_expert is not None or not (experts.fused and quantized):
             return "its MoE block has a shared expert or unquantized experts"
         assert isinstance(gate_up, QuantExpertLinear) and isinstance(down, QuantExpertLinear)
-        if gate_up.ops.name != library_name(QUANT_LINEAR, isa) or mlp.gate.weight.dtype != torch.float32:
+        if not (_on_path(gate_up, isa) and _on_path(down, isa)) or mlp.gate.weight.dtype != torch.float32:
             return "its experts' kernels are on another path"
         modes |= {gate_up.mode, down.mode}
         tensors.append(mlp.gate.weight)
@@ -167,6 +168,6 @@ def fuse_layer(
         op = load_extension(DECODER_LAYER, isa).decoder_layer.default
     except KernelBuildError as e:
         return f"the fused layer op did not build ({e})"
-    floats = [input_norm.eps, post_norm.eps, 0.0 if q_norm is None else q_norm.eps, attn.scale]
-    floats.append(attn.rules.softcap or 0.0)
+    q_eps = 0.0 if q_norm is None else q_norm.eps
+    floats = [input_norm.eps, post_norm.eps, q_eps, attn.scale, attn.rules.softcap or 0.0]
     return FusedLayer(op, tensors + mlp_tensors, ints + mlp_ints, floats)
