@@ -32,15 +32,12 @@
 
 namespace {
 
-#define PAGEDSERVE_STR_(x) #x
-#define PAGEDSERVE_STR(x) PAGEDSERVE_STR_(x)
-
 // Another extension's op on this build's ISA path: "pagedserve_decoder_layer_avx2" -> the namespace
 // "pagedserve_<extension>_avx2". The Python side fuses a layer only where every kernel it calls runs on
 // that same path (layers/fused_layer.py).
 template <typename Signature>
 c10::TypedOperatorHandle<Signature> kernel(const char* extension, const char* op) {
-  static const std::string self = PAGEDSERVE_STR(PAGEDSERVE_LIBRARY);
+  static const std::string self = PAGEDSERVE_LIBRARY_NAME;
   static const std::string isa = self.substr(std::strlen("pagedserve_decoder_layer_"));
   const std::string name = std::string("pagedserve_") + extension + "_" + isa + "::" + op;
   return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), "").typed<Signature>();

@@ -13,6 +13,10 @@
 #define PAGEDSERVE_TORCH_LIBRARY_IMPL_(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
 #define PAGEDSERVE_TORCH_LIBRARY(m) PAGEDSERVE_TORCH_LIBRARY_(PAGEDSERVE_LIBRARY, m)
 #define PAGEDSERVE_TORCH_LIBRARY_IMPL(key, m) PAGEDSERVE_TORCH_LIBRARY_IMPL_(PAGEDSERVE_LIBRARY, key, m)
+// The namespace as a string literal ("pagedserve_quant_linear_avx2"), for ops that look up others by name.
+#define PAGEDSERVE_STR_(x) #x
+#define PAGEDSERVE_STR(x) PAGEDSERVE_STR_(x)
+#define PAGEDSERVE_LIBRARY_NAME PAGEDSERVE_STR(PAGEDSERVE_LIBRARY)
 // A second source of one library (another .cpp of the same extension) adds its ops as a fragment.
 #define PAGEDSERVE_TORCH_LIBRARY_FRAGMENT_(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)
 #define PAGEDSERVE_TORCH_LIBRARY_FRAGMENT(m) PAGEDSERVE_TORCH_LIBRARY_FRAGMENT_(PAGEDSERVE_LIBRARY, m)

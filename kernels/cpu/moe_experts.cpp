@@ -35,16 +35,13 @@
 
 namespace {
 
-#define PAGEDSERVE_STR_(x) #x
-#define PAGEDSERVE_STR(x) PAGEDSERVE_STR_(x)
-
 using Vec = at::vec::Vectorized<float>;
 
 // This library's quant_linear (another source of the same build, so the same ISA path).
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t mode) {
   static const auto op =
       c10::Dispatcher::singleton()
-          .findSchemaOrThrow(PAGEDSERVE_STR(PAGEDSERVE_LIBRARY) "::quant_linear", "")
+          .findSchemaOrThrow(PAGEDSERVE_LIBRARY_NAME "::quant_linear", "")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, const c10::optional<at::Tensor>&, int64_t)>();
   return op.call(x, w, type, c10::nullopt, mode);
 }
