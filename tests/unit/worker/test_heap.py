@@ -10,8 +10,12 @@ import pytest
 
 from pagedserve.services.worker.heap import on_glibc
 
-# Allocates, fills and frees a 48 MB buffer (above glibc's largest automatic mmap threshold) a few
-# times and prints the minor page faults of the last round; "keep" sets the worker's heap first.
+# Allocates, fills and frees a 48 MB buffer (above glibc's largest automatic mmap threshold) eight
+# times and prints the minor page faults of the last four rounds; "keep" sets the worker's heap first.
+# A kept heap may still fault the buffer in during the first three rounds: torch asks for an aligned
+# buffer (a little more than the chunk a freed one leaves), and a small object Python allocates after
+# it pins that chunk apart from the heap's top, so a new buffer is carved past it until two freed
+# chunks merge (seen in rounds 2 and 3, in varying order, Zen 3). A step's buffers meet the same.
 ROUNDS = """
 import resource, sys, torch
 from pagedserve.services.worker.heap import keep_freed_heap
@@ -19,8 +23,9 @@ if sys.argv[1] == "keep":
     assert keep_freed_heap()
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(3):
-    before = faults()
+for round in range(8):
+    if round == 4:
+        before = faults()
     buffer = torch.ones(12 * 1024 * 1024)
     del buffer
 print(faults() - before)
@@ -30,7 +35,7 @@ print(faults() - before)
 needs_glibc = pytest.mark.skipif(not on_glibc(), reason="no glibc here: keep_freed_heap changes nothing")
 
 
-def _last_round_faults(mode: str) -> int:
+def _last_rounds_faults(mode: str) -> int:
     done = subprocess.run([sys.executable, "-c", ROUNDS, mode], capture_output=True, text=True, check=True)
     return int(done.stdout.strip())
 
@@ -38,8 +43,8 @@ def _last_round_faults(mode: str) -> int:
 @needs_glibc
 def test_a_freed_large_buffer_is_reused_without_faulting_it_in_again() -> None:
     pages = 48 * 1024 * 1024 // os.sysconf("SC_PAGE_SIZE")
-    assert _last_round_faults("default") > pages // 2  # the control: glibc maps it afresh each time
-    assert _last_round_faults("keep") < pages // 20
+    assert _last_rounds_faults("default") > 2 * pages  # the control: glibc maps it afresh each time
+    assert _last_rounds_faults("keep") < pages // 20
 
 
 # Keeps the heap, frees a 48 MB buffer that a small one after it pins in the middle of the heap (so
