@@ -3,7 +3,7 @@
 // here one after the other through the dispatcher, so its output is the Python layer's to the bit.
 //
 //   decoder_layer(x, residual?, cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens,
-//                 block_tables, tensors, ints, floats) -> (the MLP's output, the residual stream)
+//                 block_tables, lora_rows?, tensors, ints, floats) -> (the MLP's output, the residual stream)
 //
 // Why: a one-request decode step of the bundled model spent ~4.5 ms of its ~14 (AMD EPYC Zen 3, 2
 // threads) between its 14 kernel calls a layer: each a Python round trip, argument parsing and a
@@ -17,10 +17,13 @@
 //   dense: down(silu(gate) * up)  |  MoE: route, then the experts' op (moe_experts.cpp)
 //
 // tensors (Tensor?[]): input norm, post-attention norm, q norm?, k norm?, router?, then per linear (q/k/v,
-//   o, gate/up, down) its bias? and its runs' blocks (a fused projection stored in several types runs each
-//   type over its own rows; their outputs are joined, the bias sliced to match).
+//   o, gate/up, down) its bias?, its runs' blocks (a fused projection stored in several types runs each
+//   type over its own rows; their outputs are joined, the bias sliced to match) and, where adapters
+//   target it, its LoRA stacks: A, then each part's B (layers/lora.py's LoRALinear).
 // ints: heads, kv heads, head dim, window (0: none), activation mode, top_k (0: dense MLP), normalize,
-//   experts, then per linear its number of runs and each run's type.
+//   experts, then per linear its number of runs, each run's type and its number of LoRA parts (0: none).
+// lora_rows: this step's slot per row (-1: the base model) when a row has an adapter; each adapted linear
+//   then adds the rows' deltas with the LoRA kernel (lora.cpp), after its bias, as LoRALinear does.
 // floats: input norm eps, post-attention norm eps, q/k norm eps, scale, softcap (0: none).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -74,6 +77,14 @@ const Kernels& kernels() {
   return k;
 }
 
+// The LoRA kernel, looked up on the first step with adapter rows: a deployment without adapters need
+// not have loaded its extension.
+using LoraDelta = void(T&, const T&, const T&, at::TensorList, const T&);
+const c10::TypedOperatorHandle<LoraDelta>& lora_delta() {
+  static const auto op = kernel<LoraDelta>("lora", "lora_delta_");
+  return op;
+}
+
 // Reads the flat argument lists in order.
 struct Args {
   const c10::List<Opt>& tensors;
@@ -96,7 +107,7 @@ struct Args {
 };
 
 // One linear's bias and runs: each run is quant_linear over its rows, the outputs joined (QuantLinear).
-at::Tensor linear(Args& args, const at::Tensor& x, int64_t mode) {
+at::Tensor base_linear(Args& args, const at::Tensor& x, int64_t mode) {
   const Kernels& k = kernels();
   const Opt bias = args.tensor();
   const int64_t runs = args.integer();
@@ -116,10 +127,23 @@ at::Tensor linear(Args& args, const at::Tensor& x, int64_t mode) {
   return at::cat(outs, -1);
 }
 
+// The base linear, then its adapters' deltas for the rows that have one (LoRALinear.forward's kernel path).
+at::Tensor linear(Args& args, const at::Tensor& x, int64_t mode, const Opt& lora_rows) {
+  at::Tensor out = base_linear(args, x, mode);
+  const int64_t parts = args.integer();
+  if (parts == 0) return out;
+  const at::Tensor a = args.required();
+  std::vector<at::Tensor> b;
+  for (int64_t p = 0; p < parts; ++p) b.push_back(args.required());
+  if (lora_rows.has_value()) lora_delta().call(out, x, a, b, *lora_rows);
+  return out;
+}
+
 std::tuple<at::Tensor, at::Tensor> decoder_layer(
     at::Tensor& x, const Opt& residual, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
     at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-    const at::Tensor& block_tables, const c10::List<Opt>& tensors, c10::IntArrayRef ints, c10::ArrayRef<double> floats) {
+    const at::Tensor& block_tables, const Opt& lora_rows, const c10::List<Opt>& tensors, c10::IntArrayRef ints,
+    c10::ArrayRef<double> floats) {
   TORCH_CHECK(floats.size() == 5, "decoder_layer: floats are 5 (norm eps x3, scale, softcap), got ", floats.size());
   const Kernels& k = kernels();
   Args args{tensors, ints};
@@ -141,7 +165,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
     res = x;
   }
 
-  const at::Tensor qkv = linear(args, h, mode);
+  const at::Tensor qkv = linear(args, h, mode, lora_rows);
   const at::Tensor all_heads = qkv.view({tokens, -1, head_dim});
   at::Tensor q = all_heads.narrow(1, 0, heads), key = all_heads.narrow(1, heads, kv_heads);
   const at::Tensor value = all_heads.narrow(1, heads + kv_heads, kv_heads);
@@ -159,12 +183,12 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
   at::Tensor attended = at::empty(q.sizes(), q.options());
   k.paged_attention.call(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, floats[3], window, floats[4],
                          attended);
-  at::Tensor o = linear(args, attended.view({tokens, heads * head_dim}), mode);
+  at::Tensor o = linear(args, attended.view({tokens, heads * head_dim}), mode, lora_rows);
 
   k.add_rms_norm.call(o, res, post_norm, floats[1]);
   if (top_k == 0) {
-    const at::Tensor gate_up = linear(args, o, mode);
-    return {linear(args, k.silu_and_mul.call(gate_up), mode), res};
+    const at::Tensor gate_up = linear(args, o, mode, lora_rows);
+    return {linear(args, k.silu_and_mul.call(gate_up), mode, lora_rows), res};
   }
   TORCH_CHECK(router.has_value(), "decoder_layer: a MoE layer needs its router");
   auto [expert_ids, weights] = k.moe_route.call(o, *router, top_k, normalize);
@@ -179,7 +203,7 @@ PAGEDSERVE_TORCH_LIBRARY(m) {
   m.def(
       "decoder_layer(Tensor(a!) x, Tensor(b!)? residual, Tensor cos, Tensor sin, Tensor(c!) k_cache, "
       "Tensor(d!) v_cache, Tensor slot_mapping, Tensor query_start_loc, Tensor seq_lens, Tensor block_tables, "
-      "Tensor?[] tensors, int[] ints, float[] floats) -> (Tensor, Tensor)");
+      "Tensor? lora_rows, Tensor?[] tensors, int[] ints, float[] floats) -> (Tensor, Tensor)");
 }
 
 PAGEDSERVE_TORCH_LIBRARY_IMPL(CPU, m) { m.impl("decoder_layer", &decoder_layer); }

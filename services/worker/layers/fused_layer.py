@@ -8,9 +8,14 @@ its output is the Python layer's to the bit, so the Python layer stays the refer
 A layer is fused when every part of it is one of those kernels on one ISA path: RMSNorms without
 Gemma's float32 formula, our layer ops, q/k/v with optional per-head q/k norms (Qwen3) and a full rotary,
 the C++ paged attention on a float K/V cache (no failpoints watching its writes), GGUF-quantized linears
-without a GPTQ input order, and a SiLU MLP or a MoE block whose quantized experts run as one op and which
-has no shared expert. Anything else (dense weights, LoRA-wrapped linears, int8 K/V, tensor parallelism,
-Gemma, OLMoE's whole-projection norms) runs the Python layer; `fuse_layer` says why in one phrase.
+without a GPTQ input order (adapters on them too, where the LoRA kernel builds on that path), and a SiLU
+MLP or a MoE block whose quantized experts run as one op and which has no shared expert. Anything else
+(dense weights, int8 K/V, tensor parallelism, Gemma, OLMoE's whole-projection norms) runs the Python
+layer; `fuse_layer` says why in one phrase.
+
+Adapters: the op takes each adapted linear's LoRA stacks as they are when the layer is fused, so the
+model fuses again when a load grows them (`LoRABatch.version`), and a step whose adapter rows take
+LoRALinear's torch paths (many rows, `LoRABatch.row_slots` None) runs the Python layer.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pagedserve.kernels.attention import AttentionMetadata
 from pagedserve.kernels.cpu.backend import CppAttentionBackend
 from pagedserve.kernels.cpu.build import (
     DECODER_LAYER,
+    LORA,
     QUANT_LINEAR,
     KernelBuildError,
     library_name,
@@ -31,6 +37,7 @@ from pagedserve.kernels.cpu.build import (
 )
 from pagedserve.kernels.layer_ops import CppLayerOps
 from pagedserve.services.worker.layers.attention import Attention
+from pagedserve.services.worker.layers.lora import LoRABatch, LoRALinear, cpp_lora_delta
 from pagedserve.services.worker.layers.mlp import GatedMLP
 from pagedserve.services.worker.layers.moe import QuantExpertLinear, SparseMoeBlock
 from pagedserve.services.worker.layers.norm import RMSNorm
@@ -45,6 +52,12 @@ class FusedLayer:
     tensors: list[torch.Tensor | None]
     ints: list[int]
     floats: list[float]
+    lora: LoRABatch | None = None  # the adapters' rows per step, where adapters target the layer
+
+    def takes_this_step(self) -> bool:
+        """Whether this step's adapter rows, if any, take the LoRA kernel (else the Python layer runs)."""
+        lora = self.lora
+        return lora is None or not lora.groups or lora.row_slots is not None
 
     def __call__(
         self,
@@ -67,6 +80,7 @@ class FusedLayer:
             meta.query_start_loc,
             meta.seq_lens,
             meta.block_tables,
+            None if self.lora is None or not self.lora.groups else self.lora.row_slots,
             self.tensors,
             self.ints,
             self.floats,
@@ -88,16 +102,35 @@ def _on_path(kernel_user: QuantLinear | QuantExpertLinear, isa: str) -> bool:
     return kernel_user.ops.name == library_name(QUANT_LINEAR, isa)
 
 
+def _base(linear: Any) -> Any:
+    return linear.base if type(linear) is LoRALinear else linear
+
+
 def _quantized(linear: Any, isa: str) -> bool:
-    return type(linear) is QuantLinear and linear.input_order is None and _on_path(linear, isa)
+    base = _base(linear)
+    return type(base) is QuantLinear and base.input_order is None and _on_path(base, isa)
 
 
-def _add_linear(linear: QuantLinear, tensors: list[torch.Tensor | None], ints: list[int]) -> None:
-    tensors.append(linear.bias)
-    ints.append(len(linear.runs))
-    for type_id, blocks, _ in linear.runs:
+def _lora_on_path(linear: Any, isa: str) -> bool:
+    """Unadapted, or its adapters' kernel is the build of `isa` (LoRALinear's C++ path)."""
+    if type(linear) is not LoRALinear:
+        return True
+    op = cpp_lora_delta()
+    return op is not None and op.name().startswith(library_name(LORA, isa) + "::")
+
+
+def _add_linear(linear: Any, tensors: list[torch.Tensor | None], ints: list[int]) -> None:
+    base = _base(linear)
+    tensors.append(base.bias)
+    ints.append(len(base.runs))
+    for type_id, blocks, _ in base.runs:
         tensors.append(blocks)
         ints.append(type_id)
+    if type(linear) is not LoRALinear or not linear.rank:  # no adapter has targeted it yet
+        ints.append(0)
+        return
+    ints.append(len(linear.b))
+    tensors += [linear.a, *linear.b]
 
 
 def fuse_layer(
@@ -126,7 +159,7 @@ def fuse_layer(
     ):
         return "its q/k norms are not the C++ float32 ones"
     if not (_quantized(attn.qkv_proj, isa) and _quantized(attn.o_proj, isa)):
-        return "its attention's linears are not GGUF-quantized (or are adapted)"
+        return "its attention's linears are not GGUF-quantized"
     tensors: list[torch.Tensor | None] = [
         input_norm.weight,
         post_norm.weight,
@@ -135,7 +168,13 @@ def fuse_layer(
     ]
     linears: list[Any] = [attn.qkv_proj, attn.o_proj]  # QuantLinears, checked above
     modes: set[int] = set()  # the experts' (the linears' join at the end)
-    ints = [attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.rules.window or 0, attn.qkv_proj.mode]
+    ints = [
+        attn.num_heads,
+        attn.num_kv_heads,
+        attn.head_dim,
+        attn.rules.window or 0,
+        _base(attn.qkv_proj).mode,
+    ]
     mlp_tensors: list[torch.Tensor | None] = []
     mlp_ints: list[int] = []
     if type(mlp) is GatedMLP:
@@ -160,8 +199,10 @@ def fuse_layer(
         mlp_ints = [gate_up.type_id, down.type_id]
     else:
         return "its MLP is neither a gated MLP nor a sparse MoE block"
-    if len(modes | {linear.mode for linear in linears}) > 1:
+    if len(modes | {_base(linear).mode for linear in linears}) > 1:
         return "its linears take activations in different modes"
+    if not all(_lora_on_path(linear, isa) for linear in linears):
+        return "its adapters' kernel is not on its path"
     for linear in linears:
         _add_linear(linear, tensors, ints)
     try:
@@ -170,4 +211,5 @@ def fuse_layer(
         return f"the fused layer op did not build ({e})"
     q_eps = 0.0 if q_norm is None else q_norm.eps
     floats = [input_norm.eps, post_norm.eps, q_eps, attn.scale, attn.rules.softcap or 0.0]
-    return FusedLayer(op, tensors + mlp_tensors, ints + mlp_ints, floats)
+    lora = next((linear.batch for linear in linears if type(linear) is LoRALinear), None)
+    return FusedLayer(op, tensors + mlp_tensors, ints + mlp_ints, floats, lora)

@@ -22,7 +22,8 @@ row's slot once per step, and every LoRA linear then takes one of three paths:
   else an index) times that slot's A and B: two GEMMs per adapter and part, no wasted work.
 The crossovers (`CPP_MAX_ROWS`, `CPP_ROWS_PER_ADAPTER`, `MASKED_MAX_ROW_SLOTS`) were measured on the
 bundled model's shapes (docs/lora.md, `ops/microbench/lora_linear_ab.py`).
-A step without adapter rows costs one Python call and an empty check per linear.
+A step without adapter rows costs one Python call and an empty check per linear. Where a decoder
+layer runs as one C++ call (fused_layer.py), that op calls the same kernel for its adapted linears.
 
 MoE expert weights are not adapted.
 """
@@ -52,7 +53,7 @@ CPP_ROWS_PER_ADAPTER = 64
 
 
 @functools.cache
-def _cpp_lora_delta():
+def cpp_lora_delta():
     """The C++ kernel's op on this CPU's best path, or None where it does not build (logged once)."""
     from pagedserve.kernels.cpu.build import LORA
     from pagedserve.kernels.cpu.dispatch import try_load_ops
@@ -76,6 +77,8 @@ class LoRABatch:
     masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # `mask` per dtype seen
     row_slots: torch.Tensor | None = None
     cpp: bool = True
+    # Bumped whenever a linear's stacks are replaced by bigger ones: a fused layer holds the old ones.
+    version: int = 0
 
     def set_rows(self, row_slots: list[int]) -> None:
         """row_slots[i]: the slot of packed row i, -1 for the base model."""
@@ -85,7 +88,7 @@ class LoRABatch:
         # base prefill beside a few adapter decodes keeps the kernel.
         adapter_rows = len(row_slots) - row_slots.count(-1)
         most_rows = max(CPP_MAX_ROWS, CPP_ROWS_PER_ADAPTER * len(self.groups))
-        use_cpp = self.cpp and self.groups and adapter_rows <= most_rows and _cpp_lora_delta() is not None
+        use_cpp = self.cpp and self.groups and adapter_rows <= most_rows and cpp_lora_delta() is not None
         self.row_slots = torch.tensor(row_slots, dtype=torch.int64) if use_cpp else None
         in_use = max(row_slots, default=-1) + 1
         if not self.groups or len(row_slots) * in_use > MASKED_MAX_ROW_SLOTS:
@@ -182,6 +185,7 @@ class LoRALinear(nn.Module):
             for new, old in zip(b, self.b, strict=True):
                 new[:, : self.rank].copy_(old)
         self.a, self.b, self.rank = a, b, rank
+        self.batch.version += 1
 
     # ------------------------------------------------------------------ one step
 
@@ -193,7 +197,7 @@ class LoRALinear(nn.Module):
         # The kernel takes float32, bfloat16 or float16 stacks (--lora-dtype), widening half ones as it
         # loads them; the torch paths below cast a stack to x's dtype per call (a no-op when they agree).
         if batch.row_slots is not None and x.dtype == out.dtype == torch.float32:
-            op = _cpp_lora_delta()
+            op = cpp_lora_delta()
             assert op is not None  # set_rows sets row_slots only where it loaded
             op(out, x, self.a, self.b, batch.row_slots)  # x's and out's rows contiguous: checked there
             return out
@@ -273,5 +277,6 @@ def install_lora_linears(model: LlamaForCausalLM, num_slots: int) -> tuple[LoRAB
             wrapped = LoRALinear(base, batch, num_slots, fused_parts(model, attr, base.out_features))
             setattr(parent, attr, wrapped)
             linears[f"layers.{index}.{target}"] = wrapped
-    model.fused_layers = None  # a layer with adapters runs in Python: decided again at the next forward
+    model.lora = batch
+    model.fused_layers = None  # the layers' linears changed: decided again at the next forward
     return batch, linears

@@ -37,6 +37,7 @@ from pagedserve.services.worker.layers.rope import RotaryEmbedding
 from pagedserve.services.worker.layers.softcap import soft_cap
 
 if TYPE_CHECKING:
+    from pagedserve.services.worker.layers.lora import LoRABatch
     from pagedserve.services.worker.layers.quant_linear import QuantEmbedding
     from pagedserve.services.worker.models.registry import ModelConfig
 
@@ -93,7 +94,7 @@ class LlamaDecoderLayer(nn.Module):
 
         The residual stream is carried, not summed here: the next norm adds it to x in the same
         op (one fused kernel on the CPU), the first layer's norm has nothing to add yet."""
-        if self.fused is not None:
+        if self.fused is not None and self.fused.takes_this_step():
             return self.fused(x, residual, cos, sin, k_cache, v_cache, meta)
         if residual is None:
             x, residual = self.input_layernorm.forward(x), x
@@ -148,6 +149,9 @@ class LlamaForCausalLM(nn.Module):
         # How many layers run as one C++ call each (use_fused_layers); None: decided at the next forward,
         # once the weights, adapters and ranks are all in place.
         self.fused_layers: int | None = None
+        self.fusing = True  # use_fused_layers' last choice, kept when the model decides again
+        self.lora: LoRABatch | None = None  # the adapters' rows per step, once install_lora_linears ran
+        self.fused_lora_version = 0  # the adapters' stacks the fused layers hold (LoRABatch.version)
 
     @staticmethod
     def make_mlp(cfg: ModelConfig, layer: int) -> nn.Module:
@@ -182,6 +186,7 @@ class LlamaForCausalLM(nn.Module):
         rotary_dims = {self.rotary.rotary_dim}
         if self.sliding_rotary is not None:
             rotary_dims.add(self.sliding_rotary.rotary_dim)
+        self.fusing = enabled
         reasons: list[str | None] = []
         for layer in self.layers:
             assert isinstance(layer, LlamaDecoderLayer)  # every family's layer is one
@@ -191,6 +196,7 @@ class LlamaForCausalLM(nn.Module):
                 layer.fused = None
                 reasons.append("turned off")
         self.fused_layers = reasons.count(None)
+        self.fused_lora_version = 0 if self.lora is None else self.lora.version
         left_out = next((reason for reason in reasons if reason is not None), None)
         structlog.get_logger("pagedserve.worker").info(
             "decoder_layers_fused", fused=self.fused_layers, layers=len(reasons), left_out_because=left_out
@@ -216,8 +222,10 @@ class LlamaForCausalLM(nn.Module):
         long_tokens [T] bool: the tokens a LongRoPE model rotates with its long factors (rope.py)."""
         if self.layer_ops is None:
             self.use_fused_ops()
-        if self.fused_layers is None:
-            self.use_fused_layers()
+        if self.fused_layers is None or (
+            self.lora is not None and self.lora.version != self.fused_lora_version
+        ):
+            self.use_fused_layers(self.fusing)
         x = self.embed_tokens(input_ids)
         if self.config.embed_scale is not None:
             # In the model dtype, as transformers scales (sqrt(3072) is 55.5 in bfloat16, not 55.43).

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 from harness.gguf_models import quantize_checkpoint
 from harness.greedy_reference import random_prompts
+from harness.lora_adapters import make_peft_adapter
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.services.worker.layers.fused_layer import FusedLayer
 
 WIDE = {"hidden_size": 256, "intermediate_size": 512}  # the K-quants' super-blocks are 256 weights
 MOE_WIDE = {
@@ -78,16 +80,73 @@ def test_int8_activations_fuse_too(tiny_model, tmp_path: Path, monkeypatch: pyte
     assert with_op == without
 
 
-def test_layers_with_adapters_or_an_int8_cache_run_in_python(tiny_model, tmp_path: Path) -> None:
+def test_layers_over_an_int8_cache_run_in_python(tiny_model, tmp_path: Path) -> None:
     folder = tmp_path / "llama"
     shutil.copytree(tiny_model("llama"), folder)
     quantize_checkpoint(folder, "Q4_1")
     prompt = random_prompts(1, seed=1, max_len=12)
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-    for options in ({"max_loras": 2}, {"kv_cache_dtype": "int8"}):
-        llm = LLM(str(folder), num_blocks=64, quantization="gguf", **options)
-        llm.generate(prompt, params)
-        assert llm.runner.model.fused_layers == 0, options
+    llm = LLM(str(folder), num_blocks=64, quantization="gguf", kv_cache_dtype="int8")
+    llm.generate(prompt, params)
+    assert llm.runner.model.fused_layers == 0
+
+
+def _run_adapters(folder: Path, adapters: dict[str, Path], fused: bool) -> tuple[list, int, list[bool]]:
+    """Mixed batches of two adapters and the base, the second adapter's bigger rank arriving later (its
+    load grows the stacks the fused op holds), then a prefill too long for the LoRA kernel; -> the
+    outputs, the layers fused at the end and, per call of the fused op, whether it took adapter rows."""
+    llm = LLM(
+        str(folder), num_blocks=256, quantization="gguf", max_loras=2, lora_modules={"a": adapters["a"]}
+    )
+    model = llm.runner.model
+    if not fused:
+        model.use_fused_layers(False)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3)
+    prompts = random_prompts(6, seed=11, max_len=30)
+    outputs = []
+    calls: list[bool] = []
+    original = FusedLayer.__call__
+
+    def counted(layer: FusedLayer, *args):
+        lora = layer.lora
+        calls.append(lora is not None and bool(lora.groups) and lora.row_slots is not None)
+        return original(layer, *args)
+
+    FusedLayer.__call__ = counted  # type: ignore[method-assign]  # the real op still runs: a count
+    try:
+        run = llm.generate(prompts, params, lora=["a", None, "a", None, "a", "a"])
+        outputs.append([(o.token_ids, o.outputs[0].logprobs) for o in run])
+        llm.load_lora("b", str(adapters["b"]))
+        run = llm.generate(prompts, params, lora=["b", "a", None, "b", "a", "b"])
+        outputs.append([(o.token_ids, o.outputs[0].logprobs) for o in run])
+        long_prompt = random_prompts(1, seed=12, max_len=200)[0] * 2  # > CPP_MAX_ROWS adapter rows
+        run = llm.generate([long_prompt[:300], prompts[0]], params, lora=["b", "a"])
+        outputs.append([(o.token_ids, o.outputs[0].logprobs) for o in run])
+    finally:
+        FusedLayer.__call__ = original  # type: ignore[method-assign]
+    return outputs, model.fused_layers, calls
+
+
+def test_adapted_layers_fuse_and_give_the_python_layers_tokens_and_logprobs_exactly(
+    tiny_model, tmp_path: Path
+) -> None:
+    folder = tmp_path / "llama"
+    shutil.copytree(tiny_model("llama", **WIDE), folder)
+    adapters = {
+        "a": make_peft_adapter(folder, tmp_path / "a", seed=1, rank=8),
+        "b": make_peft_adapter(
+            folder, tmp_path / "b", seed=2, rank=16, targets=("q_proj", "v_proj", "down_proj")
+        ),
+    }
+    quantize_checkpoint(folder, "Q4_K_M")  # a two-run q/k/v, adapted in parts of ranks 8 and 16
+    with_op, count, calls = _run_adapters(folder, adapters, True)
+    without, off, no_calls = _run_adapters(folder, adapters, False)
+    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    assert (count, off, no_calls) == (layers, 0, [])
+    assert any(calls), "no fused call took a step with adapter rows"
+    assert with_op == without
+    first = with_op[0]
+    assert first[0][0] != first[1][0] or first[0][1] != first[1][1]  # the adapter changes the output
 
 
 # The fused op has no code of its own per ISA path, but every kernel it calls does: run it where every
