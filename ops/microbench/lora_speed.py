@@ -139,6 +139,12 @@ def main() -> None:
     parser.add_argument(
         "--torch-paths", action="store_true", help="LoRA deltas by torch's GEMMs, not the C++ kernel (A/B)"
     )
+    parser.add_argument(
+        "--fused-layers",
+        choices=["on", "off"],
+        default="on",
+        help="decoder layers as one C++ call where they qualify, adapters included (off: A/B)",
+    )
     add_config_flag(parser, "lora_dtype")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -171,6 +177,7 @@ def main() -> None:
         )
         llm.runner.loras.batch.cpp = not args.torch_paths
         results["lora_kernel"] = "torch" if args.torch_paths else "cpp"
+        results["fused_layers"] = llm.runner.model.use_fused_layers(args.fused_layers == "on")
         for requests, count in cases:
             prompts = [
                 [(7 * i + 13 * j) % 4000 + 100 for j in range(args.prompt_len)] for i in range(requests)
