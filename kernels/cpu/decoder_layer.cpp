@@ -1,4 +1,4 @@
-// One decoder layer of the Llama family over GGUF-quantized weights, in one op: the same kernels the
+// One decoder layer of the Llama family over GGUF-quantized or float32 weights, in one op: the same kernels the
 // Python layer calls (services/worker/models/llama.py, layers/attention.py, mlp.py, moe.py), called
 // here one after the other through the dispatcher, so its output is the Python layer's to the bit.
 //
@@ -17,11 +17,12 @@
 //   dense: down(silu(gate) * up)  |  MoE: route, then the experts' op (moe_experts.cpp)
 //
 // tensors (Tensor?[]): input norm, post-attention norm, q norm?, k norm?, router?, then per linear (q/k/v,
-//   o, gate/up, down) its bias?, its runs' blocks (a fused projection stored in several types runs each
-//   type over its own rows; their outputs are joined, the bias sliced to match) and, where adapters
-//   target it, its LoRA stacks: A, then each part's B (layers/lora.py's LoRALinear).
+//   o, gate/up, down) its bias?, its weight (a GGUF linear: its runs' blocks; a fused projection stored
+//   in several types runs each type over its own rows, their outputs joined, the bias sliced to match)
+//   and, where adapters target it, its LoRA stacks: A, then each part's B (layers/lora.py's LoRALinear).
 // ints: heads, kv heads, head dim, window (0: none), activation mode, top_k (0: dense MLP), normalize,
-//   experts, then per linear its number of runs, each run's type and its number of LoRA parts (0: none).
+//   experts, then per linear its kind (a GGUF linear's number of runs, then each run's type; kDense or
+//   kPacked: one float32 weight) and its number of LoRA parts (0: none).
 // lora_rows: this step's slot per row (-1: the base model) when a row has an adapter; each adapted linear
 //   then adds the rows' deltas with the LoRA kernel (lora.cpp), after its bias, as LoRALinear does.
 // floats: input norm eps, post-attention norm eps, q/k norm eps, scale, softcap (0: none).
@@ -60,8 +61,6 @@ using WriteKV = void(const T&, const T&, T&, T&, const T&);
 using PagedAttention = void(const T&, const T&, const T&, const T&, const T&, const T&, double, int64_t, double, T&);
 
 struct Kernels {
-  c10::TypedOperatorHandle<QuantLinear> quant_linear = kernel<QuantLinear>("quant_linear", "quant_linear");
-  c10::TypedOperatorHandle<MoeExperts> moe_experts = kernel<MoeExperts>("quant_linear", "moe_experts");
   c10::TypedOperatorHandle<RmsNorm> rms_norm = kernel<RmsNorm>("layer_ops", "rms_norm");
   c10::TypedOperatorHandle<AddRmsNorm> add_rms_norm = kernel<AddRmsNorm>("layer_ops", "fused_add_rms_norm");
   c10::TypedOperatorHandle<SiluAndMul> silu_and_mul = kernel<SiluAndMul>("layer_ops", "silu_and_mul");
@@ -77,8 +76,16 @@ const Kernels& kernels() {
   return k;
 }
 
-// The LoRA kernel, looked up on the first step with adapter rows: a deployment without adapters need
-// not have loaded its extension.
+// The kernels of some layers only, looked up on their first use: a process that runs no GGUF weights,
+// no MoE or no adapters need not have loaded their extensions.
+const c10::TypedOperatorHandle<QuantLinear>& quant_linear() {
+  static const auto op = kernel<QuantLinear>("quant_linear", "quant_linear");
+  return op;
+}
+const c10::TypedOperatorHandle<MoeExperts>& moe_experts() {
+  static const auto op = kernel<MoeExperts>("quant_linear", "moe_experts");
+  return op;
+}
 using LoraDelta = void(T&, const T&, const T&, at::TensorList, const T&);
 const c10::TypedOperatorHandle<LoraDelta>& lora_delta() {
   static const auto op = kernel<LoraDelta>("lora", "lora_delta_");
@@ -106,14 +113,44 @@ struct Args {
   }
 };
 
-// One linear's bias and runs: each run is quant_linear over its rows, the outputs joined (QuantLinear).
+// A dense linear's kinds (a GGUF linear's kind is its number of runs, 1 or more).
+constexpr int64_t kDense = -1;   // nn.Linear: F.linear
+constexpr int64_t kPacked = -2;  // PackedLinear: oneDNN's packed GEMM
+
+// PackedLinear.forward: oneDNN's packed GEMM over the rows padded to their bucket (row_bucket: every
+// count to 16, then four a power of two), whose primitive the process has cached.
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& weight, const Opt& bias) {
+  static const c10::OperatorHandle gemm = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  const int64_t rows = x.size(0);
+  int64_t bucket = rows;
+  if (rows > 16) {
+    int64_t power = 1;  // the power of two at or below rows
+    while (power * 2 <= rows) power *= 2;
+    const int64_t step = power / 4;
+    bucket = (rows + step - 1) / step * step;
+  }
+  at::Tensor input = x;
+  if (bucket != rows) {
+    input = at::zeros({bucket, x.size(1)}, x.options());
+    input.narrow(0, 0, rows).copy_(x);
+  }
+  std::vector<c10::IValue> stack{input, weight, bias, c10::IValue(std::string("none")),
+                                 c10::IValue(c10::List<c10::optional<c10::Scalar>>()), c10::IValue()};
+  gemm.callBoxed(&stack);
+  const at::Tensor out = stack[0].toTensor();
+  return bucket == rows ? out : out.narrow(0, 0, rows);
+}
+
+// One linear's bias and weight: a GGUF linear's runs are each quant_linear over its rows, the outputs
+// joined (QuantLinear); a dense one is F.linear or PackedLinear's GEMM.
 at::Tensor base_linear(Args& args, const at::Tensor& x, int64_t mode) {
-  const Kernels& k = kernels();
   const Opt bias = args.tensor();
   const int64_t runs = args.integer();
+  if (runs == kDense) return at::linear(x, args.required(), bias);
+  if (runs == kPacked) return packed_linear(x, args.required(), bias);
   if (runs == 1) {
     const at::Tensor blocks = args.required();
-    return k.quant_linear.call(x, blocks, args.integer(), bias, mode);
+    return quant_linear().call(x, blocks, args.integer(), bias, mode);
   }
   std::vector<at::Tensor> outs;
   int64_t row = 0;
@@ -121,7 +158,7 @@ at::Tensor base_linear(Args& args, const at::Tensor& x, int64_t mode) {
     const at::Tensor blocks = args.required();
     const int64_t type = args.integer(), rows = blocks.size(0);
     const Opt part = bias.has_value() ? Opt(bias->narrow(0, row, rows)) : c10::nullopt;
-    outs.push_back(k.quant_linear.call(x, blocks, type, part, mode));
+    outs.push_back(quant_linear().call(x, blocks, type, part, mode));
     row += rows;
   }
   return at::cat(outs, -1);
@@ -194,7 +231,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
   auto [expert_ids, weights] = k.moe_route.call(o, *router, top_k, normalize);
   const at::Tensor gate_up = args.required(), down = args.required();
   const int64_t gate_up_type = args.integer(), down_type = args.integer();
-  return {k.moe_experts.call(o, expert_ids, weights, gate_up, gate_up_type, down, down_type, experts, mode), res};
+  return {moe_experts().call(o, expert_ids, weights, gate_up, gate_up_type, down, down_type, experts, mode), res};
 }
 
 }  // namespace
@@ -207,3 +244,6 @@ PAGEDSERVE_TORCH_LIBRARY(m) {
 }
 
 PAGEDSERVE_TORCH_LIBRARY_IMPL(CPU, m) { m.impl("decoder_layer", &decoder_layer); }
+// A PackedLinear's weight is an MkldnnCPU tensor, and every tensor argument has its say in the key the
+// dispatcher picks: the same kernel there.
+PAGEDSERVE_TORCH_LIBRARY_IMPL(MkldnnCPU, m) { m.impl("decoder_layer", &decoder_layer); }

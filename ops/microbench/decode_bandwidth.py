@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from pagedserve.services.worker.layers.moe import SparseMoeBlock
+from pagedserve.services.worker.layers.packed_linear import PackedLinear
 from pagedserve.services.worker.layers.quant_linear import QuantLinear
 
 PROBE_BYTES = 512 << 20
@@ -40,13 +41,21 @@ def read_bandwidth(threads: int) -> float:
 
 
 def _tensors(module: nn.Module) -> list[torch.Tensor]:
-    """The weights a module holds itself: its parameters, and its GGML blocks (plain attributes)."""
+    """The weights a module holds itself: its parameters, its GGML blocks and its oneDNN-packed weight
+    (plain attributes)."""
     tensors = list(module.parameters(recurse=False))
-    if isinstance(module, QuantLinear):
+    if isinstance(module, PackedLinear):
+        tensors += [t for t in (module.packed_weight, module.bias) if t is not None]
+    elif isinstance(module, QuantLinear):
         tensors += [blocks for _, blocks, _ in module.runs]
     elif isinstance(blocks := getattr(module, "blocks", None), torch.Tensor):
         tensors.append(blocks)
     return tensors
+
+
+def _key(tensor: torch.Tensor) -> int:
+    """Its memory's address (a tensor and a view of it are one weight); an opaque oneDNN one has none."""
+    return id(tensor) if tensor.is_mkldnn else tensor.data_ptr()
 
 
 def weight_bytes_per_token(model: nn.Module) -> int:
@@ -58,15 +67,16 @@ def weight_bytes_per_token(model: nn.Module) -> int:
         if isinstance(module, SparseMoeBlock):
             for part in (module.experts.gate_up_proj, module.experts.down_proj):
                 for tensor in _tensors(part):
-                    share[tensor.data_ptr()] = module.top_k / module.experts.num_experts
+                    share[_key(tensor)] = module.top_k / module.experts.num_experts
     total = 0.0
     seen: set[int] = set()
     for module in model.modules():
         if module is embedding and not head_reads_table:
             continue  # rows only: the head is another tensor, or a linear over these blocks counted there
         for tensor in _tensors(module):
-            if tensor.data_ptr() in seen or tensor.device.type == "meta":
+            key = _key(tensor)
+            if key in seen or tensor.device.type == "meta":
                 continue
-            seen.add(tensor.data_ptr())
-            total += tensor.numel() * tensor.element_size() * share.get(tensor.data_ptr(), 1.0)
+            seen.add(key)
+            total += tensor.numel() * tensor.element_size() * share.get(key, 1.0)
     return int(total)

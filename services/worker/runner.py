@@ -55,6 +55,8 @@ CONFIGURED = (
     "max_num_seqs",
     "max_model_len",
     "attention_backend",
+    "gpu_memory_utilization",
+    "prepack_weights",
     "quantization",
     "tokenizer",
     "kv_cache_dtype",

@@ -102,8 +102,6 @@ class WorkerService:
                 config,
                 # What only a deployment's worker reads (an engine in one process keeps the defaults).
                 workers_per_machine=config.workers_per_machine * ranks_per_machine(config),
-                gpu_memory_utilization=config.gpu_memory_utilization,
-                prepack_weights=config.prepack_weights,
                 defer_pool=True,  # its name decides which segment holds it
                 ranks=self.group,
             )

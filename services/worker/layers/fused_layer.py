@@ -7,11 +7,12 @@ its output is the Python layer's to the bit, so the Python layer stays the refer
 
 A layer is fused when every part of it is one of those kernels on one ISA path: RMSNorms without
 Gemma's float32 formula, our layer ops, q/k/v with optional per-head q/k norms (Qwen3) and a full rotary,
-the C++ paged attention on a float K/V cache (no failpoints watching its writes), GGUF-quantized linears
-without a GPTQ input order (adapters on them too, where the LoRA kernel builds on that path), and a SiLU
-MLP or a MoE block whose quantized experts run as one op and which has no shared expert. Anything else
-(dense weights, int8 K/V, tensor parallelism, Gemma, OLMoE's whole-projection norms) runs the Python
-layer; `fuse_layer` says why in one phrase.
+the C++ paged attention on a float K/V cache (no failpoints watching its writes), linears that are
+GGUF-quantized without a GPTQ input order or float32 (F.linear, or oneDNN's packed GEMM; adapters on
+either, where the LoRA kernel builds on that path), and a SiLU MLP or a MoE block whose quantized experts
+run as one op and which has no shared expert. Anything else (bfloat16 or float16 weights, int8 K/V,
+tensor parallelism, Gemma, OLMoE's whole-projection norms) runs the Python layer; `fuse_layer` says why
+in one phrase.
 
 Adapters: the op takes each adapted linear's LoRA stacks as they are when the layer is fused, so the
 model fuses again when a load grows them (`LoRABatch.version`), and a step whose adapter rows take
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from pagedserve.kernels.attention import AttentionMetadata
 from pagedserve.kernels.cpu.backend import CppAttentionBackend
@@ -41,6 +43,7 @@ from pagedserve.services.worker.layers.lora import LoRABatch, LoRALinear, cpp_lo
 from pagedserve.services.worker.layers.mlp import GatedMLP
 from pagedserve.services.worker.layers.moe import QuantExpertLinear, SparseMoeBlock
 from pagedserve.services.worker.layers.norm import RMSNorm
+from pagedserve.services.worker.layers.packed_linear import PackedLinear
 from pagedserve.services.worker.layers.quant_linear import QuantLinear
 
 
@@ -111,6 +114,18 @@ def _quantized(linear: Any, isa: str) -> bool:
     return type(base) is QuantLinear and base.input_order is None and _on_path(base, isa)
 
 
+def _dense(linear: Any) -> bool:
+    """A float32 nn.Linear or PackedLinear (a dense checkpoint's, or a GGUF's projection kept dense)."""
+    base = _base(linear)
+    if type(base) is PackedLinear:
+        return base.packed_weight.dtype == torch.float32
+    return type(base) is nn.Linear and base.weight.dtype == torch.float32
+
+
+def _supported(linear: Any, isa: str) -> bool:
+    return _quantized(linear, isa) or _dense(linear)
+
+
 def _lora_on_path(linear: Any, isa: str) -> bool:
     """Unadapted, or its adapters' kernel is the build of `isa` (LoRALinear's C++ path)."""
     if type(linear) is not LoRALinear:
@@ -119,13 +134,24 @@ def _lora_on_path(linear: Any, isa: str) -> bool:
     return op is not None and op.name().startswith(library_name(LORA, isa) + "::")
 
 
+# A dense linear's kind in decoder_layer.cpp's layout (a GGUF linear's is its number of runs).
+DENSE, PACKED = -1, -2
+
+
 def _add_linear(linear: Any, tensors: list[torch.Tensor | None], ints: list[int]) -> None:
     base = _base(linear)
     tensors.append(base.bias)
-    ints.append(len(base.runs))
-    for type_id, blocks, _ in base.runs:
-        tensors.append(blocks)
-        ints.append(type_id)
+    if type(base) is PackedLinear:
+        ints.append(PACKED)
+        tensors.append(base.packed_weight)
+    elif type(base) is nn.Linear:
+        ints.append(DENSE)
+        tensors.append(base.weight)
+    else:
+        ints.append(len(base.runs))
+        for type_id, blocks, _ in base.runs:
+            tensors.append(blocks)
+            ints.append(type_id)
     if type(linear) is not LoRALinear or not linear.rank:  # no adapter has targeted it yet
         ints.append(0)
         return
@@ -158,28 +184,22 @@ def fuse_layer(
         and q_norm.eps == k_norm.eps
     ):
         return "its q/k norms are not the C++ float32 ones"
-    if not (_quantized(attn.qkv_proj, isa) and _quantized(attn.o_proj, isa)):
-        return "its attention's linears are not GGUF-quantized"
+    if not (_supported(attn.qkv_proj, isa) and _supported(attn.o_proj, isa)):
+        return "its attention's linears are neither GGUF-quantized nor float32"
     tensors: list[torch.Tensor | None] = [
         input_norm.weight,
         post_norm.weight,
         None if q_norm is None else q_norm.weight,
         None if k_norm is None else k_norm.weight,
     ]
-    linears: list[Any] = [attn.qkv_proj, attn.o_proj]  # QuantLinears, checked above
-    modes: set[int] = set()  # the experts' (the linears' join at the end)
-    ints = [
-        attn.num_heads,
-        attn.num_kv_heads,
-        attn.head_dim,
-        attn.rules.window or 0,
-        _base(attn.qkv_proj).mode,
-    ]
+    linears: list[Any] = [attn.qkv_proj, attn.o_proj]  # checked above
+    modes: set[int] = set()  # the quantized linears' and experts' (one for all, or no fusing)
+    ints = [attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.rules.window or 0, 0]  # the mode: below
     mlp_tensors: list[torch.Tensor | None] = []
     mlp_ints: list[int] = []
     if type(mlp) is GatedMLP:
-        if not (mlp.silu and _quantized(mlp.gate_up_proj, isa) and _quantized(mlp.down_proj, isa)):
-            return "its MLP is not a SiLU MLP over GGUF-quantized linears"
+        if not (mlp.silu and _supported(mlp.gate_up_proj, isa) and _supported(mlp.down_proj, isa)):
+            return "its MLP is not a SiLU MLP over GGUF-quantized or float32 linears"
         linears += [mlp.gate_up_proj, mlp.down_proj]
         tensors.append(None)  # no router
         ints += [0, 0, 0]  # no routing: top_k 0
@@ -199,8 +219,10 @@ def fuse_layer(
         mlp_ints = [gate_up.type_id, down.type_id]
     else:
         return "its MLP is neither a gated MLP nor a sparse MoE block"
-    if len(modes | {_base(linear).mode for linear in linears}) > 1:
+    modes |= {_base(linear).mode for linear in linears if _quantized(linear, isa)}
+    if len(modes) > 1:
         return "its linears take activations in different modes"
+    ints[4] = next(iter(modes), 0)  # a dense layer's linears take no mode
     if not all(_lora_on_path(linear, isa) for linear in linears):
         return "its adapters' kernel is not on its path"
     for linear in linears:

@@ -61,3 +61,13 @@ def test_experts_count_by_the_share_one_token_reads(tiny_model, tmp_path: Path) 
 
 def test_the_machine_reads_at_some_positive_rate() -> None:
     assert read_bandwidth(1) > 1e8  # 100 MB/s: any machine that runs the tests reads faster
+
+
+def test_packed_weights_count_as_the_dense_ones(tiny_model) -> None:
+    """oneDNN's packed weights are opaque tensors (no data pointer); a dense model reads as many bytes
+    packed (its tied head a packed copy of the table) as unpacked."""
+    model = load_model(tiny_model("llama"), TorchAttentionBackend(), quantization="none").model
+    dense = weight_bytes_per_token(model)
+    assert dense == _all_bytes(model)
+    assert model.prepack_weights() > 0
+    assert weight_bytes_per_token(model) == dense

@@ -36,13 +36,16 @@ CASES = [
     ("mistral", "every-type", WIDE, "all"),  # every GGUF type the kernels read, a sliding window
     ("qwen3_moe", "Q4_K", MOE_WIDE, "all"),  # sparse layers and a dense one between them
     ("mixtral", "Q4_0", {}, "all"),
-    ("qwen2", "Q4_0", {}, "none"),  # its q/k/v bias keeps that projection dense: the Python layer runs
+    ("qwen2", "Q4_0", {}, "all"),  # its q/k/v bias keeps that projection dense: a float32 one in the op
+    ("llama", "float32", {}, "all"),  # a dense checkpoint: oneDNN's packed GEMM
+    ("llama", "float32-unpacked", {}, "all"),  # F.linear (prepack_weights off)
+    ("qwen2", "float32", {}, "all"),
     ("olmoe", "Q8_0", {}, "none"),  # q/k norms over the whole projection, clip_qkv
 ]
 
 
-def _run(folder: Path, fused: bool, prompts: list[list[int]]) -> tuple[list, int, int]:
-    llm = LLM(str(folder), num_blocks=256, quantization="gguf")
+def _run(folder: Path, fused: bool, prompts: list[list[int]], **options) -> tuple[list, int, int]:
+    llm = LLM(str(folder), num_blocks=256, **({"quantization": "gguf"} | options))
     model = llm.runner.model
     if not fused:
         model.use_fused_layers(False)
@@ -59,10 +62,14 @@ def test_fused_layers_give_the_python_layers_tokens_and_logprobs_exactly(
 ) -> None:
     folder = tmp_path / arch
     shutil.copytree(tiny_model(arch, **overrides), folder)
-    quantize_checkpoint(folder, type_name)
+    options = {}
+    if type_name.startswith("float32"):  # the checkpoint as saved, its linears dense
+        options = {"quantization": "none", "prepack_weights": type_name == "float32"}
+    else:
+        quantize_checkpoint(folder, type_name)
     prompts = random_prompts(8, seed=5, max_len=40)  # prefills of 1-40 tokens, then decodes
-    with_op, count, layers = _run(folder, True, prompts)
-    without, off, _ = _run(folder, False, prompts)
+    with_op, count, layers = _run(folder, True, prompts, **options)
+    without, off, _ = _run(folder, False, prompts, **options)
     assert count == (layers if fused == "all" else 0)
     assert off == 0
     assert with_op == without
