@@ -1,6 +1,6 @@
-// One decoder layer of the Llama family over GGUF-quantized or float32 weights, in one op: the same kernels the
-// Python layer calls (services/worker/models/llama.py, layers/attention.py, mlp.py, moe.py), called
-// here one after the other through the dispatcher, so its output is the Python layer's to the bit.
+// One decoder layer of the Llama family over GGUF-quantized or float32 weights, in one op: the same
+// kernels the Python layer calls (services/worker/models/llama.py, layers/attention.py, mlp.py, moe.py),
+// called here one after the other through the dispatcher, so its output is the Python layer's to the bit.
 //
 //   decoder_layer(x, residual?, cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens,
 //                 block_tables, lora_rows?, tensors, ints, floats) -> (the MLP's output, the residual stream)
@@ -120,7 +120,8 @@ constexpr int64_t kPacked = -2;  // PackedLinear: oneDNN's packed GEMM
 // PackedLinear.forward: oneDNN's packed GEMM over the rows padded to their bucket (row_bucket: every
 // count to 16, then four a power of two), whose primitive the process has cached.
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& weight, const Opt& bias) {
-  static const c10::OperatorHandle gemm = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  static const c10::OperatorHandle gemm =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   const int64_t rows = x.size(0);
   int64_t bucket = rows;
   if (rows > 16) {
