@@ -51,6 +51,23 @@ def make_adapters(config: dict[str, Any], root: Path, count: int, rank: int) -> 
     return out
 
 
+def parse_cases(text: str) -> list[tuple[int, int]]:
+    """ "8:4,64:8" -> [(8, 4), (64, 8)]: requests over adapters."""
+    return [(int(c.split(":")[0]), int(c.split(":")[1])) for c in text.split(",") if c]
+
+
+def result_header(args: argparse.Namespace, **settings: object) -> dict[str, object]:
+    """What every LoRA bench's JSON starts with: the CPU, threads, rank and slots' dtype, then `settings`."""
+    return {
+        "cpu": cpu_model(platform.processor()),
+        "threads": args.threads,
+        "rank": args.rank,
+        "lora_dtype": args.lora_dtype,
+        **settings,
+        "cases": [],
+    }
+
+
 def run(llm, prompts: list[list[int]], loras: list[str | None], max_tokens: int) -> dict[str, float]:
     from pagedserve import SamplingParams
 
@@ -153,18 +170,11 @@ def main() -> None:
     from pagedserve.services.checkpoint import load_checkpoint
 
     base = load_checkpoint("smollm2-135m").config
-    cases = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",") if c]
+    cases = parse_cases(args.cases)
     most = max([a for _, a in cases] or [1])
-    results: dict[str, object] = {
-        "cpu": cpu_model(platform.processor()),
-        "threads": args.threads,
-        "rank": args.rank,
-        "max_tokens": args.max_tokens,
-        "prompt_len": args.prompt_len,
-        "repeats": args.repeats,
-        "lora_dtype": args.lora_dtype,
-        "cases": [],
-    }
+    results = result_header(
+        args, max_tokens=args.max_tokens, prompt_len=args.prompt_len, repeats=args.repeats
+    )
     with tempfile.TemporaryDirectory() as tmp:
         adapters = make_adapters(base, Path(tmp), most + args.hot_loads, args.rank)
         spares = [adapters.pop(f"lora{most + i}") for i in range(args.hot_loads)]

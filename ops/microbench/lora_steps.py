@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import statistics
 import tempfile
@@ -25,8 +24,7 @@ from pathlib import Path
 
 import torch
 
-from pagedserve.kernels.cpu.isa import cpu_model
-from pagedserve.ops.microbench.lora_speed import make_adapters
+from pagedserve.ops.microbench.lora_speed import make_adapters, parse_cases, result_header
 from pagedserve.shared.config import add_config_flag
 
 
@@ -98,15 +96,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from pagedserve.services.checkpoint import load_checkpoint
 
-    cases = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",") if c]
-    results: dict[str, object] = {
-        "cpu": cpu_model(platform.processor()),
-        "threads": args.threads,
-        "rank": args.rank,
-        "lora_dtype": args.lora_dtype,
-        "rounds": args.rounds,
-        "cases": [],
-    }
+    cases = parse_cases(args.cases)
+    results = result_header(args, rounds=args.rounds)
     with tempfile.TemporaryDirectory() as tmp:
         adapters = make_adapters(
             load_checkpoint("smollm2-135m").config, Path(tmp), max(a for _, a in cases), args.rank
