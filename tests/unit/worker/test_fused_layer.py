@@ -19,6 +19,7 @@ from harness.lora_adapters import make_peft_adapter
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.services.worker.layers.fused_layer import FusedLayer
+from pagedserve.services.worker.layers.lora import CPP_MAX_ROWS
 
 WIDE = {"hidden_size": 256, "intermediate_size": 512}  # the K-quants' super-blocks are 256 weights
 MOE_WIDE = {
@@ -126,7 +127,8 @@ def _run_adapters(folder: Path, adapters: dict[str, Path], fused: bool) -> tuple
         llm.load_lora("b", str(adapters["b"]))
         run = llm.generate(prompts, params, lora=["b", "a", None, "b", "a", "b"])
         outputs.append([(o.token_ids, o.outputs[0].logprobs) for o in run])
-        long_prompt = random_prompts(1, seed=12, max_len=200)[0] * 2  # > CPP_MAX_ROWS adapter rows
+        long_prompt = [token for prompt in random_prompts(40, seed=12, max_len=30) for token in prompt]
+        assert len(long_prompt) > CPP_MAX_ROWS + 64  # its prefill's adapter rows take the torch paths
         run = llm.generate([long_prompt[:300], prompts[0]], params, lora=["b", "a"])
         outputs.append([(o.token_ids, o.outputs[0].logprobs) for o in run])
     finally:
