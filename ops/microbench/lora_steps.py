@@ -5,9 +5,9 @@ contexts) so that a drift in the machine's speed moves both.
 
 `lora_speed` times whole runs, base then LoRA, which on a shared VM spread as much as the gap they
 measure (0.70-1.14x for the same code); here each configuration's median step comes from rounds
-interleaved within seconds, in a shuffled order. Decode steps of equal rows make equal tokens, so the ratio of the base's
-step time to the adapters' is the ratio of their tok/s. The adapted engine runs with its decoder layers
-as one C++ call (`on`) and in Python (`off`): an engine each, alternated too. Run alone:
+interleaved within seconds, in a shuffled order. Decode steps of equal rows make equal tokens, so the
+ratio of the base's step time to the adapters' is the ratio of their tok/s. The adapted engine runs
+with its decoder layers as one C++ call (`on`) and in Python (`off`): an engine each. Run alone:
 
     .venv/bin/python -m pagedserve.ops.microbench.lora_steps [--cases 8:4,64:8] [--out FILE.json]
 """
