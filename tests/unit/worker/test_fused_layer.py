@@ -99,12 +99,14 @@ def test_layers_over_an_int8_cache_run_in_python(tiny_model, tmp_path: Path) -> 
     assert llm.runner.model.fused_layers == 0
 
 
-def _run_adapters(folder: Path, adapters: dict[str, Path], fused: bool) -> tuple[list, int, list[bool]]:
+def _run_adapters(
+    folder: Path, adapters: dict[str, Path], fused: bool, quantization: str
+) -> tuple[list, int, list[bool]]:
     """Mixed batches of two adapters and the base, the second adapter's bigger rank arriving later (its
     load grows the stacks the fused op holds), then a prefill too long for the LoRA kernel; -> the
     outputs, the layers fused at the end and, per call of the fused op, whether it took adapter rows."""
     llm = LLM(
-        str(folder), num_blocks=256, quantization="gguf", max_loras=2, lora_modules={"a": adapters["a"]}
+        str(folder), num_blocks=256, quantization=quantization, max_loras=2, lora_modules={"a": adapters["a"]}
     )
     model = llm.runner.model
     if not fused:
@@ -136,8 +138,9 @@ def _run_adapters(folder: Path, adapters: dict[str, Path], fused: bool) -> tuple
     return outputs, model.fused_layers, calls
 
 
+@pytest.mark.parametrize("quantization", ["gguf", "none"])  # adapters over Q4_K_M, and over packed float32
 def test_adapted_layers_fuse_and_give_the_python_layers_tokens_and_logprobs_exactly(
-    tiny_model, tmp_path: Path
+    tiny_model, tmp_path: Path, quantization: str
 ) -> None:
     folder = tmp_path / "llama"
     shutil.copytree(tiny_model("llama", **WIDE), folder)
@@ -147,9 +150,10 @@ def test_adapted_layers_fuse_and_give_the_python_layers_tokens_and_logprobs_exac
             folder, tmp_path / "b", seed=2, rank=16, targets=("q_proj", "v_proj", "down_proj")
         ),
     }
-    quantize_checkpoint(folder, "Q4_K_M")  # a two-run q/k/v, adapted in parts of ranks 8 and 16
-    with_op, count, calls = _run_adapters(folder, adapters, True)
-    without, off, no_calls = _run_adapters(folder, adapters, False)
+    if quantization == "gguf":
+        quantize_checkpoint(folder, "Q4_K_M")  # a two-run q/k/v, adapted in parts of ranks 8 and 16
+    with_op, count, calls = _run_adapters(folder, adapters, True, quantization)
+    without, off, no_calls = _run_adapters(folder, adapters, False, quantization)
     layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
     assert (count, off, no_calls) == (layers, 0, [])
     assert any(calls), "no fused call took a step with adapter rows"
