@@ -207,14 +207,19 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
   const at::Tensor all_heads = qkv.view({tokens, -1, head_dim});
   at::Tensor q = all_heads.narrow(1, 0, heads), key = all_heads.narrow(1, heads, kv_heads);
   const at::Tensor value = all_heads.narrow(1, heads + kv_heads, kv_heads);
+  // A partial rotary (Phi-4-mini's 0.75) turns only the first rotary_dim of each head, as attention.py.
+  const int64_t rotary_dim = 2 * cos.size(-1);
+  const auto turn = [&](const at::Tensor& heads_of) {
+    at::Tensor part = rotary_dim == head_dim ? heads_of : heads_of.narrow(2, 0, rotary_dim);
+    k.rotary_.call(part, cos, sin);
+  };
   if (q_norm.has_value() && k_norm.has_value()) {
     q = k.rms_norm.call(q, *q_norm, floats[2]);
     key = k.rms_norm.call(key, *k_norm, floats[2]);
-    k.rotary_.call(q, cos, sin);
-    k.rotary_.call(key, cos, sin);
+    turn(q);
+    turn(key);
   } else {
-    at::Tensor qk = all_heads.narrow(1, 0, heads + kv_heads);
-    k.rotary_.call(qk, cos, sin);
+    turn(all_heads.narrow(1, 0, heads + kv_heads));
   }
   k.write_kv.call(key, value, k_cache, v_cache, slot_mapping);
   if (q.stride(2) != 1 || q.stride(1) != q.size(2)) q = q.contiguous();  // as backend.py's run_paged_op

@@ -6,7 +6,8 @@ model (AMD EPYC Zen 3, 2 threads). The fused op makes the same kernel calls, in 
 its output is the Python layer's to the bit, so the Python layer stays the reference the tests hold it to.
 
 A layer is fused when every part of it is one of those kernels on one ISA path: RMSNorms without
-Gemma's float32 formula, our layer ops, q/k/v with optional per-head q/k norms (Qwen3) and a full rotary,
+Gemma's float32 formula, our layer ops, q/k/v with optional per-head q/k norms (Qwen3) and a rotary of
+all or part of each head,
 the C++ paged attention on a float K/V cache (no failpoints watching its writes), linears that are
 GGUF-quantized without a GPTQ input order or float32 (F.linear, or oneDNN's packed GEMM; adapters on
 either, where the LoRA kernel builds on that path), and a SiLU MLP or a MoE block whose quantized experts
@@ -159,9 +160,7 @@ def _add_linear(linear: Any, tensors: list[torch.Tensor | None], ints: list[int]
     tensors += [linear.a, *linear.b]
 
 
-def fuse_layer(
-    input_norm: Any, attn: Any, post_norm: Any, mlp: Any, rotary_dims: set[int]
-) -> FusedLayer | str:
+def fuse_layer(input_norm: Any, attn: Any, post_norm: Any, mlp: Any) -> FusedLayer | str:
     """A Llama-family layer's parts -> its fused form, or why it runs in Python."""
     ops = input_norm.ops
     if not isinstance(ops, CppLayerOps):
@@ -174,8 +173,6 @@ def fuse_layer(
     backend = attn.backend
     if type(backend) is not CppAttentionBackend or backend.isa != isa or "write_kv" in vars(backend):
         return "its attention is not the C++ kernel on a float K/V cache"
-    if rotary_dims != {attn.head_dim}:
-        return "its rotary turns part of each head"
     q_norm, k_norm = attn.q_norm, attn.k_norm
     if q_norm is not None and not (
         k_norm is not None

@@ -66,15 +66,13 @@ class LlamaDecoderLayer(nn.Module):
         self.reduce: Callable[[torch.Tensor], torch.Tensor] = unchanged
         self.fused: FusedLayer | None = None  # this layer as one C++ call, where it qualifies (use_fused)
 
-    def use_fused(self, rotary_dims: set[int]) -> str | None:
+    def use_fused(self) -> str | None:
         """Run this layer as one C++ call where all of its parts allow (layers/fused_layer.py)
         -> None if it now does, else why not."""
         self.fused = None
         if type(self) is not LlamaDecoderLayer or self.reduce is not unchanged:
             return "a family's own layer, or a tensor-parallel rank's"
-        fused = fuse_layer(
-            self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp, rotary_dims
-        )
+        fused = fuse_layer(self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp)
         if isinstance(fused, str):
             return fused
         self.fused = fused
@@ -183,15 +181,12 @@ class LlamaForCausalLM(nn.Module):
     def use_fused_layers(self, enabled: bool = True) -> int:
         """Run each decoder layer that qualifies as one C++ call (layers/fused_layer.py), or none
         (`enabled=False`, for A/B runs) -> how many do. Logs why the first layer left out was."""
-        rotary_dims = {self.rotary.rotary_dim}
-        if self.sliding_rotary is not None:
-            rotary_dims.add(self.sliding_rotary.rotary_dim)
         self.fusing = enabled
         reasons: list[str | None] = []
         for layer in self.layers:
             assert isinstance(layer, LlamaDecoderLayer)  # every family's layer is one
             if enabled:
-                reasons.append(layer.use_fused(rotary_dims))
+                reasons.append(layer.use_fused())
             else:
                 layer.fused = None
                 reasons.append("turned off")

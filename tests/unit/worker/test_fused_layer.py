@@ -41,6 +41,8 @@ CASES = [
     ("llama", "float32", {}, "all"),  # a dense checkpoint: oneDNN's packed GEMM
     ("llama", "float32-unpacked", {}, "all"),  # F.linear (prepack_weights off)
     ("qwen2", "float32", {}, "all"),
+    ("phi3", "float32", {}, "all"),  # a partial rotary (half of each head) and a window on every layer
+    ("phi3-longrope", "float32", {}, "all"),  # LongRoPE: the step's cos/sin come long or short
     ("olmoe", "Q8_0", {}, "none"),  # q/k norms over the whole projection, clip_qkv
 ]
 
