@@ -13,16 +13,18 @@
 //   h, res = norm(x), x  (first layer)  |  h, res = add_and_norm(x, residual)
 //   qkv = linear(h); q, k, v = its heads; q, k = q_norm(q), k_norm(k) where the model has them
 //   rotary(q, k); write_kv(k, v); out = paged_attention(q); o = linear(out)
-//   h2, res = add_and_norm(o, res)
+//   h2, res = add_and_norm(o, res)              Gemma: h2, res = add_and_norm(norm(o), res)
 //   dense: down(silu(gate) * up)  |  MoE: route, then the experts' op (moe_experts.cpp)
+//   Gemma: down(gelu_tanh(gate) * up), then normalised (models/gemma.py's four norms a layer)
 //
-// tensors (Tensor?[]): input norm, post-attention norm, q norm?, k norm?, router?, then per linear (q/k/v,
-//   o, gate/up, down) its bias?, its weight (a GGUF linear: its runs' blocks; a fused projection stored
+// tensors (Tensor?[]): input norm, post-attention norm, q norm?, k norm?, router?, attention output norm?
+//   and MLP output norm? (Gemma's; the post-attention norm is then its pre-feedforward one), then per
+//   linear (q/k/v, o, gate/up, down) its bias?, its weight (a GGUF linear: its runs' blocks; a fused projection stored
 //   in several types runs each type over its own rows, their outputs joined, the bias sliced to match)
 //   and, where adapters target it, its LoRA stacks: A, then each part's B (layers/lora.py's LoRALinear).
 // ints: heads, kv heads, head dim, window (0: none), activation mode, top_k (0: dense MLP), normalize,
-//   experts, then per linear its kind (a GGUF linear's number of runs, then each run's type; kDense or
-//   kPacked: one float32 weight) and its number of LoRA parts (0: none).
+//   experts, GELU-tanh MLP (0: SiLU), then per linear its kind (a GGUF linear's number of runs, then
+//   each run's type; kDense or kPacked: one float32 weight) and its number of LoRA parts (0: none).
 // lora_rows: this step's slot per row (-1: the base model) when a row has an adapter; each adapted linear
 //   then adds the rows' deltas with the LoRA kernel (lora.cpp), after its bias, as LoRALinear does.
 // floats: input norm eps, post-attention norm eps, q/k norm eps, scale, softcap (0: none).
@@ -187,10 +189,12 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
   Args args{tensors, ints};
   const at::Tensor input_norm = args.required(), post_norm = args.required();
   const Opt q_norm = args.tensor(), k_norm = args.tensor(), router = args.tensor();
+  const Opt out_norm = args.tensor(), mlp_out_norm = args.tensor();
   const int64_t heads = args.integer(), kv_heads = args.integer(), head_dim = args.integer();
   const int64_t window = args.integer(), mode = args.integer(), top_k = args.integer();
   const bool normalize = args.integer() != 0;
   const int64_t experts = args.integer();
+  const bool gelu = args.integer() != 0;
   const int64_t tokens = x.size(0);
 
   at::Tensor h, res;
@@ -228,16 +232,28 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
                          attended);
   at::Tensor o = linear(args, attended.view({tokens, heads * head_dim}), mode, lora_rows);
 
+  if (out_norm.has_value()) o = k.rms_norm.call(o, *out_norm, floats[1]);
   k.add_rms_norm.call(o, res, post_norm, floats[1]);
   if (top_k == 0) {
     const at::Tensor gate_up = linear(args, o, mode, lora_rows);
-    return {linear(args, k.silu_and_mul.call(gate_up), mode, lora_rows), res};
+    at::Tensor hidden;
+    if (gelu) {  // mlp.py's gelu_tanh_and_mul: the same ATen ops on the same halves
+      const int64_t half = gate_up.size(-1) / 2;
+      hidden = at::gelu(gate_up.narrow(-1, 0, half), "tanh") * gate_up.narrow(-1, half, half);
+    } else {
+      hidden = k.silu_and_mul.call(gate_up);
+    }
+    at::Tensor out = linear(args, hidden, mode, lora_rows);
+    if (mlp_out_norm.has_value()) out = k.rms_norm.call(out, *mlp_out_norm, floats[1]);
+    return {out, res};
   }
   TORCH_CHECK(router.has_value(), "decoder_layer: a MoE layer needs its router");
   auto [expert_ids, weights] = k.moe_route.call(o, *router, top_k, normalize);
   const at::Tensor gate_up = args.required(), down = args.required();
   const int64_t gate_up_type = args.integer(), down_type = args.integer();
-  return {moe_experts().call(o, expert_ids, weights, gate_up, gate_up_type, down, down_type, experts, mode), res};
+  at::Tensor out = moe_experts().call(o, expert_ids, weights, gate_up, gate_up_type, down, down_type, experts, mode);
+  if (mlp_out_norm.has_value()) out = k.rms_norm.call(out, *mlp_out_norm, floats[1]);
+  return {out, res};
 }
 
 }  // namespace

@@ -5,15 +5,14 @@ Python each call also pays its round trip and argument parsing, ~4.5 ms of a ~14
 model (AMD EPYC Zen 3, 2 threads). The fused op makes the same kernel calls, in the same order, from C++:
 its output is the Python layer's to the bit, so the Python layer stays the reference the tests hold it to.
 
-A layer is fused when every part of it is one of those kernels on one ISA path: RMSNorms without
-Gemma's float32 formula, our layer ops, q/k/v with optional per-head q/k norms (Qwen3) and a rotary of
-all or part of each head,
-the C++ paged attention on a float K/V cache (no failpoints watching its writes), linears that are
-GGUF-quantized without a GPTQ input order or float32 (F.linear, or oneDNN's packed GEMM; adapters on
-either, where the LoRA kernel builds on that path), and a SiLU MLP or a MoE block whose quantized experts
-run as one op and which has no shared expert. Anything else (bfloat16 or float16 weights, int8 K/V,
-tensor parallelism, Gemma, OLMoE's whole-projection norms) runs the Python layer; `fuse_layer` says why
-in one phrase.
+A layer is fused when every part of it is one of those kernels on one ISA path: float32 RMSNorms (Gemma's
+four a layer too), our layer ops, q/k/v with optional per-head q/k norms (Qwen3, Gemma 3) and a rotary of
+all or part of each head, the C++ paged attention on a float K/V cache (no failpoints watching its
+writes), linears that are GGUF-quantized without a GPTQ input order or float32 (F.linear, or oneDNN's
+packed GEMM; adapters on either, where the LoRA kernel builds on that path), and a SiLU or GELU-tanh MLP
+or a MoE block whose quantized experts run as one op and which has no shared expert. Anything else
+(bfloat16 or float16 weights, int8 K/V, tensor parallelism, OLMoE's whole-projection norms) runs the
+Python layer; `fuse_layer` says why in one phrase.
 
 Adapters: the op takes each adapted linear's LoRA stacks as they are when the layer is fused, so the
 model fuses again when a load grows them (`LoRABatch.version`), and a step whose adapter rows take
@@ -160,13 +159,17 @@ def _add_linear(linear: Any, tensors: list[torch.Tensor | None], ints: list[int]
     tensors += [linear.a, *linear.b]
 
 
-def fuse_layer(input_norm: Any, attn: Any, post_norm: Any, mlp: Any) -> FusedLayer | str:
-    """A Llama-family layer's parts -> its fused form, or why it runs in Python."""
+def fuse_layer(
+    input_norm: Any, attn: Any, post_norm: Any, mlp: Any, out_norms: tuple[Any, Any] | None = None
+) -> FusedLayer | str:
+    """A Llama-family layer's parts -> its fused form, or why it runs in Python. out_norms: Gemma's norms
+    of the attention's and the MLP's outputs (post_norm is then its pre-feedforward norm)."""
     ops = input_norm.ops
     if not isinstance(ops, CppLayerOps):
         return "the C++ layer ops are off"
     isa = ops.isa
-    if not (_plain_norm(input_norm, isa) and _plain_norm(post_norm, isa)):
+    norms = (input_norm, post_norm, *(out_norms or ()))
+    if not all(_plain_norm(norm, isa) for norm in norms) or len({norm.eps for norm in norms[1:]}) > 1:
         return "its norms are not the C++ float32 ones"
     if type(attn) is not Attention or attn.qk_norm_full or attn.clip_qkv is not None:
         return "its attention normalises or clips the whole projection"
@@ -195,11 +198,11 @@ def fuse_layer(input_norm: Any, attn: Any, post_norm: Any, mlp: Any) -> FusedLay
     mlp_tensors: list[torch.Tensor | None] = []
     mlp_ints: list[int] = []
     if type(mlp) is GatedMLP:
-        if not (mlp.silu and _supported(mlp.gate_up_proj, isa) and _supported(mlp.down_proj, isa)):
-            return "its MLP is not a SiLU MLP over GGUF-quantized or float32 linears"
+        if not (_supported(mlp.gate_up_proj, isa) and _supported(mlp.down_proj, isa)):
+            return "its MLP's linears are neither GGUF-quantized nor float32"
         linears += [mlp.gate_up_proj, mlp.down_proj]
         tensors.append(None)  # no router
-        ints += [0, 0, 0]  # no routing: top_k 0
+        ints += [0, 0, 0, int(not mlp.silu)]  # no routing: top_k 0; GELU-tanh or SiLU
     elif type(mlp) is SparseMoeBlock:
         experts = mlp.experts
         gate_up, down = experts.gate_up_proj, experts.down_proj
@@ -211,7 +214,7 @@ def fuse_layer(input_norm: Any, attn: Any, post_norm: Any, mlp: Any) -> FusedLay
             return "its experts' kernels are on another path"
         modes |= {gate_up.mode, down.mode}
         tensors.append(mlp.gate.weight)
-        ints += [mlp.top_k, int(mlp.normalize_top_k), experts.num_experts]
+        ints += [mlp.top_k, int(mlp.normalize_top_k), experts.num_experts, 0]
         mlp_tensors = [gate_up.blocks, down.blocks]
         mlp_ints = [gate_up.type_id, down.type_id]
     else:
@@ -220,6 +223,7 @@ def fuse_layer(input_norm: Any, attn: Any, post_norm: Any, mlp: Any) -> FusedLay
     if len(modes) > 1:
         return "its linears take activations in different modes"
     ints[4] = next(iter(modes), 0)  # a dense layer's linears take no mode
+    tensors += [None, None] if out_norms is None else [norm.weight for norm in out_norms]
     if not all(_lora_on_path(linear, isa) for linear in linears):
         return "its adapters' kernel is not on its path"
     for linear in linears:

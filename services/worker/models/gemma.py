@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from pagedserve.kernels.attention import AttentionBackend
+from pagedserve.services.worker.layers.fused_layer import FusedLayer, fuse_layer
 from pagedserve.services.worker.models.llama import LlamaDecoderLayer, LlamaForCausalLM, hidden_norm
 
 if TYPE_CHECKING:
@@ -27,6 +28,13 @@ class GemmaDecoderLayer(LlamaDecoderLayer):
         super().__init__(cfg, backend, layer, mlp)
         self.pre_feedforward_layernorm = hidden_norm(cfg)
         self.post_feedforward_layernorm = hidden_norm(cfg)
+
+    def fuse(self) -> FusedLayer | str:
+        """The fused op's Gemma form: the attention's and the MLP's outputs normalised too."""
+        out_norms = (self.post_attention_layernorm, self.post_feedforward_layernorm)
+        return fuse_layer(
+            self.input_layernorm, self.self_attn, self.pre_feedforward_layernorm, self.mlp, out_norms
+        )
 
     def feed_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (the normalised MLP output, the residual stream without it): the attention's output is

@@ -70,13 +70,19 @@ class LlamaDecoderLayer(nn.Module):
         """Run this layer as one C++ call where all of its parts allow (layers/fused_layer.py)
         -> None if it now does, else why not."""
         self.fused = None
-        if type(self) is not LlamaDecoderLayer or self.reduce is not unchanged:
-            return "a family's own layer, or a tensor-parallel rank's"
-        fused = fuse_layer(self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp)
+        if self.reduce is not unchanged:
+            return "a tensor-parallel rank's layer"
+        fused = self.fuse()
         if isinstance(fused, str):
             return fused
         self.fused = fused
         return None
+
+    def fuse(self) -> FusedLayer | str:
+        """This layer's parts as the fused op takes them (a family with its own layer says how)."""
+        if type(self) is not LlamaDecoderLayer:
+            return "a family's own layer"
+        return fuse_layer(self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp)
 
     def forward(
         self,

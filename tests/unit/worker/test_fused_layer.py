@@ -43,6 +43,13 @@ CASES = [
     ("qwen2", "float32", {}, "all"),
     ("phi3", "float32", {}, "all"),  # a partial rotary (half of each head) and a window on every layer
     ("phi3-longrope", "float32", {}, "all"),  # LongRoPE: the step's cos/sin come long or short
+    (
+        "gemma2",
+        "float32",
+        {},
+        "all",
+    ),  # four norms a layer, GELU-tanh, logit softcaps, a window every other layer
+    ("gemma3", "float32", {}, "all"),  # per-head q/k norms and a local rotary base for the sliding layers
     ("olmoe", "Q8_0", {}, "none"),  # q/k norms over the whole projection, clip_qkv
 ]
 
