@@ -53,7 +53,14 @@ def make_adapters(config: dict[str, Any], root: Path, count: int, rank: int) -> 
 
 def parse_cases(text: str) -> list[tuple[int, int]]:
     """ "8:4,64:8" -> [(8, 4), (64, 8)]: requests over adapters."""
-    return [(int(c.split(":")[0]), int(c.split(":")[1])) for c in text.split(",") if c]
+    return [
+        (int(requests), int(adapters)) for requests, adapters in (c.split(":") for c in text.split(",") if c)
+    ]
+
+
+def bench_prompts(requests: int, length: int) -> list[list[int]]:
+    """The benches' prompts: `requests` distinct ones of `length` tokens, the same every run."""
+    return [[(7 * i + 13 * j) % 4000 + 100 for j in range(length)] for i in range(requests)]
 
 
 def result_header(args: argparse.Namespace, **settings: object) -> dict[str, object]:
@@ -189,9 +196,7 @@ def main() -> None:
         results["lora_kernel"] = "torch" if args.torch_paths else "cpp"
         results["fused_layers"] = llm.runner.model.use_fused_layers(args.fused_layers == "on")
         for requests, count in cases:
-            prompts = [
-                [(7 * i + 13 * j) % 4000 + 100 for j in range(args.prompt_len)] for i in range(requests)
-            ]
+            prompts = bench_prompts(requests, args.prompt_len)
             names = [f"lora{i % count}" for i in range(requests)]
             base_runs, lora_runs = [], []
             for _ in range(args.repeats):  # interleaved, so a drift in the machine's speed moves both

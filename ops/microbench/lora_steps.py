@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from pagedserve.ops.microbench.lora_speed import make_adapters, parse_cases, result_header
+from pagedserve.ops.microbench.lora_speed import bench_prompts, make_adapters, parse_cases, result_header
 from pagedserve.shared.config import add_config_flag
 
 
@@ -33,9 +33,7 @@ def _add_requests(llm, requests: int, names: list[str | None], max_tokens: int) 
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     now = time.monotonic()
-    for i in range(requests):
-        prompt = [(7 * i + 13 * j) % 4000 + 100 for j in range(32)]
-        name = names[i]
+    for i, (prompt, name) in enumerate(zip(bench_prompts(requests, 32), names, strict=True)):
         module = None if name is None else llm.scheduler.loras.get(name)
         llm.scheduler.add_request(f"steps-{i}", prompt, params, now, lora=module)
 

@@ -83,7 +83,7 @@ class FusedLayer:
             meta.query_start_loc,
             meta.seq_lens,
             meta.block_tables,
-            None if self.lora is None or not self.lora.groups else self.lora.row_slots,
+            None if self.lora is None else self.lora.row_slots,  # set only for a step with adapter rows
             self.tensors,
             self.ints,
             self.floats,

@@ -191,11 +191,8 @@ class LlamaForCausalLM(nn.Module):
         reasons: list[str | None] = []
         for layer in self.layers:
             assert isinstance(layer, LlamaDecoderLayer)  # every family's layer is one
-            if enabled:
-                reasons.append(layer.use_fused())
-            else:
-                layer.fused = None
-                reasons.append("turned off")
+            layer.fused = None
+            reasons.append(layer.use_fused() if enabled else "turned off")
         self.fused_layers = reasons.count(None)
         self.fused_lora_version = 0 if self.lora is None else self.lora.version
         left_out = next((reason for reason in reasons if reason is not None), None)

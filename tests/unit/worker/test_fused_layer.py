@@ -109,7 +109,7 @@ def test_layers_over_an_int8_cache_run_in_python(tiny_model, tmp_path: Path) -> 
 
 
 def _run_adapters(
-    folder: Path, adapters: dict[str, Path], fused: bool, quantization: str
+    folder: Path, adapters: dict[str, Path], fused: bool, quantization: str, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[list, int, list[bool]]:
     """Mixed batches of two adapters and the base, the second adapter's bigger rank arriving later (its
     load grows the stacks the fused op holds), then a prefill too long for the LoRA kernel; -> the
@@ -131,8 +131,8 @@ def _run_adapters(
         calls.append(lora is not None and bool(lora.groups) and lora.row_slots is not None)
         return original(layer, *args)
 
-    FusedLayer.__call__ = counted  # type: ignore[method-assign]  # the real op still runs: a count
-    try:
+    with monkeypatch.context() as patch:
+        patch.setattr(FusedLayer, "__call__", counted)  # the real op still runs: a count
         run = llm.generate(prompts, params, lora=["a", None, "a", None, "a", "a"])
         outputs.append([(o.token_ids, o.outputs[0].logprobs) for o in run])
         llm.load_lora("b", str(adapters["b"]))
@@ -142,14 +142,12 @@ def _run_adapters(
         assert len(long_prompt) > CPP_MAX_ROWS + 64  # its prefill's adapter rows take the torch paths
         run = llm.generate([long_prompt[:300], prompts[0]], params, lora=["b", "a"])
         outputs.append([(o.token_ids, o.outputs[0].logprobs) for o in run])
-    finally:
-        FusedLayer.__call__ = original  # type: ignore[method-assign]
     return outputs, model.fused_layers, calls
 
 
 @pytest.mark.parametrize("quantization", ["gguf", "none"])  # adapters over Q4_K_M, and over packed float32
 def test_adapted_layers_fuse_and_give_the_python_layers_tokens_and_logprobs_exactly(
-    tiny_model, tmp_path: Path, quantization: str
+    tiny_model, tmp_path: Path, quantization: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = tmp_path / "llama"
     shutil.copytree(tiny_model("llama", **WIDE), folder)
@@ -161,8 +159,8 @@ def test_adapted_layers_fuse_and_give_the_python_layers_tokens_and_logprobs_exac
     }
     if quantization == "gguf":
         quantize_checkpoint(folder, "Q4_K_M")  # a two-run q/k/v, adapted in parts of ranks 8 and 16
-    with_op, count, calls = _run_adapters(folder, adapters, True, quantization)
-    without, off, no_calls = _run_adapters(folder, adapters, False, quantization)
+    with_op, count, calls = _run_adapters(folder, adapters, True, quantization, monkeypatch)
+    without, off, no_calls = _run_adapters(folder, adapters, False, quantization, monkeypatch)
     layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
     assert (count, off, no_calls) == (layers, 0, [])
     assert any(calls), "no fused call took a step with adapter rows"
