@@ -9,27 +9,31 @@ On a CPU "host" and "slot" are the same memory: a slot is a set of references fr
 the adapter's tensors, and --max-cpu-loras bounds how many parsed adapters stay cached.
 
 A read is not a step's business when it can be helped: the scheduler holds back a request whose adapter
-this worker has not read while others run, and asks for the read (Execute.prefetch_loras); it runs on
-a reader thread, the adapter joins the cache between steps, and StepResult.loras_ready tells the
-scheduler, which then schedules the request. Reading inside a step stays the path of a worker that
-had nobody to stall, or that never answered the ask.
+this worker has not read while others run, and asks for the read (Execute.prefetch_loras). The read
+goes on in slices between steps, each slice a small share of the last step's time (READ_SHARE), so the
+running requests' steps grow by that share and no more; the adapter joins the cache when its last
+slice is done, and StepResult.loras_ready tells the scheduler, which then schedules the request.
+Reading inside a step stays the path of a worker that had nobody to stall, or that never answered the
+ask.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import structlog
 
 from pagedserve.services.worker.layers.lora import LoRABatch, LoRALinear, install_lora_linears
-from pagedserve.services.worker.weights.lora_adapter import AdapterError, LoRAAdapter, load_lora_adapter
-from pagedserve.shared import failpoints
+from pagedserve.services.worker.weights.lora_adapter import (
+    AdapterError,
+    AdapterRead,
+    LoRAAdapter,
+    finish_read,
+    load_lora_adapter,
+    read_lora_adapter,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -38,11 +42,12 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("pagedserve.lora")
 
-# The reader thread's niceness (_yield_to_steps): measured on 2 cores of an AMD EPYC Zen 3, bundled model,
-# rank 16, 8 requests decoding (ops/microbench/lora_speed.py): at 0 the steps during a read took 1.65x
-# their time before it (the read, 0.05 s); at 19 up to 1.32x, and the read took 1.15-1.39 s; at 10
-# 1.09-1.18x, the read 0.25 s.
-READER_NICE = 10
+# A read's slices between steps: this share of the last step's time, and at least MIN_READ_SLICE_S (a
+# read goes on however short the steps). Until Dec 2026 the read ran whole on a thread at nice 10; on a
+# CPU worker every core is the step's, and the steps during a read ran 1.0-1.3x their time before it
+# (AMD EPYC Zen 3, 2 cores, bundled model, rank 16, 8 requests decoding: a read is ~25 ms of one core).
+READ_SHARE = 0.06
+MIN_READ_SLICE_S = 0.002
 
 
 class LoRASlots:
@@ -67,11 +72,9 @@ class LoRASlots:
         self._loaded: dict[int, LoRAAdapter] = {}  # slot -> the adapter object its linears reference
         self.num_loads = 0
         self.last_load_s = 0.0
-        # Reads a waiting request asked for (Execute.prefetch_loras), on one reader thread: parsing
-        # touches only the files and the model's shapes; the cache changes on the step's thread.
-        self.direct_reads = 0  # read by load() itself (at start, or inside a step), not on the reader thread
-        self._reader: ThreadPoolExecutor | None = None
-        self._reading: dict[tuple[str, str], Future[LoRAAdapter]] = {}
+        # Reads a waiting request asked for (Execute.prefetch_loras), oldest first, and when each began.
+        self.direct_reads = 0  # read by load() itself (at start, or inside a step), not between steps
+        self._reading: dict[tuple[str, str], tuple[AdapterRead, float]] = {}
         self.failed: dict[tuple[str, str], str] = {}
 
     # ------------------------------------------------------------------ host cache
@@ -85,22 +88,18 @@ class LoRASlots:
             self.cached.move_to_end(name)
             return adapter
         self.failed.pop((name, path), None)
+        started = time.perf_counter()
         reading = self._reading.pop((name, path), None)
         if reading is None:
             self.direct_reads += 1
-            adapter = self._parse(name, path)
-        else:
-            adapter = reading.result()
-        self._keep(adapter)
-        return adapter
-
-    def _parse(self, name: str, path: str) -> LoRAAdapter:
-        started = time.perf_counter()
-        adapter = load_lora_adapter(
-            name, path, self.model, self.linears, max_rank=self.max_lora_rank, dtype=self.dtype
-        )
-        failpoints.fire("worker.lora_load")  # parsed, not yet in the cache: chaos kills a worker here
+            adapter = load_lora_adapter(
+                name, path, self.model, self.linears, max_rank=self.max_lora_rank, dtype=self.dtype
+            )
+        else:  # the rest of a read under way, at once
+            read, started = reading
+            adapter = finish_read(read)
         self.last_load_s = time.perf_counter() - started
+        self._keep(adapter)
         return adapter
 
     def _keep(self, adapter: LoRAAdapter) -> None:
@@ -120,33 +119,42 @@ class LoRASlots:
             seconds=round(self.last_load_s, 4),
         )
 
-    # ------------------------------------------------------------------ read off the step path
+    # ------------------------------------------------------------------ read between steps
 
     def prefetch(self, name: str, path: str) -> None:
-        """Start reading an adapter a waiting request needs on the reader thread (once), so that no
-        step carries the read: the running requests' steps go on meanwhile."""
+        """Begin reading an adapter a waiting request needs (once); take_prefetched carries it on."""
         held = self.cached.get(name)
         key = (name, path)
         if (held is not None and held.path == path) or key in self._reading or key in self.failed:
             return
-        if self._reader is None:
-            self._reader = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="lora-reader", initializer=_yield_to_steps
-            )
-        self._reading[key] = self._reader.submit(self._parse, name, path)
+        read = read_lora_adapter(
+            name, path, self.model, self.linears, max_rank=self.max_lora_rank, dtype=self.dtype
+        )
+        self._reading[key] = (read, time.perf_counter())
 
-    def take_prefetched(self) -> None:
-        """Between steps: adapters read in the background join the cache; a failed read is kept as
-        failed (a step naming it reads again, and fails the same way, at once)."""
-        for key, reading in list(self._reading.items()):
-            if not reading.done():
-                continue
-            del self._reading[key]
+    def take_prefetched(self, last_step_s: float) -> None:
+        """Between steps: carry the reads under way on, oldest first, for READ_SHARE of the last step's
+        time (at least MIN_READ_SLICE_S, and at least one slice); a finished read joins the cache, a
+        failed one is kept as failed (a step naming it reads again, and fails the same way, at once)."""
+        if not self._reading:
+            return
+        now = time.perf_counter()
+        deadline = now + max(MIN_READ_SLICE_S, READ_SHARE * last_step_s)
+        while self._reading:
+            key = next(iter(self._reading))
+            read, started = self._reading[key]
             try:
-                self._keep(reading.result())
+                next(read)
+            except StopIteration as done:
+                del self._reading[key]
+                self.last_load_s = time.perf_counter() - started
+                self._keep(done.value)
             except Exception as exc:  # noqa: BLE001 - any failure: the step that names it reads again and meets it there
+                del self._reading[key]
                 self.failed[key] = str(exc)
                 log.warning("lora_prefetch_failed", name=key[0], path=key[1], error=str(exc))
+            if time.perf_counter() >= deadline:
+                return
 
     def ready(self) -> list[tuple[str, str]]:
         """What a step may name without a read inside it (StepResult.loras_ready)."""
@@ -156,7 +164,9 @@ class LoRASlots:
         """Forget the adapter (its slot empties; a read of it under way is dropped). -> whether it was held."""
         held = self.cached.pop(name, None) is not None
         for key in [k for k in (*self._reading, *self.failed) if k[0] == name]:
-            self._reading.pop(key, None)
+            reading = self._reading.pop(key, None)
+            if reading is not None:
+                reading[0].close()  # its file closed now, not when collected
             self.failed.pop(key, None)
         for slot, occupant in enumerate(self.slots):
             if occupant == name:
@@ -223,15 +233,9 @@ class LoRASlots:
             "cached": list(self.cached),
             "loads": self.num_loads,
             "direct_reads": self.direct_reads,
+            "reading": [name for name, _path in self._reading],
             "last_load_s": self.last_load_s,
         }
-
-
-def _yield_to_steps() -> None:
-    """The reader thread runs at a lower priority (Linux schedules threads one by one): on a CPU worker
-    a step's threads take every core, and a read at equal priority took one of them (READER_NICE)."""
-    with contextlib.suppress(OSError, AttributeError):  # not Linux, or not allowed: an equal share
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), READER_NICE)
 
 
 __all__ = ["AdapterError", "LoRABatch", "LoRALinear", "LoRASlots"]

@@ -130,6 +130,7 @@ class ModelRunner:
         self.attention_backend = backend.name
         self.prefilling = False  # the step being run computes part of a prompt (for failpoints)
         self.step_rows = 0  # the rows of the step being run
+        self.last_step_s = 0.0  # the last step's wall time (adapter reads take a share of it between steps)
         self.model_path = Path(model_path)
         shard = ranks.shard if ranks is not None else shard
         loaded = load_model(
@@ -299,8 +300,8 @@ class ModelRunner:
     @torch.inference_mode()
     def _execute(self, step: Execute, keep_logits: bool) -> tuple[StepResult, torch.Tensor | None]:
         t_start = time.perf_counter()
-        if self.loras is not None:  # adapters read in the background join the cache between steps
-            self.loras.take_prefetched()
+        if self.loras is not None:  # adapters are read between steps, a slice at a time
+            self.loras.take_prefetched(self.last_step_s)
             for name, path in step.prefetch_loras:
                 self.loras.prefetch(name, path)
         result, logits = self._run(step, keep_logits, t_start)
@@ -308,6 +309,7 @@ class ModelRunner:
             release_freed_heap()  # a big step's buffers: reused across its layers, not kept after it
         if self.loras is not None:
             result.loras_ready = self.loras.ready()
+        self.last_step_s = time.perf_counter() - t_start
         return result, logits
 
     def _run(

@@ -14,10 +14,13 @@ naming the module or file, and leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +33,7 @@ from pagedserve.services.worker.weights.lora_gguf import (
     GGUFAdapterError,
     read_gguf_adapter,
 )
+from pagedserve.shared import failpoints
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -51,7 +55,7 @@ class PackedLoRA:
     """One adapter's weights for one of our linears: delta = (x a^T) bt (the scale is in bt)."""
 
     # (index of the part in the linear's parts, A [r, in_features], scaled B^T [r, part's out rows]),
-    # contiguous: B is transposed here, on the reader thread, so filling a slot inside a step is plain
+    # contiguous: B is transposed here, in the read, so filling a slot inside a step is plain
     # copies (transposing copies made a hot load's fill 12-17 ms of its step on SmolLM2, Zen 3).
     parts: tuple[tuple[int, torch.Tensor, torch.Tensor], ...]
 
@@ -66,6 +70,18 @@ class LoRAAdapter:
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes + b.nbytes for p in self.modules.values() for _, a, b in p.parts)
+
+
+# A read under way (read_lora_adapter): each next() does one slice; the last returns the adapter.
+AdapterRead = Generator[None, None, LoRAAdapter]
+
+
+@dataclass(frozen=True, slots=True)
+class Tensors:
+    """An open adapter file: its tensor names, and a tensor read by name."""
+
+    names: list[str]
+    get: Callable[[str], torch.Tensor]
 
 
 def read_adapter_config(folder: Path) -> dict[str, Any]:
@@ -98,17 +114,41 @@ def read_adapter_config(folder: Path) -> dict[str, Any]:
     return config
 
 
-def read_adapter_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+@contextmanager
+def open_adapter_tensors(folder: Path) -> Iterator[Tensors]:
+    """The adapter's safetensors file, open: its tensor names, each tensor read when asked for (so that
+    a read can be cut into slices). The kernel is asked to read the file ahead, so that a slice finds
+    its bytes in the page cache rather than waiting on the disk."""
+    from safetensors import SafetensorError, safe_open
 
     path = folder / WEIGHTS_FILE
     if not path.is_file():
         raise AdapterError(f"LoRA adapter {folder}: no {WEIGHTS_FILE} (only safetensors adapters are read)")
+    _read_ahead(path)
+    unreadable = (SafetensorError, OSError, ValueError, RuntimeError)
     try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        handle = safe_open(str(path), framework="pt")
+        names = list(handle.keys())
+    except unreadable as exc:
         raise AdapterError(f"LoRA adapter {path}: not a readable safetensors file ({exc})") from None
+
+    def tensor(key: str) -> torch.Tensor:
+        try:
+            return handle.get_tensor(key)
+        except unreadable as exc:
+            raise AdapterError(f"LoRA adapter {path}: tensor {key!r} is unreadable ({exc})") from None
+
+    with handle:
+        yield Tensors(names, tensor)
+
+
+def _read_ahead(path: Path) -> None:
+    with contextlib.suppress(OSError, AttributeError):  # a hint only (AttributeError: not on this OS)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
 
 
 def _pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
@@ -128,68 +168,112 @@ def load_lora_adapter(
     max_rank: int,
     dtype: torch.dtype,
 ) -> LoRAAdapter:
+    """Read and pack an adapter for `model` in one go (read_lora_adapter, run to its end)."""
+    return finish_read(read_lora_adapter(name, path, model, targets, max_rank=max_rank, dtype=dtype))
+
+
+def finish_read(read: AdapterRead) -> LoRAAdapter:
+    """The rest of a read, at once."""
+    while True:
+        try:
+            next(read)
+        except StopIteration as done:
+            return done.value
+
+
+def read_lora_adapter(
+    name: str,
+    path: str | Path,
+    model: LlamaForCausalLM,
+    targets: Mapping[str, LoRALinear],
+    *,
+    max_rank: int,
+    dtype: torch.dtype,
+) -> AdapterRead:
     """Read and pack an adapter for `model`: a PEFT folder, or a `.gguf` file from llama.cpp's
-    convert_lora_to_gguf.py (lora_gguf.py). `targets`: our module path -> the linear it adapts."""
+    convert_lora_to_gguf.py (lora_gguf.py). `targets`: our module path -> the linear it adapts.
+
+    A generator that pauses after opening the files and after each module (a fraction of a millisecond
+    on SmolLM2 at rank 16) and returns the adapter: the worker spreads a read over the gaps between
+    steps (lora_slots.py). A GGUF adapter is read whole in its first slice."""
     source = Path(path)
-    if is_gguf_file(source):
-        pairs, scale = _gguf_pairs(source, model)
-    else:
-        pairs, scale = _peft_pairs(source)
-    parts: dict[str, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
-    for module, ab in sorted(pairs.items()):
-        if set(ab) != {"A", "B"}:
-            raise AdapterError(
-                f"LoRA adapter {source}: module {module} lacks lora_{'B' if 'A' in ab else 'A'}"
-            )
-        target = model.checkpoint_target(module + ".weight")
-        ours = None if target is None else target[0].removesuffix(".weight")
-        if target is None or ours is None or ours not in targets:
-            raise AdapterError(
-                f"LoRA adapter {source}: module {module} is not one this server adapts "
-                "(the attention and MLP projections: q/k/v/o_proj, gate/up/down_proj)"
-            )
-        linear = targets[ours]
-        rows = target[1] or slice(0, linear.out_features)
-        layout = getattr(linear, "parts", [slice(0, linear.out_features)])
-        if not isinstance(rows, slice) or rows not in layout:  # a tuple: an expert's slice of a stack
-            where = f"rows {rows.start}:{rows.stop}" if isinstance(rows, slice) else f"the part {rows}"
-            raise AdapterError(
-                f"LoRA adapter {source}: module {module} fills {where} of {ours}, which is not one of its parts"
-            )
-        a, b = ab["A"], ab["B"]
-        rank = a.shape[0]
-        out = rows.stop - rows.start
-        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != linear.in_features or b.shape != (out, rank):
-            raise AdapterError(
-                f"LoRA adapter {source}: module {module} has lora_A {tuple(a.shape)} and lora_B "
-                f"{tuple(b.shape)}; the base model needs [r, {linear.in_features}] and [{out}, r]"
-            )
-        if rank > max_rank:
-            raise AdapterError(
-                f"LoRA adapter {source}: module {module} has rank {rank} > max_lora_rank {max_rank}"
-            )
-        parts.setdefault(ours, []).append((layout.index(rows), a, b.to(torch.float32) * scale(module, rank)))
-    packed = {
-        ours: PackedLoRA(
-            tuple((part, _weight(a, dtype), _weight(b.t(), dtype)) for part, a, b in linear_parts)
-        )
-        for ours, linear_parts in parts.items()
-    }
+    with _adapter_pairs(source, model) as (pairs, tensor, scale):
+        yield
+        parts: dict[str, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+        for module, ab in sorted(pairs.items()):
+            ours, part, a, b = _fitted(source, module, ab, tensor, model, targets, max_rank)
+            scaled_bt = b.to(torch.float32).t() * scale(module, a.shape[0])
+            parts.setdefault(ours, []).append((part, _weight(a, dtype), _weight(scaled_bt, dtype)))
+            yield
+    failpoints.fire("worker.lora_load")  # read and packed, not yet kept: chaos kills a worker here
     rank = max(a.shape[0] for linear_parts in parts.values() for _, a, _ in linear_parts)
-    return LoRAAdapter(name, str(source), rank, packed)
+    return LoRAAdapter(name, str(source), rank, {ours: PackedLoRA(tuple(p)) for ours, p in parts.items()})
 
 
-# A format reader's result: module (Hugging Face name) -> {"A": ..., "B": ...}, and the scale of a
-# module's delta given its rank.
-Pairs = dict[str, dict[str, torch.Tensor]]
+def _fitted(
+    source: Path,
+    module: str,
+    ab: dict[str, str],
+    tensor: Callable[[str], torch.Tensor],
+    model: LlamaForCausalLM,
+    targets: Mapping[str, LoRALinear],
+    max_rank: int,
+) -> tuple[str, int, torch.Tensor, torch.Tensor]:
+    """One module's pair checked against the linear it adapts -> (our module, the part it fills, A, B)."""
+    if set(ab) != {"A", "B"}:
+        raise AdapterError(f"LoRA adapter {source}: module {module} lacks lora_{'B' if 'A' in ab else 'A'}")
+    target = model.checkpoint_target(module + ".weight")
+    ours = None if target is None else target[0].removesuffix(".weight")
+    if target is None or ours is None or ours not in targets:
+        raise AdapterError(
+            f"LoRA adapter {source}: module {module} is not one this server adapts "
+            "(the attention and MLP projections: q/k/v/o_proj, gate/up/down_proj)"
+        )
+    linear = targets[ours]
+    rows = target[1] or slice(0, linear.out_features)
+    layout = getattr(linear, "parts", [slice(0, linear.out_features)])
+    if not isinstance(rows, slice) or rows not in layout:  # a tuple: an expert's slice of a stack
+        where = f"rows {rows.start}:{rows.stop}" if isinstance(rows, slice) else f"the part {rows}"
+        raise AdapterError(
+            f"LoRA adapter {source}: module {module} fills {where} of {ours}, which is not one of its parts"
+        )
+    a, b = tensor(ab["A"]), tensor(ab["B"])
+    rank = a.shape[0]
+    out = rows.stop - rows.start
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != linear.in_features or b.shape != (out, rank):
+        raise AdapterError(
+            f"LoRA adapter {source}: module {module} has lora_A {tuple(a.shape)} and lora_B "
+            f"{tuple(b.shape)}; the base model needs [r, {linear.in_features}] and [{out}, r]"
+        )
+    if rank > max_rank:
+        raise AdapterError(
+            f"LoRA adapter {source}: module {module} has rank {rank} > max_lora_rank {max_rank}"
+        )
+    return ours, layout.index(rows), a, b
+
+
+# A format reader's result: module (Hugging Face name) -> {"A": tensor name, "B": tensor name}, how to
+# read a tensor by its name, and the scale of a module's delta given its rank.
+Pairs = dict[str, dict[str, str]]
 Scale = Callable[[str, int], float]
 
 
-def _peft_pairs(folder: Path) -> tuple[Pairs, Scale]:
-    config = read_adapter_config(folder)
-    tensors = read_adapter_tensors(folder)
+@contextmanager
+def _adapter_pairs(
+    source: Path, model: LlamaForCausalLM
+) -> Iterator[tuple[Pairs, Callable[[str], torch.Tensor], Scale]]:
+    if is_gguf_file(source):
+        pairs, values, scale = _gguf_pairs(source, model)
+        yield pairs, values.__getitem__, scale
+        return
+    config = read_adapter_config(source)
+    with open_adapter_tensors(source) as tensors:
+        yield _peft_pairs(source, tensors.names), tensors.get, _peft_scale(config)
+
+
+def _peft_pairs(folder: Path, names: list[str]) -> Pairs:
     pairs: Pairs = {}
-    for key, tensor in tensors.items():
+    for key in names:
         match = re.fullmatch(r"(.+)\.lora_([AB])(?:\.[^.]+)?\.weight", key)
         if match is None:
             what = (
@@ -202,9 +286,13 @@ def _peft_pairs(folder: Path) -> tuple[Pairs, Scale]:
                 "of the attention and MLP projections are"
             )
         module = match.group(1).removeprefix(PEFT_PREFIX)
-        pairs.setdefault(module, {})[match.group(2)] = tensor
+        pairs.setdefault(module, {})[match.group(2)] = key
     if not pairs:
         raise AdapterError(f"LoRA adapter {folder / WEIGHTS_FILE}: holds no lora_A/lora_B weights")
+    return pairs
+
+
+def _peft_scale(config: dict[str, Any]) -> Scale:
     alpha = float(config.get("lora_alpha", config.get("r", 8)))
     rslora = bool(config.get("use_rslora", False))
     patterns = config.get("alpha_pattern") or {}
@@ -213,10 +301,10 @@ def _peft_pairs(folder: Path) -> tuple[Pairs, Scale]:
         module_alpha = float(_pattern_value(patterns, module, alpha))
         return module_alpha / (math.sqrt(rank) if rslora else rank)
 
-    return pairs, scale
+    return scale
 
 
-def _gguf_pairs(path: Path, model: LlamaForCausalLM) -> tuple[Pairs, Scale]:
+def _gguf_pairs(path: Path, model: LlamaForCausalLM) -> tuple[Pairs, dict[str, torch.Tensor], Scale]:
     cfg = model.config
     try:
         adapter = read_gguf_adapter(path, cfg.num_heads, cfg.num_kv_heads)
@@ -228,7 +316,9 @@ def _gguf_pairs(path: Path, model: LlamaForCausalLM) -> tuple[Pairs, Scale]:
             f"LoRA adapter {path}: made for a {adapter.architecture!r} model (general.architecture); "
             f"this one is {cfg.architecture}"
         )
-    return adapter.pairs, lambda _module, rank: adapter.alpha / rank
+    values = {f"{module}.{side}": t for module, ab in adapter.pairs.items() for side, t in ab.items()}
+    pairs = {module: {side: f"{module}.{side}" for side in ab} for module, ab in adapter.pairs.items()}
+    return pairs, values, lambda _module, rank: adapter.alpha / rank
 
 
 def _weight(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

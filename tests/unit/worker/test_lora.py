@@ -15,9 +15,10 @@ from harness.lora_adapters import make_peft_adapter, merged_model
 from harness.tiny_models import ARCHITECTURES, make_tiny_model
 from worker_driver import GREEDY, StepDriver
 
+from pagedserve.services.worker import lora_slots
 from pagedserve.services.worker.layers.lora import LoRALinear
 from pagedserve.services.worker.runner import ModelRunner
-from pagedserve.services.worker.weights.lora_adapter import AdapterError, PackedLoRA
+from pagedserve.services.worker.weights.lora_adapter import AdapterError, PackedLoRA, load_lora_adapter
 from pagedserve.shared.protocol.step import Execute, NewRequest
 
 PROMPTS = [[5, 9, 77, 31, 8], [100, 3, 45], [7, 7, 7, 200, 13, 250, 4], [60, 61], [33, 90, 12, 4, 150, 2]]
@@ -302,7 +303,7 @@ def test_lora_linear_fused_parts_of_different_ranks_and_a_missing_part():
         layer.fill(1, None)
 
 
-def test_an_adapter_asked_for_is_read_on_the_side_and_reported_ready(adapters, tmp_path):
+def test_an_adapter_asked_for_is_read_between_steps_and_reported_ready(adapters, tmp_path):
     runner, _base, folders = _runner_with_nothing_loaded(adapters)
     loras = runner.loras
     assert loras is not None
@@ -312,19 +313,49 @@ def test_an_adapter_asked_for_is_read_on_the_side_and_reported_ready(adapters, t
     (bad / "adapter_config.json").write_text("{}")  # no weights file: the read fails
     result = runner.execute(Execute(0, prefetch_loras=[("all", path), ("bad", str(bad))]))
     assert result.loras_ready == []  # asked, not read yet
-    assert loras._reader is not None
-    loras._reader.submit(lambda: None).result()  # one reader thread: both reads are done after this
-    result = runner.execute(Execute(1))
+    for step in range(1, 200):  # the reads go on between steps, whatever the steps hold
+        result = runner.execute(Execute(step))
+        if len(result.loras_ready or []) == 2:
+            break
     assert sorted(result.loras_ready or []) == [("all", path), ("bad", str(bad))]
     assert "all" in loras.cached and "no adapter_model.safetensors" in loras.failed[("bad", str(bad))]
     # A step naming it finds it read; asked again, nothing is read twice.
-    runner.execute(Execute(2, prefetch_loras=[("all", path)]))
+    runner.execute(Execute(step + 1, prefetch_loras=[("all", path)]))
     _result, logits = runner.execute_with_logits(_step(PROMPTS[:1], [("all", folders["all"])]))
     assert logits is not None and loras.num_loads == 1 and loras.direct_reads == 0
     # A step naming the failed one reads it again and fails the same way; nothing else changed.
     with pytest.raises(AdapterError, match="no adapter_model.safetensors"):
         loras.load("bad", str(bad))
     assert list(loras.cached) == ["all"]
+
+
+def test_a_read_takes_one_slice_between_steps_when_the_steps_leave_no_time_and_packs_the_same_adapter(
+    adapters, monkeypatch
+):
+    runner, _base, folders = _runner_with_nothing_loaded(adapters)
+    loras = runner.loras
+    assert loras is not None
+    monkeypatch.setattr(lora_slots, "READ_SHARE", 0.0)
+    monkeypatch.setattr(lora_slots, "MIN_READ_SLICE_S", 0.0)
+    whole = load_lora_adapter(
+        "whole", folders["all"], loras.model, loras.linears, max_rank=loras.max_lora_rank, dtype=loras.dtype
+    )
+    pairs = sum(len(packed.parts) for packed in whole.modules.values())
+    path = str(folders["all"])
+    runner.execute(Execute(0, prefetch_loras=[("all", path)]))
+    steps = 0
+    while "all" not in loras.cached and steps < 2 * pairs:
+        steps += 1
+        result = runner.execute(Execute(steps))
+        assert (("all", path) in (result.loras_ready or [])) == ("all" in loras.cached)
+    assert steps == pairs + 2  # the files opened, then a module's pair a slice, then the adapter made
+    read = loras.cached["all"]
+    assert read.modules.keys() == whole.modules.keys()
+    for module, packed in whole.modules.items():
+        for (part, a, bt), (got_part, got_a, got_bt) in zip(
+            packed.parts, read.modules[module].parts, strict=True
+        ):
+            assert part == got_part and torch.equal(a, got_a) and torch.equal(bt, got_bt)
 
 
 def test_a_step_naming_an_adapter_being_read_waits_for_that_read(adapters):
