@@ -6,6 +6,15 @@
     shared     imports neither services nor ops
     kernels    imports neither services nor ops
 
+Inside the worker, at run time (imports under `if TYPE_CHECKING:` name types only):
+
+    layers     (worker/layers: attention, MLP, MoE, norms, rope, the linear kinds) import neither
+               weights nor models
+    models     (worker/models: the architectures) import layers, never weights
+    weights    (worker/weights: loading and repacking) may import both
+
+so the three packages form no cycle.
+
 Nothing in the package imports a test module or a bare top-level folder (`shared`, `ops`, ...: the
 wheel holds only `pagedserve`), and no source file edits sys.path.
 """
@@ -28,6 +37,7 @@ class Import:
     where: str  # path:line, for the failure message
     importer: str  # the importing module, pagedserve.<folder>....
     imported: str  # the absolute name of the imported module (or of its package, for `from x import y`)
+    type_only: bool = False  # under `if TYPE_CHECKING:`: never imported at run time
 
     def __str__(self) -> str:
         return f"{self.where} imports {self.imported}"
@@ -51,20 +61,30 @@ def imports_of(path: Path) -> Iterator[Import]:
     importer = module_name(path)
     package = importer if path.name == "__init__.py" else importer.rpartition(".")[0]
     where = path.relative_to(REPO).as_posix()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    type_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for statement in node.body
+        for inner in ast.walk(statement)
+    }
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield Import(f"{where}:{node.lineno}", importer, alias.name)
+                yield Import(f"{where}:{node.lineno}", importer, alias.name, id(node) in type_only)
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against the importing package
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            yield Import(f"{where}:{node.lineno}", importer, module)
+            yield Import(f"{where}:{node.lineno}", importer, module, id(node) in type_only)
             # `from pagedserve.ops import cli` imports the module pagedserve.ops.cli too.
             for alias in node.names:
-                yield Import(f"{where}:{node.lineno}", importer, f"{module}.{alias.name}")
+                yield Import(
+                    f"{where}:{node.lineno}", importer, f"{module}.{alias.name}", id(node) in type_only
+                )
 
 
 ALL_IMPORTS = [imp for path in source_files() for imp in imports_of(path)]
@@ -74,10 +94,15 @@ def within(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
-def violations(importers: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
-    """One line per offending import statement (`from a import b` also names a.b: keep the first)."""
+def violations(
+    importers: tuple[str, ...], forbidden: tuple[str, ...], run_time_only: bool = False
+) -> list[str]:
+    """One line per offending import statement (`from a import b` also names a.b: keep the first);
+    run_time_only: leave out the imports under `if TYPE_CHECKING:`."""
     found: dict[str, str] = {}
     for imp in ALL_IMPORTS:
+        if run_time_only and imp.type_only:
+            continue
         if any(within(imp.importer, p) for p in importers) and any(
             within(imp.imported, f) for f in forbidden
         ):
@@ -103,6 +128,21 @@ def test_shared_and_kernels_import_nothing_from_services_or_ops(folder: str) -> 
 
 def test_the_scheduler_does_not_import_the_engine() -> None:
     found = violations(("pagedserve.services.scheduler",), ("pagedserve.engine",))
+    assert not found, "\n".join(found)
+
+
+WORKER = "pagedserve.services.worker"
+
+
+@pytest.mark.parametrize(
+    ("package", "forbidden"), [("layers", ("weights", "models")), ("models", ("weights",))]
+)
+def test_the_worker_layers_models_and_weights_import_one_way(
+    package: str, forbidden: tuple[str, ...]
+) -> None:
+    found = violations(
+        (f"{WORKER}.{package}",), tuple(f"{WORKER}.{f}" for f in forbidden), run_time_only=True
+    )
     assert not found, "\n".join(found)
 
 
