@@ -28,6 +28,19 @@ MARKERS_BY_PLACE: dict[str, tuple[str, ...]] = {
     "unit/kernels/test_kernel_build.py::test_a_build_killed_midway_": ("slow",),
     # The portable path cross-compiled for ARM64 (a compile check, never cached): ~1 min on 2 cores.
     "unit/kernels/test_kernel_build.py::test_the_portable_path_compiles_for_arm64": ("slow",),
+    # llama.cpp's own converter run on a tiny model (where the peer is built): ~50 s.
+    "unit/worker/test_gguf_llamacpp_converted.py": ("slow",),
+    "unit/worker/test_lora_gguf.py::test_llama_cpps_own_converter_output_": ("slow",),
+    # A fresh interpreter each (a CLI, a tool end to end, what an import pulls in, the heap's page
+    # faults): 2-9 s apiece, ~45 s in all on 2 cores, which kept the quick loop above 150 s.
+    "packaging/test_lazy_imports.py": ("slow",),
+    "unit/worker/test_heap.py": ("slow",),
+    "unit/worker/test_cpu_dtype.py::test_the_cli_refuses_bfloat16_before_starting_anything": ("slow",),
+    "unit/worker/test_quantized_memory.py::test_the_weights_rss_tool_runs_end_to_end_": ("slow",),
+    "unit/worker/test_quantized_memory.py::test_loading_imports_neither_dynamo_nor_sympy": ("slow",),
+    "unit/ops/test_bench.py::test_emulated_avx2_run_": ("slow",),
+    "unit/ops/test_bench.py::test_quick_run_on_a_tiny_model_": ("slow",),
+    "unit/ops/test_rss_peaks.py": ("slow",),
 }
 
 
