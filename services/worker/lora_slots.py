@@ -31,7 +31,6 @@ from pagedserve.services.worker.weights.lora_adapter import (
     AdapterRead,
     LoRAAdapter,
     finish_read,
-    load_lora_adapter,
     read_lora_adapter,
 )
 
@@ -92,12 +91,10 @@ class LoRASlots:
         reading = self._reading.pop((name, path), None)
         if reading is None:
             self.direct_reads += 1
-            adapter = load_lora_adapter(
-                name, path, self.model, self.linears, max_rank=self.max_lora_rank, dtype=self.dtype
-            )
+            read = self._read(name, path)
         else:  # the rest of a read under way, at once
             read, started = reading
-            adapter = finish_read(read)
+        adapter = finish_read(read)
         self.last_load_s = time.perf_counter() - started
         self._keep(adapter)
         return adapter
@@ -127,10 +124,12 @@ class LoRASlots:
         key = (name, path)
         if (held is not None and held.path == path) or key in self._reading or key in self.failed:
             return
-        read = read_lora_adapter(
+        self._reading[key] = (self._read(name, path), time.perf_counter())
+
+    def _read(self, name: str, path: str) -> AdapterRead:
+        return read_lora_adapter(
             name, path, self.model, self.linears, max_rank=self.max_lora_rank, dtype=self.dtype
         )
-        self._reading[key] = (read, time.perf_counter())
 
     def take_prefetched(self, last_step_s: float) -> None:
         """Between steps: carry the reads under way on, oldest first, for READ_SHARE of the last step's

@@ -159,21 +159,8 @@ def _pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
     return default
 
 
-def load_lora_adapter(
-    name: str,
-    path: str | Path,
-    model: LlamaForCausalLM,
-    targets: Mapping[str, LoRALinear],
-    *,
-    max_rank: int,
-    dtype: torch.dtype,
-) -> LoRAAdapter:
-    """Read and pack an adapter for `model` in one go (read_lora_adapter, run to its end)."""
-    return finish_read(read_lora_adapter(name, path, model, targets, max_rank=max_rank, dtype=dtype))
-
-
 def finish_read(read: AdapterRead) -> LoRAAdapter:
-    """The rest of a read, at once."""
+    """The rest of a read (read_lora_adapter), at once."""
     while True:
         try:
             next(read)

@@ -18,7 +18,12 @@ from worker_driver import GREEDY, StepDriver
 from pagedserve.services.worker import lora_slots
 from pagedserve.services.worker.layers.lora import LoRALinear
 from pagedserve.services.worker.runner import ModelRunner
-from pagedserve.services.worker.weights.lora_adapter import AdapterError, PackedLoRA, load_lora_adapter
+from pagedserve.services.worker.weights.lora_adapter import (
+    AdapterError,
+    PackedLoRA,
+    finish_read,
+    read_lora_adapter,
+)
 from pagedserve.shared.protocol.step import Execute, NewRequest
 
 PROMPTS = [[5, 9, 77, 31, 8], [100, 3, 45], [7, 7, 7, 200, 13, 250, 4], [60, 61], [33, 90, 12, 4, 150, 2]]
@@ -337,8 +342,15 @@ def test_a_read_takes_one_slice_between_steps_when_the_steps_leave_no_time_and_p
     assert loras is not None
     monkeypatch.setattr(lora_slots, "READ_SHARE", 0.0)
     monkeypatch.setattr(lora_slots, "MIN_READ_SLICE_S", 0.0)
-    whole = load_lora_adapter(
-        "whole", folders["all"], loras.model, loras.linears, max_rank=loras.max_lora_rank, dtype=loras.dtype
+    whole = finish_read(
+        read_lora_adapter(
+            "whole",
+            folders["all"],
+            loras.model,
+            loras.linears,
+            max_rank=loras.max_lora_rank,
+            dtype=loras.dtype,
+        )
     )
     pairs = sum(len(packed.parts) for packed in whole.modules.values())
     path = str(folders["all"])
