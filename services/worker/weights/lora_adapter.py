@@ -182,7 +182,7 @@ def read_lora_adapter(
 
     A generator that pauses after opening the files and after each module (a fraction of a millisecond
     on SmolLM2 at rank 16) and returns the adapter: the worker spreads a read over the gaps between
-    steps (lora_slots.py). A GGUF adapter is read whole in its first slice."""
+    steps (lora_slots.py), PEFT and GGUF files alike."""
     source = Path(path)
     with _adapter_pairs(source, model) as (pairs, tensor, scale):
         yield
@@ -250,8 +250,7 @@ def _adapter_pairs(
     source: Path, model: LlamaForCausalLM
 ) -> Iterator[tuple[Pairs, Callable[[str], torch.Tensor], Scale]]:
     if is_gguf_file(source):
-        pairs, values, scale = _gguf_pairs(source, model)
-        yield pairs, values.__getitem__, scale
+        yield _gguf_pairs(source, model)
         return
     config = read_adapter_config(source)
     with open_adapter_tensors(source) as tensors:
@@ -291,7 +290,7 @@ def _peft_scale(config: dict[str, Any]) -> Scale:
     return scale
 
 
-def _gguf_pairs(path: Path, model: LlamaForCausalLM) -> tuple[Pairs, dict[str, torch.Tensor], Scale]:
+def _gguf_pairs(path: Path, model: LlamaForCausalLM) -> tuple[Pairs, Callable[[str], torch.Tensor], Scale]:
     cfg = model.config
     try:
         adapter = read_gguf_adapter(path, cfg.num_heads, cfg.num_kv_heads)
@@ -303,9 +302,16 @@ def _gguf_pairs(path: Path, model: LlamaForCausalLM) -> tuple[Pairs, dict[str, t
             f"LoRA adapter {path}: made for a {adapter.architecture!r} model (general.architecture); "
             f"this one is {cfg.architecture}"
         )
-    values = {f"{module}.{side}": t for module, ab in adapter.pairs.items() for side, t in ab.items()}
+
+    def tensor(key: str) -> torch.Tensor:  # key: "<module>.<side>", as the pairs name them
+        module, side = key.rsplit(".", 1)
+        try:
+            return adapter.values(module, side)
+        except GGUFAdapterError as exc:
+            raise AdapterError(f"LoRA adapter {exc}") from None
+
     pairs = {module: {side: f"{module}.{side}" for side in ab} for module, ab in adapter.pairs.items()}
-    return pairs, values, lambda _module, rank: adapter.alpha / rank
+    return pairs, tensor, lambda _module, rank: adapter.alpha / rank
 
 
 def _weight(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -39,15 +39,38 @@ class GGUFAdapterError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class GGUFAdapter:
-    """An adapter file's pairs, by the Hugging Face module name (`model.layers.0.self_attn.q_proj`)."""
+    """An adapter file's header: its pairs by the Hugging Face module name
+    (`model.layers.0.self_attn.q_proj`) and side, each tensor read from the file when asked for
+    (`values`), so that a read can be cut into slices."""
 
+    path: Path
     alpha: float
     architecture: str
-    pairs: dict[str, dict[str, torch.Tensor]]
+    pairs: dict[str, dict[str, TensorInfo]]
+    num_heads: int  # the base model's, for its q/k row order
+    num_kv_heads: int
+
+    def values(self, module: str, side: str) -> torch.Tensor:
+        info = self.pairs[module][side]
+        values = _values(self.path, info)
+        if side == "B":  # its rows are the projection's outputs, reordered as the base model's were
+            try:
+                order = qk_row_order(
+                    self.architecture, module + ".weight", values.shape[0], self.num_heads, self.num_kv_heads
+                )
+            except ValueError:
+                raise GGUFAdapterError(
+                    f"{self.path}: {info.name} has {tuple(values.shape)}: its rows are not whole heads of the "
+                    f"base model ({self.num_heads} query, {self.num_kv_heads} key/value heads)"
+                ) from None
+            if order is not None:
+                values = values[torch.from_numpy(order)]
+        return values
 
 
 def read_gguf_adapter(path: Path, num_heads: int, num_kv_heads: int) -> GGUFAdapter:
-    """The adapter in `path`; num_heads / num_kv_heads: the base model's, for its q/k row order."""
+    """The adapter in `path` (its header: the tensors are read by GGUFAdapter.values);
+    num_heads / num_kv_heads: the base model's, for its q/k row order."""
     try:
         header = read_header(path)
     except GGUFError as exc:
@@ -63,7 +86,7 @@ def read_gguf_adapter(path: Path, num_heads: int, num_kv_heads: int) -> GGUFAdap
     alpha, architecture = meta.get("adapter.lora.alpha"), str(meta.get("general.architecture", ""))
     if not isinstance(alpha, (int, float)):
         raise GGUFAdapterError(f"{path} has no adapter.lora.alpha")
-    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    pairs: dict[str, dict[str, TensorInfo]] = {}
     for info in header.tensors:
         stem, side = _split_name(info.name)
         hf = hf_name(stem, architecture) if side else None
@@ -72,21 +95,10 @@ def read_gguf_adapter(path: Path, num_heads: int, num_kv_heads: int) -> GGUFAdap
                 f"{path}: tensor {info.name!r} is not supported; only the lora_a/lora_b pairs of the "
                 "attention and MLP projections are"
             )
-        values = _values(path, info)
-        if side == "B":  # its rows are the projection's outputs, reordered as the base model's were
-            try:
-                order = qk_row_order(architecture, hf, values.shape[0], num_heads, num_kv_heads)
-            except ValueError:
-                raise GGUFAdapterError(
-                    f"{path}: {info.name} has {tuple(values.shape)}: its rows are not whole heads of the base "
-                    f"model ({num_heads} query, {num_kv_heads} key/value heads)"
-                ) from None
-            if order is not None:
-                values = values[torch.from_numpy(order)]
-        pairs.setdefault(hf.removesuffix(".weight"), {})[side] = values
+        pairs.setdefault(hf.removesuffix(".weight"), {})[side] = info
     if not pairs:
         raise GGUFAdapterError(f"{path} holds no lora_a/lora_b tensors")
-    return GGUFAdapter(float(alpha), architecture, pairs)
+    return GGUFAdapter(path, float(alpha), architecture, pairs, num_heads, num_kv_heads)
 
 
 def _split_name(name: str) -> tuple[str, str | None]:

@@ -16,7 +16,7 @@ from harness.lora_adapters import make_peft_adapter, merged_model, peft_to_gguf
 from test_lora import PROMPTS, _in_step_order, _step
 
 from pagedserve.services.worker.runner import ModelRunner
-from pagedserve.services.worker.weights.lora_adapter import AdapterError
+from pagedserve.services.worker.weights.lora_adapter import AdapterError, finish_read, read_lora_adapter
 
 
 def _logits(runner: ModelRunner, adapter: Path) -> torch.Tensor:
@@ -47,6 +47,36 @@ def test_a_gguf_adapter_gives_the_peft_folders_logits(tiny_model, tmp_path, arch
         expected = torch.stack([reference(torch.tensor([p])).logits[0, -1] for p in PROMPTS])
     torch.testing.assert_close(from_folder, expected, atol=1e-4, rtol=0)
     assert (expected - merged_model(base, None)(torch.tensor([PROMPTS[0]])).logits[0, -1]).abs().max() > 1e-2
+
+
+def test_a_gguf_adapter_is_read_a_pair_a_slice_into_what_its_folder_gives(tiny_model, tmp_path):
+    base = tiny_model("llama")
+    folder = make_peft_adapter(base, tmp_path / "peft", seed=5, rank=4)
+    file = peft_to_gguf(folder, base, tmp_path / "adapter.gguf", "F32")
+    loras = ModelRunner(base, block_size=16, num_blocks=64, max_loras=1).loras
+    assert loras is not None
+
+    def read(path: Path):
+        return read_lora_adapter("a", path, loras.model, loras.linears, max_rank=16, dtype=torch.float32)
+
+    want = finish_read(read(folder))
+    slices, reading = 0, read(file)
+    while True:
+        slices += 1
+        try:
+            next(reading)
+        except StopIteration as done:
+            got = done.value
+            break
+    assert slices == sum(len(p.parts) for p in want.modules.values()) + 2  # opened, a pair each, made
+    assert got.modules.keys() == want.modules.keys()
+    for module, packed in want.modules.items():
+        for (part, a, bt), (got_part, got_a, got_bt) in zip(
+            packed.parts, got.modules[module].parts, strict=True
+        ):
+            assert part == got_part
+            torch.testing.assert_close(got_a, a, atol=0, rtol=0)
+            torch.testing.assert_close(got_bt, bt, atol=0, rtol=0)
 
 
 def test_files_that_are_not_such_an_adapter_are_refused(tiny_model, tmp_path):
