@@ -36,6 +36,7 @@ ERROR_TYPES = {
 SCHEDULER_CODES: dict[str, tuple[int, str | None]] = {
     "invalid_request": (400, None),
     "unknown_lora": (404, "model"),
+    "lora_unreadable": (500, "model"),  # registered, but its files broke after the load
     "prompt_too_long": (400, "prompt"),
     "max_tokens_too_large": (400, "max_tokens"),
     "token_out_of_vocab": (400, "prompt"),

@@ -532,7 +532,7 @@ class Scheduler:
             state.loras_ready = {(name, path) for name, path in result.loras_ready}
             for key in state.loras_ready & state.lora_asks.keys():
                 del state.lora_asks[key]
-        events: list[Event] = []
+        events: list[Event] = self._end_unreadable(state, result.loras_failed)
         done_groups: set[str] = set()
         logprobs = result.logprobs or [None] * len(result.request_ids)
         prompt = {p.request_id: p for p in result.prompt_logprobs}
@@ -627,6 +627,28 @@ class Scheduler:
         if was_waiting:
             self._release(req)
         return [self.outputs.final(req, reason, new_tokens, new_logprobs)]
+
+    def _end_unreadable(self, state: WorkerState, failures: list[tuple[str, str, str]]) -> list[Event]:
+        """The requests waiting on this worker for an adapter it failed to read (its files broke after
+        the load: deleted, truncated) end with `lora_unreadable` and the worker's error, which names the
+        file or module; they were never scheduled, so nothing else changes, and a later request asks
+        for a fresh read."""
+        events: list[Event] = []
+        for name, path, error in failures:
+            state.lora_asks.pop((name, path), None)
+            waiting = [
+                r for r in state.waiting if r.lora is not None and (r.lora.name, r.lora.path) == (name, path)
+            ]
+            for req in waiting:
+                events.extend(self._finish(req, "error"))
+                events.extend(
+                    self._done_if_complete(
+                        req.parent_id or req.request_id,
+                        error_code="lora_unreadable",
+                        error_message=f"LoRA adapter {name!r} could not be read: {error}",
+                    )
+                )
+        return events
 
     def _reject(self, req: Request) -> None:
         """Taken off the waiting queue: it can never fit its worker's pool. Ends in take_rejected."""

@@ -134,7 +134,7 @@ class LoRASlots:
     def take_prefetched(self, last_step_s: float) -> None:
         """Between steps: carry the reads under way on, oldest first, for READ_SHARE of the last step's
         time (at least MIN_READ_SLICE_S, and at least one slice); a finished read joins the cache, a
-        failed one is kept as failed (a step naming it reads again, and fails the same way, at once)."""
+        failed one is kept as failed until take_failures reports it."""
         if not self._reading:
             return
         now = time.perf_counter()
@@ -148,7 +148,7 @@ class LoRASlots:
                 del self._reading[key]
                 self.last_load_s = time.perf_counter() - started
                 self._keep(done.value)
-            except Exception as exc:  # noqa: BLE001 - any failure: the step that names it reads again and meets it there
+            except Exception as exc:  # noqa: BLE001 - any failure: the scheduler ends the requests that wait on it
                 del self._reading[key]
                 self.failed[key] = str(exc)
                 log.warning("lora_prefetch_failed", name=key[0], path=key[1], error=str(exc))
@@ -157,7 +157,14 @@ class LoRASlots:
 
     def ready(self) -> list[tuple[str, str]]:
         """What a step may name without a read inside it (StepResult.loras_ready)."""
-        return [(name, adapter.path) for name, adapter in self.cached.items()] + list(self.failed)
+        return [(name, adapter.path) for name, adapter in self.cached.items()]
+
+    def take_failures(self) -> list[tuple[str, str, str]]:
+        """The reads asked for that failed, each reported once (StepResult.loras_failed): a later ask
+        reads the files again (they may have been mended)."""
+        failures = [(name, path, error) for (name, path), error in self.failed.items()]
+        self.failed.clear()
+        return failures
 
     def unload(self, name: str) -> bool:
         """Forget the adapter (its slot empties; a read of it under way is dropped). -> whether it was held."""

@@ -309,6 +309,7 @@ class ModelRunner:
             release_freed_heap()  # a big step's buffers: reused across its layers, not kept after it
         if self.loras is not None:
             result.loras_ready = self.loras.ready()
+            result.loras_failed = self.loras.take_failures()
         self.last_step_s = time.perf_counter() - t_start
         return result, logits
 

@@ -178,10 +178,12 @@ class StepResult(msgspec.Struct, array_like=True):
     speculation: list[Speculated] = []
     # Pooling requests that computed their prompt's end: a vector each, and no entry in request_ids.
     pooled: list[PooledOutput] = []
-    # The LoRA adapters (name, path) this worker holds parsed, or failed to read (a step naming one
-    # meets the same error at once): what the scheduler may schedule without a read inside the step.
-    # None: a worker without adapter slots (or one that does not report them).
+    # The LoRA adapters (name, path) this worker holds parsed: what the scheduler may schedule without
+    # a read inside the step. None: a worker without adapter slots (or one that does not report them).
     loras_ready: list[tuple[str, str]] | None = None
+    # Reads asked for (Execute.prefetch_loras) that failed since the last result, each once: (name, path,
+    # the error naming the file or module). The scheduler ends the requests waiting on them.
+    loras_failed: list[tuple[str, str, str]] = []
 
 
 # ---------------------------------------------------------------- frames

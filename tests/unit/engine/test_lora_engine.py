@@ -116,8 +116,8 @@ def test_a_gguf_adapter_file_serves_as_its_peft_folder_does(served, tmp_path):
 
 def test_a_hot_loaded_adapter_is_read_off_the_step_path_while_others_run(served, tmp_path):
     """A request naming an adapter its worker has never read, arriving while others decode, waits (a
-    few steps) while the worker reads the adapter on its reader thread; no step carries the read, and
-    the request's tokens are what it gets alone."""
+    few steps) while the worker reads the adapter between steps; no step carries the read, and the
+    request's tokens are what it gets alone."""
     from pagedserve.engine.engine import RequestDone
 
     llm, base, _folders = served
@@ -146,6 +146,47 @@ def test_a_hot_loaded_adapter_is_read_off_the_step_path_while_others_run(served,
         assert tokens["hot-fresh"] == llm.generate([PROMPTS[5]], GREEDY, lora="fresh")[0].token_ids
     finally:
         llm.unload_lora("fresh")
+
+
+def test_an_adapter_whose_files_broke_after_the_load_ends_its_requests_with_an_error_and_nothing_else(
+    served, tmp_path
+):
+    """The adapter is registered (its header checked), then its weights file is truncated. The worker's
+    read between steps fails; the request waiting on it ends with `lora_unreadable` naming the file, the
+    requests running beside it finish with their tokens, no step fails and no block is held. Mended, the
+    same adapter is read afresh for the next request."""
+    from pagedserve.engine.engine import WORKER_ID, RequestDone
+
+    llm, base, _folders = served
+    broken = make_peft_adapter(base, tmp_path / "broken", seed=32, rank=4)
+    weights = broken / "adapter_model.safetensors"
+    good = weights.read_bytes()
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    alone = [llm.generate([PROMPTS[i]], params)[0].token_ids for i in range(2)]
+    for i in range(2):
+        llm.scheduler.add_request(f"beside-{i}", PROMPTS[i], params, 0.0)
+    llm.engine.step()
+    module = llm.scheduler.loras.add("broken", str(broken))
+    weights.write_bytes(good[: len(good) // 2])
+    llm.scheduler.add_request("on-broken", PROMPTS[5], GREEDY, 0.0, lora=module)
+    done: dict[str, RequestDone] = {}
+    for _ in range(500):
+        done.update((e.request_id, e) for e in llm.engine.step() if isinstance(e, RequestDone))
+        if len(done) == 3:
+            break
+    llm.engine.flush()
+    try:
+        failed = done["on-broken"]
+        assert failed.error_code == "lora_unreadable"
+        assert failed.error_message is not None and str(weights) in failed.error_message
+        assert [list(done[f"beside-{i}"].completions[0].output_token_ids) for i in range(2)] == alone
+        assert done["beside-0"].error_code is None and "broken" not in llm.runner.loras.cached
+        blocks = llm.engine.block_manager
+        assert blocks.num_requests() == 0 and blocks.num_free_blocks(WORKER_ID) == 256
+        weights.write_bytes(good)  # mended: the next request's read finds it whole
+        assert llm.generate([PROMPTS[5]], GREEDY, lora="broken")[0].token_ids
+    finally:
+        llm.unload_lora("broken")
 
 
 def test_a_worker_that_never_reads_the_adapter_on_the_side_reads_it_in_a_step_after_the_patience(

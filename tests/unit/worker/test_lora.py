@@ -308,7 +308,7 @@ def test_lora_linear_fused_parts_of_different_ranks_and_a_missing_part():
         layer.fill(1, None)
 
 
-def test_an_adapter_asked_for_is_read_between_steps_and_reported_ready(adapters, tmp_path):
+def test_an_adapter_asked_for_is_read_between_steps_and_reported_ready_or_failed(adapters, tmp_path):
     runner, _base, folders = _runner_with_nothing_loaded(adapters)
     loras = runner.loras
     assert loras is not None
@@ -317,18 +317,27 @@ def test_an_adapter_asked_for_is_read_between_steps_and_reported_ready(adapters,
     bad.mkdir()
     (bad / "adapter_config.json").write_text("{}")  # no weights file: the read fails
     result = runner.execute(Execute(0, prefetch_loras=[("all", path), ("bad", str(bad))]))
-    assert result.loras_ready == []  # asked, not read yet
+    assert result.loras_ready == [] and result.loras_failed == []  # asked, not read yet
+    failed = []
     for step in range(1, 200):  # the reads go on between steps, whatever the steps hold
         result = runner.execute(Execute(step))
-        if len(result.loras_ready or []) == 2:
+        failed += result.loras_failed
+        if result.loras_ready and failed:
             break
-    assert sorted(result.loras_ready or []) == [("all", path), ("bad", str(bad))]
-    assert "all" in loras.cached and "no adapter_model.safetensors" in loras.failed[("bad", str(bad))]
+    assert result.loras_ready == [("all", path)] and "all" in loras.cached
+    # The failure is reported once, with the error naming the file; the failed adapter is not ready.
+    assert [(name, where) for name, where, _ in failed] == [("bad", str(bad))]
+    assert "no adapter_model.safetensors" in failed[0][2]
+    result = runner.execute(Execute(step + 1))
+    assert result.loras_failed == [] and result.loras_ready == [("all", path)]
     # A step naming it finds it read; asked again, nothing is read twice.
-    runner.execute(Execute(step + 1, prefetch_loras=[("all", path)]))
+    runner.execute(Execute(step + 2, prefetch_loras=[("all", path)]))
     _result, logits = runner.execute_with_logits(_step(PROMPTS[:1], [("all", folders["all"])]))
     assert logits is not None and loras.num_loads == 1 and loras.direct_reads == 0
-    # A step naming the failed one reads it again and fails the same way; nothing else changed.
+    # The failed one, asked again, is read again (its files may have been mended) and fails the same way.
+    runner.execute(Execute(step + 3, prefetch_loras=[("bad", str(bad))]))
+    result = runner.execute(Execute(step + 4))
+    assert [(name, where) for name, where, _ in result.loras_failed] == [("bad", str(bad))]
     with pytest.raises(AdapterError, match="no adapter_model.safetensors"):
         loras.load("bad", str(bad))
     assert list(loras.cached) == ["all"]
