@@ -2,6 +2,7 @@
 
     pagedserve bench placement                      2 shards x 1 worker, the bundled model
     pagedserve bench placement --conversations 4 --turns 3   a quick look
+    pagedserve bench placement --num-blocks 128     each worker's KV pool cut: the caches under pressure
 
 The workload is multi-turn chat with shared system prompts: `--conversations` conversations run at
 once, each under one of `--system-prompts` long system prompts; every turn sends the system prompt,
@@ -59,6 +60,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--think-s", type=float, default=0.5, help="most seconds a user waits between turns")
+    ap.add_argument(
+        "--num-blocks",
+        type=int,
+        default=None,
+        help="KV blocks per worker (default: the deployment's own); fewer than every conversation needs puts "
+        "the shards' caches under pressure",
+    )
     ap.add_argument("--ready-timeout", type=float, default=600.0)
     ap.add_argument("--out", type=Path, default=Path("bench/results/placement.json"))
     return ap.parse_args(argv)
@@ -135,6 +143,7 @@ def run_policy(policy: str, args: argparse.Namespace, log_dir: Path) -> dict[str
             router_policy=policy,
             num_threads=1,
             log_level="warning",
+            num_blocks=args.num_blocks,
             # No warm spares: nothing fails here, and a spare loading the model steals the first turns' CPU.
             standby_workers=0,
             standby_api=0,
