@@ -105,6 +105,8 @@ def free_ops(req: Request) -> list[BlockOp]:
     computed that the block manager was never told (decodes within its blocks, accepted proposals of
     its last step) go first, so the blocks they fill are cached like any other; the free then confirms
     exactly the computed slots."""
+    if req.unwritten:
+        return [Free(req.request_id, 0)]
     ops: list[BlockOp] = []
     untold = max(0, req.num_slots_used - req.num_slots_given)
     if untold or req.num_known_sent < min(req.num_slots_used, req.num_known):

@@ -50,6 +50,9 @@ class Request:
     num_rejected: int = 0  # proposal slots the worker rejected, over all steps so far (speculation)
     resume: bool = False  # its worker came back with the pool: continue from num_committed (resume op)
     lost_committed: int = 0  # committed KV lost with a worker: prefill computed again when re-admitted
+    # Ended because its worker could not read its adapter: its steps left it out, so none of its slots is
+    # known written (its free says 0 computed, and no block of it is cached).
+    unwritten: bool = False
     num_known_sent: int = 0  # known tokens already told to the block manager (for prefix hashing)
     pending: int = 0  # tokens sampled by steps in flight, not yet seen
     in_flight: int = 0  # steps in flight that name this request

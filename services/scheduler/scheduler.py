@@ -629,17 +629,23 @@ class Scheduler:
         return [self.outputs.final(req, reason, new_tokens, new_logprobs)]
 
     def _end_unreadable(self, state: WorkerState, failures: list[tuple[str, str, str]]) -> list[Event]:
-        """The requests waiting on this worker for an adapter it failed to read (its files broke after
-        the load: deleted, truncated) end with `lora_unreadable` and the worker's error, which names the
-        file or module; they were never scheduled, so nothing else changes, and a later request asks
-        for a fresh read."""
+        """The requests on this worker whose adapter it failed to read (its files broke after the load:
+        deleted, truncated) end with `lora_unreadable` and the worker's error, which names the file or
+        module, and a later request asks for a fresh read. Those waiting were never scheduled; those
+        running were sent to a worker that had read nothing beside the steps (nobody else running), and
+        its steps left them out, so they free their blocks as unwritten."""
         events: list[Event] = []
         for name, path, error in failures:
             state.lora_asks.pop((name, path), None)
-            waiting = [
-                r for r in state.waiting if r.lora is not None and (r.lora.name, r.lora.path) == (name, path)
+            named = [
+                r
+                for r in (*state.waiting, *state.running)
+                if r.lora is not None
+                and (r.lora.name, r.lora.path) == (name, path)
+                and r.status is not Status.FINISHED
             ]
-            for req in waiting:
+            for req in named:
+                req.unwritten = req.status is not Status.WAITING
                 events.extend(self._finish(req, "error"))
                 events.extend(
                     self._done_if_complete(

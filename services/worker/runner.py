@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import torch
 
 from pagedserve.kernels.attention import get_backend
@@ -318,6 +319,8 @@ class ModelRunner:
     ) -> tuple[StepResult, torch.Tensor | None]:
         self.step_rows = 0  # until the batch is packed (a step may compute none)
         scheduled, lookahead = self._update_states(step)
+        if self.loras is not None:
+            step, scheduled, lookahead = self._leave_out_unreadable(step, scheduled, lookahead)
         if self.loras is not None and len(scheduled) > 1:
             scheduled, lookahead = _group_by_adapter(scheduled, lookahead)
         if step.copies:
@@ -379,6 +382,27 @@ class ModelRunner:
             if lora_load_s:
                 result.timings["lora_load_s"] = lora_load_s
         return result, logits if keep_logits else None
+
+    def _leave_out_unreadable(
+        self, step: Execute, scheduled: list[tuple[RequestState, int]], lookahead: dict[int, int]
+    ) -> tuple[Execute, list[tuple[RequestState, int]], dict[int, int]]:
+        """The requests whose adapter cannot be read (its files broke after the load) leave this step,
+        with any fork of them: they compute nothing and write no K/V. The failure goes out with the
+        result (StepResult.loras_failed) and the scheduler ends them, the step goes on for the rest."""
+        assert self.loras is not None
+        named = {(s.lora_name, s.lora_path) for s, _ in scheduled if s.lora_name is not None}
+        unreadable = self.loras.read_for_step(named) if named else set()
+        if not unreadable:
+            return step, scheduled, lookahead
+        keep = [i for i, (s, _) in enumerate(scheduled) if (s.lora_name, s.lora_path) not in unreadable]
+        left_out = {s.request_id for s, _ in scheduled if (s.lora_name, s.lora_path) in unreadable}
+        moved = {old: new for new, old in enumerate(keep)}
+        forks = [f for f in step.forks if f.parent_id not in left_out]
+        return (
+            msgspec.structs.replace(step, forks=forks),
+            [scheduled[i] for i in keep],
+            {moved[old]: k for old, k in lookahead.items() if old in moved},
+        )
 
     def _update_states(self, step: Execute) -> tuple[list[tuple[RequestState, int]], dict[int, int]]:
         """Steps 1-2: forget finished requests, add new ones, extend running ones. Also the lookahead

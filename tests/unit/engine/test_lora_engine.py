@@ -224,3 +224,42 @@ def test_a_worker_that_never_reads_the_adapter_on_the_side_reads_it_in_a_step_af
         assert loras.direct_reads == direct + 1
     finally:
         llm.unload_lora("late")
+
+
+def test_an_adapter_whose_files_broke_ends_its_request_on_a_worker_with_nothing_else_running(
+    served, tmp_path
+):
+    """With nobody else running the worker reads the adapter inside the step that first names it (there
+    is no step to read beside). A read that fails there ends that request with `lora_unreadable` naming
+    the file, not the step: the worker lives on, writes no K/V for it, caches none of its blocks, and the
+    same prompt under the mended adapter gets what it gets on a fresh adapter of the same files."""
+    from pagedserve.engine.engine import WORKER_ID, RequestDone
+
+    llm, base, _folders = served
+    broken = make_peft_adapter(base, tmp_path / "broken-idle", seed=33, rank=4)
+    weights = broken / "adapter_model.safetensors"
+    good = weights.read_bytes()
+    module = llm.scheduler.loras.add("broken-idle", str(broken))
+    weights.write_bytes(good[: len(good) // 2])
+    llm.scheduler.add_request("on-broken-idle", PROMPTS[6], GREEDY, 0.0, lora=module)
+    done: dict[str, RequestDone] = {}
+    for _ in range(50):
+        done.update((e.request_id, e) for e in llm.engine.step() if isinstance(e, RequestDone))
+        if done:
+            break
+    llm.engine.flush()
+    try:
+        failed = done["on-broken-idle"]
+        assert failed.error_code == "lora_unreadable"
+        assert failed.error_message is not None and str(weights) in failed.error_message
+        assert "broken-idle" not in llm.runner.loras.cached
+        blocks = llm.engine.block_manager
+        assert blocks.num_requests() == 0 and blocks.num_free_blocks(WORKER_ID) == 256
+        weights.write_bytes(good)  # mended: read afresh, and no block of the failed step is reused
+        mended = llm.generate([PROMPTS[6]], GREEDY, lora="broken-idle")[0]
+        assert mended.num_cached_tokens == 0
+        llm.scheduler.loras.add("fresh-copy", str(broken))
+        assert mended.token_ids == llm.generate([PROMPTS[6]], GREEDY, lora="fresh-copy")[0].token_ids
+    finally:
+        llm.unload_lora("broken-idle")
+        llm.unload_lora("fresh-copy")
