@@ -148,6 +148,41 @@ def test_a_hot_loaded_adapter_is_read_off_the_step_path_while_others_run(served,
         llm.unload_lora("fresh")
 
 
+def _registered_then_broken(llm, base, folder, name):
+    """An adapter registered (its header checked), then its weights file cut in half.
+    -> (its module, the weights file, the file's good bytes)."""
+    made = make_peft_adapter(base, folder, seed=32, rank=4)
+    weights = made / "adapter_model.safetensors"
+    good = weights.read_bytes()
+    module = llm.scheduler.loras.add(name, str(made))
+    weights.write_bytes(good[: len(good) // 2])
+    return module, weights, good
+
+
+def _step_until_done(llm, count, limit):
+    """Engine steps until `count` requests are done (at most `limit`) -> request id -> RequestDone."""
+    from pagedserve.engine.engine import RequestDone
+
+    done = {}
+    for _ in range(limit):
+        done.update((e.request_id, e) for e in llm.engine.step() if isinstance(e, RequestDone))
+        if len(done) == count:
+            break
+    llm.engine.flush()
+    return done
+
+
+def _ended_unreadable(llm, done, request_id, weights):
+    """The request ended with `lora_unreadable` naming the broken file, and no block is held."""
+    from pagedserve.engine.engine import WORKER_ID
+
+    failed = done[request_id]
+    assert failed.error_code == "lora_unreadable"
+    assert failed.error_message is not None and str(weights) in failed.error_message
+    blocks = llm.engine.block_manager
+    assert blocks.num_requests() == 0 and blocks.num_free_blocks(WORKER_ID) == 256
+
+
 def test_an_adapter_whose_files_broke_after_the_load_ends_its_requests_with_an_error_and_nothing_else(
     served, tmp_path
 ):
@@ -155,34 +190,19 @@ def test_an_adapter_whose_files_broke_after_the_load_ends_its_requests_with_an_e
     read between steps fails; the request waiting on it ends with `lora_unreadable` naming the file, the
     requests running beside it finish with their tokens, no step fails and no block is held. Mended, the
     same adapter is read afresh for the next request."""
-    from pagedserve.engine.engine import WORKER_ID, RequestDone
-
     llm, base, _folders = served
-    broken = make_peft_adapter(base, tmp_path / "broken", seed=32, rank=4)
-    weights = broken / "adapter_model.safetensors"
-    good = weights.read_bytes()
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     alone = [llm.generate([PROMPTS[i]], params)[0].token_ids for i in range(2)]
     for i in range(2):
         llm.scheduler.add_request(f"beside-{i}", PROMPTS[i], params, 0.0)
     llm.engine.step()
-    module = llm.scheduler.loras.add("broken", str(broken))
-    weights.write_bytes(good[: len(good) // 2])
+    module, weights, good = _registered_then_broken(llm, base, tmp_path / "broken", "broken")
     llm.scheduler.add_request("on-broken", PROMPTS[5], GREEDY, 0.0, lora=module)
-    done: dict[str, RequestDone] = {}
-    for _ in range(500):
-        done.update((e.request_id, e) for e in llm.engine.step() if isinstance(e, RequestDone))
-        if len(done) == 3:
-            break
-    llm.engine.flush()
+    done = _step_until_done(llm, 3, 500)
     try:
-        failed = done["on-broken"]
-        assert failed.error_code == "lora_unreadable"
-        assert failed.error_message is not None and str(weights) in failed.error_message
+        _ended_unreadable(llm, done, "on-broken", weights)
         assert [list(done[f"beside-{i}"].completions[0].output_token_ids) for i in range(2)] == alone
         assert done["beside-0"].error_code is None and "broken" not in llm.runner.loras.cached
-        blocks = llm.engine.block_manager
-        assert blocks.num_requests() == 0 and blocks.num_free_blocks(WORKER_ID) == 256
         weights.write_bytes(good)  # mended: the next request's read finds it whole
         assert llm.generate([PROMPTS[5]], GREEDY, lora="broken")[0].token_ids
     finally:
@@ -233,32 +253,17 @@ def test_an_adapter_whose_files_broke_ends_its_request_on_a_worker_with_nothing_
     is no step to read beside). A read that fails there ends that request with `lora_unreadable` naming
     the file, not the step: the worker lives on, writes no K/V for it, caches none of its blocks, and the
     same prompt under the mended adapter gets what it gets on a fresh adapter of the same files."""
-    from pagedserve.engine.engine import WORKER_ID, RequestDone
-
     llm, base, _folders = served
-    broken = make_peft_adapter(base, tmp_path / "broken-idle", seed=33, rank=4)
-    weights = broken / "adapter_model.safetensors"
-    good = weights.read_bytes()
-    module = llm.scheduler.loras.add("broken-idle", str(broken))
-    weights.write_bytes(good[: len(good) // 2])
+    module, weights, good = _registered_then_broken(llm, base, tmp_path / "broken-idle", "broken-idle")
     llm.scheduler.add_request("on-broken-idle", PROMPTS[6], GREEDY, 0.0, lora=module)
-    done: dict[str, RequestDone] = {}
-    for _ in range(50):
-        done.update((e.request_id, e) for e in llm.engine.step() if isinstance(e, RequestDone))
-        if done:
-            break
-    llm.engine.flush()
+    done = _step_until_done(llm, 1, 50)
     try:
-        failed = done["on-broken-idle"]
-        assert failed.error_code == "lora_unreadable"
-        assert failed.error_message is not None and str(weights) in failed.error_message
+        _ended_unreadable(llm, done, "on-broken-idle", weights)
         assert "broken-idle" not in llm.runner.loras.cached
-        blocks = llm.engine.block_manager
-        assert blocks.num_requests() == 0 and blocks.num_free_blocks(WORKER_ID) == 256
         weights.write_bytes(good)  # mended: read afresh, and no block of the failed step is reused
         mended = llm.generate([PROMPTS[6]], GREEDY, lora="broken-idle")[0]
         assert mended.num_cached_tokens == 0
-        llm.scheduler.loras.add("fresh-copy", str(broken))
+        llm.scheduler.loras.add("fresh-copy", str(weights.parent))
         assert mended.token_ids == llm.generate([PROMPTS[6]], GREEDY, lora="fresh-copy")[0].token_ids
     finally:
         llm.unload_lora("broken-idle")
