@@ -60,13 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--think-s", type=float, default=0.5, help="most seconds a user waits between turns")
-    ap.add_argument(
-        "--num-blocks",
-        type=int,
-        default=None,
-        help="KV blocks per worker (default: the deployment's own); fewer than every conversation needs puts "
-        "the shards' caches under pressure",
-    )
+    # Fewer blocks than every conversation needs put the shards' caches under pressure.
+    add_config_flag(ap, "num_blocks")
     ap.add_argument("--ready-timeout", type=float, default=600.0)
     ap.add_argument("--out", type=Path, default=Path("bench/results/placement.json"))
     return ap.parse_args(argv)
