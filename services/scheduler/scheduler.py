@@ -640,9 +640,7 @@ class Scheduler:
             named = [
                 r
                 for r in (*state.waiting, *state.running)
-                if r.lora is not None
-                and (r.lora.name, r.lora.path) == (name, path)
-                and r.status is not Status.FINISHED
+                if r.lora is not None and (r.lora.name, r.lora.path) == (name, path)
             ]
             for req in named:
                 req.unwritten = req.status is not Status.WAITING

@@ -71,7 +71,6 @@ class LoRASlots:
         self._loaded: dict[int, LoRAAdapter] = {}  # slot -> the adapter object its linears reference
         self.num_loads = 0
         self.last_load_s = 0.0
-        self.read_in_step_s = 0.0  # read_for_step's reads, until rows_for_step reports them for the step
         # Reads a waiting request asked for (Execute.prefetch_loras), oldest first, and when each began.
         self.direct_reads = 0  # read by load() itself (at start, or inside a step), not between steps
         self._reading: dict[tuple[str, str], tuple[AdapterRead, float]] = {}
@@ -100,25 +99,25 @@ class LoRASlots:
         self._keep(adapter)
         return adapter
 
-    def read_for_step(self, wanted: set[tuple[str, str | None]]) -> set[tuple[str, str | None]]:
+    def read_for_step(self, wanted: set[tuple[str, str | None]]) -> tuple[set[tuple[str, str | None]], float]:
         """Before a step: read every adapter it names that is not cached (a worker with nobody running
-        was sent the request without a read beside the steps). -> the (name, path) whose read failed:
-        each is kept as failed until take_failures reports it, and the step leaves their requests out
-        rather than failing whole."""
+        was sent the request without a read beside the steps). -> (the (name, path) whose read failed,
+        the seconds the reads took). Each failure is kept until take_failures reports it, and the step
+        leaves its requests out rather than failing whole."""
         unreadable = set()
-        self.read_in_step_s = 0.0
+        read_s = 0.0
         for name, path in wanted:
             adapter = self.cached.get(name)
             if path is None or (adapter is not None and adapter.path == path):
                 continue  # cached (or named without a path: rows_for_step says what is wrong)
             try:
                 self.load(name, path)
-                self.read_in_step_s += self.last_load_s
+                read_s += self.last_load_s
             except Exception as exc:  # noqa: BLE001 - any failure: the scheduler ends the requests that name it
                 self.failed[(name, path)] = str(exc)
                 log.warning("lora_read_failed_in_step", name=name, path=path, error=str(exc))
                 unreadable.add((name, path))
-        return unreadable
+        return unreadable, read_s
 
     def _keep(self, adapter: LoRAAdapter) -> None:
         self.num_loads += 1
@@ -215,8 +214,7 @@ class LoRASlots:
                 f"step {step} uses {len(wanted)} LoRA adapters; this worker has {self.max_loras} slots (--max-loras)"
             )
         slot_of = {}
-        loads_before, load_s = self.num_loads, self.read_in_step_s  # read before the batch was packed
-        self.read_in_step_s = 0.0
+        loads_before, load_s = self.num_loads, 0.0
         for name, path in wanted.items():
             if path is None and name not in self.cached:
                 raise AdapterError(f"step {step}: LoRA adapter {name!r} is not loaded here and has no path")

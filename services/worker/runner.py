@@ -319,8 +319,12 @@ class ModelRunner:
     ) -> tuple[StepResult, torch.Tensor | None]:
         self.step_rows = 0  # until the batch is packed (a step may compute none)
         scheduled, lookahead = self._update_states(step)
+        read_s = 0.0  # adapters read inside this step, before it is packed
         if self.loras is not None:
-            step, scheduled, lookahead = self._leave_out_unreadable(step, scheduled, lookahead)
+            named = {(s.lora_name, s.lora_path) for s, _ in scheduled if s.lora_name is not None}
+            unreadable, read_s = self.loras.read_for_step(named)
+            if unreadable:
+                step, scheduled, lookahead = _leave_out(step, scheduled, lookahead, unreadable)
         if self.loras is not None and len(scheduled) > 1:
             scheduled, lookahead = _group_by_adapter(scheduled, lookahead)
         if step.copies:
@@ -335,9 +339,9 @@ class ModelRunner:
         proposed = self._propose(scheduled, lookahead) if lookahead else {}
         batch = pack_batch(scheduled, self.block_size, self.device, proposed)
         self.step_rows = len(batch.input_ids)
-        lora_load_s = 0.0
+        lora_load_s = read_s
         if self.loras is not None:  # rows per request: its tokens and any proposed ones
-            lora_load_s = self.loras.rows_for_step(
+            lora_load_s += self.loras.rows_for_step(
                 step.step,
                 [
                     (s.lora_name, s.lora_path, n + len(proposed.get(i, ())))
@@ -382,27 +386,6 @@ class ModelRunner:
             if lora_load_s:
                 result.timings["lora_load_s"] = lora_load_s
         return result, logits if keep_logits else None
-
-    def _leave_out_unreadable(
-        self, step: Execute, scheduled: list[tuple[RequestState, int]], lookahead: dict[int, int]
-    ) -> tuple[Execute, list[tuple[RequestState, int]], dict[int, int]]:
-        """The requests whose adapter cannot be read (its files broke after the load) leave this step,
-        with any fork of them: they compute nothing and write no K/V. The failure goes out with the
-        result (StepResult.loras_failed) and the scheduler ends them, the step goes on for the rest."""
-        assert self.loras is not None
-        named = {(s.lora_name, s.lora_path) for s, _ in scheduled if s.lora_name is not None}
-        unreadable = self.loras.read_for_step(named) if named else set()
-        if not unreadable:
-            return step, scheduled, lookahead
-        keep = [i for i, (s, _) in enumerate(scheduled) if (s.lora_name, s.lora_path) not in unreadable]
-        left_out = {s.request_id for s, _ in scheduled if (s.lora_name, s.lora_path) in unreadable}
-        moved = {old: new for new, old in enumerate(keep)}
-        forks = [f for f in step.forks if f.parent_id not in left_out]
-        return (
-            msgspec.structs.replace(step, forks=forks),
-            [scheduled[i] for i in keep],
-            {moved[old]: k for old, k in lookahead.items() if old in moved},
-        )
 
     def _update_states(self, step: Execute) -> tuple[list[tuple[RequestState, int]], dict[int, int]]:
         """Steps 1-2: forget finished requests, add new ones, extend running ones. Also the lookahead
@@ -594,6 +577,26 @@ class ModelRunner:
         # A negative id would silently read another block; past the end it is a device assert on CUDA.
         if block_ids and (min(block_ids) < 0 or max(block_ids) >= self.num_blocks):
             raise ValueError(f"{owner!r}: block ids must be in [0, {self.num_blocks}); got {block_ids}")
+
+
+def _leave_out(
+    step: Execute,
+    scheduled: list[tuple[RequestState, int]],
+    lookahead: dict[int, int],
+    unreadable: set[tuple[str, str | None]],
+) -> tuple[Execute, list[tuple[RequestState, int]], dict[int, int]]:
+    """The requests whose adapter cannot be read (its files broke after the load) leave this step,
+    with any fork of them: they compute nothing and write no K/V. The failure goes out with the
+    result (StepResult.loras_failed) and the scheduler ends them; the step goes on for the rest."""
+    keep = [i for i, (s, _) in enumerate(scheduled) if (s.lora_name, s.lora_path) not in unreadable]
+    left_out = {s.request_id for s, _ in scheduled if (s.lora_name, s.lora_path) in unreadable}
+    moved = {old: new for new, old in enumerate(keep)}
+    forks = [f for f in step.forks if f.parent_id not in left_out]
+    return (
+        msgspec.structs.replace(step, forks=forks),
+        [scheduled[i] for i in keep],
+        {moved[old]: k for old, k in lookahead.items() if old in moved},
+    )
 
 
 def _group_by_adapter(
