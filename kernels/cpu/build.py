@@ -65,8 +65,20 @@ LAYER_OPS = Extension("layer_ops", (HERE / "layer_ops.cpp",), ("-ffp-contract=of
 SAMPLING = Extension("sampling", (HERE / "sampling.cpp",))
 QUANT_LINEAR = Extension(
     "quant_linear",
-    (HERE / "quant_linear.cpp", HERE / "quant_float.cpp", HERE / "quant_int8.cpp", HERE / "moe_experts.cpp"),
-    headers=(HERE / "quant_linear.h", HERE / "quant_formats.h", HERE / "quant_codes_x86.h", LANE_SUM),
+    (
+        HERE / "quant_linear.cpp",
+        HERE / "quant_float.cpp",
+        HERE / "quant_int8.cpp",
+        HERE / "quant_interleaved.cpp",
+        HERE / "moe_experts.cpp",
+    ),
+    headers=(
+        HERE / "quant_linear.h",
+        HERE / "quant_formats.h",
+        HERE / "quant_codes_x86.h",
+        HERE / "int8_rows.h",
+        LANE_SUM,
+    ),
 )
 # int8 KV: its write and its attention (the op and the scalar item; the vector item per ISA path)
 KV_INT8 = Extension(

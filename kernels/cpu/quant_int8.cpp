@@ -27,6 +27,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "int8_rows.h"
 #include "quant_codes_x86.h"
 #include "quant_linear.h"
 
@@ -56,51 +57,6 @@ constexpr int code_offset(int64_t t) { return t == Q4_0 ? 8 : t == Q5_0 ? 16 : 0
 
 inline int64_t padded_groups(int64_t G) { return (G + 15) / 16 * 16; }
 
-// One group of 32 activations quantized: codes q = round(x * 127 / max|x|) (ties to even), its scale
-// max|x| / 127, and the sum of each half's codes.
-struct GroupCodes {
-  float d;
-  int sums[2];
-};
-
-inline GroupCodes quantize_group(const float* xs, int8_t* q) {
-  Vec amax(0.0f);
-  for (int64_t c = 0; c < kChunks; ++c) amax = at::vec::maximum(amax, Vec::loadu(xs + c * kLanes).abs());
-  alignas(64) float lanes[kLanes];
-  amax.store(lanes);
-  float mx = 0.0f;
-  for (int64_t i = 0; i < kLanes; ++i) mx = std::max(mx, lanes[i]);
-  const float id = mx > 0.0f ? 127.0f / mx : 0.0f;
-  alignas(64) float scaled[kGroup];
-  for (int64_t c = 0; c < kChunks; ++c) (Vec::loadu(xs + c * kLanes) * Vec(id)).round().store(scaled + c * kLanes);
-  GroupCodes out{mx / 127.0f, {0, 0}};
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-  // The scalar loop's casts, 8 at a time: the values are whole numbers within +-127 (NaN aside), so the
-  // truncating convert and the saturating packs keep them as they are. One by one they took ~3.3 ns an
-  // element: ~200 us of a 64-row, 1024-wide call's ~2 ms (one Zen 3 thread).
-  __m256i v[4];
-  for (int c = 0; c < 4; ++c) v[c] = _mm256_cvttps_epi32(_mm256_load_ps(scaled + 8 * c));
-  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
-  // The packs interleave 128-bit lanes: codes 0-3 8-11 16-19 24-27 | 4-7 12-15 20-23 28-31, put back in order.
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
-                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-  for (int h = 0; h < 2; ++h) {
-    const __m256i s = _mm256_add_epi32(v[2 * h], v[2 * h + 1]);
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
-    out.sums[h] = _mm_cvtsi128_si32(t);
-  }
-#else
-  for (int64_t i = 0; i < kGroup; ++i) {
-    const int v = static_cast<int>(scaled[i]);
-    q[i] = static_cast<int8_t>(v);
-    out.sums[i / 16] += v;
-  }
-#endif
-  return out;
-}
-
 // offset * (q[2i] + q[2i + 1]) for the 16 pairs of a group's codes: what vpmaddubsw's int16 lanes lose to
 // a constant code offset (code_offset).
 inline void offset_pairs(const int8_t* q, int offset, int16_t* pairs) {
@@ -110,17 +66,6 @@ inline void offset_pairs(const int8_t* q, int offset, int16_t* pairs) {
 #else
   for (int64_t i = 0; i < 16; ++i) pairs[i] = static_cast<int16_t>(offset * (q[2 * i] + q[2 * i + 1]));
 #endif
-}
-
-// Every row's groups quantized, the rows shared out among the threads: each(m, g, codes, GroupCodes).
-template <typename Each>
-void quantize_rows(const float* x, int64_t M, int64_t K, const Each& each) {
-  const int64_t G = K / kGroup;
-  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / K), [&](int64_t begin, int64_t end) {
-    alignas(32) int8_t q[kGroup];
-    for (int64_t m = begin; m < end; ++m)
-      for (int64_t g = 0; g < G; ++g) each(m, g, q, quantize_group(x + m * K + g * kGroup, q));
-  });
 }
 
 QuantX quantize_x(const float* x, int64_t M, int64_t K, int offset = 0) {
@@ -175,22 +120,6 @@ inline float offset_term(const float* b, const float* sxs, int64_t halves) {
 // Whether the b term is needed: every unsigned type has an offset; signed codes only through the +128.
 template <int64_t T, Signed form>
 constexpr bool has_offset() { return !signed_codes(T) || form == Signed::kOffset; }
-
-// Rows 0..M in tiles: of `Widest` rows (8 or 4) while they last, then of 4, the last 1-3 rows in one
-// smaller tile; tile(std::integral_constant<int, rows>, first row).
-template <int Widest, typename Tile>
-inline void row_tiles(int64_t M, const Tile& tile) {
-  int64_t m = 0;
-  if constexpr (Widest >= 8)
-    for (; m + 8 <= M; m += 8) tile(std::integral_constant<int, 8>{}, m);
-  for (; m + 4 <= M; m += 4) tile(std::integral_constant<int, 4>{}, m);
-  switch (M - m) {
-    case 3: tile(std::integral_constant<int, 3>{}, m); break;
-    case 2: tile(std::integral_constant<int, 2>{}, m); break;
-    case 1: tile(std::integral_constant<int, 1>{}, m); break;
-    default: break;
-  }
-}
 
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 

@@ -10,6 +10,12 @@
 // a bigger tensor (one expert of a 3-D [experts, N, row_bytes] tensor, or part of its rows) is used in
 // place, with no copy.
 //
+// Types 102 and 103 are Q4_0 and Q4_1 with every 8 output rows interleaved (quant_interleaved.cpp):
+//   interleave_rows(qweight [N, row_bytes] uint8, int type) -> the same bytes interleaved (N a multiple of 8)
+//   interleaved_type(int type) -> 102 / 103 where this build runs int8 tiles over that layout, else 0
+// The loader interleaves a Q4_0/Q4_1 linear in int8 mode where interleaved_type says so; every op takes
+// the layouts on every path (elsewhere through the stored blocks, deinterleaved per call).
+//
 // Decoding is memory-bandwidth bound: a step reads every weight once, so Q4_1 reads 0.625 bytes a
 // weight where float32 reads 4. Below kPanelRows rows the weights are decoded inside the dot products
 // and never written back out (the tiles, quant_float.cpp); from there a panel of rows at a time is
@@ -61,7 +67,13 @@ constexpr int64_t kPairedPanelRows = 1024;
 // 54.2; Q6_K 4.8 / 7.2, 12.5 / 24.5, 39.6 / 31.4, 59.6 / 54.1; a 1024 x 2048 Q4_K at 128 rows 4.8 / 5.9).
 constexpr int64_t kSuperblockPanelRows = 96;
 
+// Mode 1's switch for the interleaved layouts where this build has their int8 tiles: see
+// quant_interleaved.cpp (measured there).
+constexpr int64_t kInterleavedPanelRows = 1024;
+
 int64_t int8_panel_rows(int64_t type) {
+  if (interleaved(type))
+    return int8_interleaved() ? kInterleavedPanelRows : int8_panel_rows(stored_type(type));
   return int8_pairs_groups(type) ? kPairedPanelRows : int8_superblock_tiles(type) ? kSuperblockPanelRows : kPanelRows;
 }
 
@@ -76,19 +88,38 @@ inline bool cpu_has_vnni() {
 }
 
 void check_weight(const char* op, const at::Tensor& qweight, int64_t type, int64_t K) {
-  TORCH_CHECK(supported(type), op, ": GGML type ", type,
+  TORCH_CHECK(supported(stored_type(type)), op, ": GGML type ", type,
               " is not supported (F16=1, Q4_0=2, Q4_1=3, Q5_0=6, Q5_1=7, Q8_0=8, Q2_K=10, Q3_K=11, Q4_K=12, "
-              "Q5_K=13, Q6_K=14, IQ4_NL=20, IQ4_XS=23, BF16=30)");
+              "Q5_K=13, Q6_K=14, IQ4_NL=20, IQ4_XS=23, BF16=30; Q4_0 and Q4_1 interleaved by 8 rows: 102, 103)");
   TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kByte && qweight.stride(1) == 1 &&
                   (qweight.size(0) <= 1 || qweight.stride(0) >= qweight.size(1)),
               op, ": qweight must be a 2-D uint8 tensor whose rows are contiguous");
+  const int64_t stored = stored_type(type);
   // A group of 32 is the kernel's unit: the types' blocks are 32 or 256 weights, F16/BF16's one.
-  const int64_t unit = std::max(block_weights(type), kGroup);
+  const int64_t unit = std::max(block_weights(stored), kGroup);
   TORCH_CHECK(K % unit == 0, op, ": in_features ", K, " is not a multiple of ", unit,
-              block_weights(type) > 1 ? " (the type's block)" : " (the kernel's group of weights)");
-  const int64_t row_bytes = K / block_weights(type) * block_bytes(type);
+              block_weights(stored) > 1 ? " (the type's block)" : " (the kernel's group of weights)");
+  const int64_t row_bytes = K / block_weights(stored) * block_bytes(stored);
   TORCH_CHECK(qweight.size(1) == row_bytes, op, ": a row of ", K, " weights of type ", type, " is ", row_bytes,
               " bytes, qweight has ", qweight.size(1));
+  if (interleaved(type))
+    TORCH_CHECK(qweight.size(0) % kInterleavedRows == 0 && (qweight.size(0) <= 1 || qweight.stride(0) == row_bytes),
+                op, ": interleaved rows (type ", type, ") come in whole chunks of ", kInterleavedRows,
+                " contiguous rows; qweight has ", qweight.size(0), " rows of stride ", qweight.stride(0));
+}
+
+// The stored blocks of interleaved rows: rows ids[t] -> [count, row_bytes] (for the paths that read
+// the GGML layout).
+at::Tensor stored_rows(const at::Tensor& qweight, int64_t type, const int64_t* ids, int64_t count) {
+  at::Tensor rows = at::empty({count, qweight.size(1)}, qweight.options());
+  deinterleave_rows(stored_type(type), qweight.data_ptr<uint8_t>(), qweight.size(1), ids, count,
+                    rows.data_ptr<uint8_t>());
+  return rows;
+}
+
+at::Tensor all_stored_rows(const at::Tensor& qweight, int64_t type) {
+  const at::Tensor ids = at::arange(qweight.size(0), qweight.options().dtype(at::kLong));
+  return stored_rows(qweight, type, ids.data_ptr<int64_t>(), qweight.size(0));
 }
 
 // mode: 0 float32 activations (the default: results within float rounding of the dequantized
@@ -110,6 +141,13 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, int64_t 
   }
   at::Tensor out = at::empty({M, N}, xc.options());
   if (M == 0 || N == 0) return out;
+  if (interleaved(type)) {
+    const bool tiles = int8_interleaved() && (mode == 2 || mode == 3 || (mode == 1 && M < int8_panel_rows(type)));
+    if (!tiles) return quant_linear(xc, all_stored_rows(qweight, type), stored_type(type), bias, mode);
+    linear_interleaved_int8(type, xc.data_ptr<float>(), M, K, qweight.data_ptr<uint8_t>(),
+                            b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N);
+    return out;
+  }
   if (float_weights(type) && mode >= 1 && mode <= 3) mode = 0;  // no codes to take int8 products with
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   const uint8_t* w = qweight.data_ptr<uint8_t>();
@@ -134,10 +172,33 @@ at::Tensor quant_rows(const at::Tensor& qweight, int64_t type, const at::Tensor&
   for (int64_t t = 0; t < count; ++t)
     TORCH_CHECK(id[t] >= 0 && id[t] < N, "quant_rows: id ", id[t], " is outside [0, ", N, ")");
   at::Tensor out = at::empty({count, K}, idc.options().dtype(at::kFloat));
+  if (interleaved(type)) {
+    const at::Tensor rows = stored_rows(qweight, type, id, count);
+    const at::Tensor own = at::arange(count, idc.options());
+    decode_rows(stored_type(type), rows.data_ptr<uint8_t>(), rows.size(1), own.data_ptr<int64_t>(), count, K,
+                out.data_ptr<float>());
+    return out;
+  }
   const int64_t stride = qweight.size(0) > 1 ? qweight.stride(0) : qweight.size(1);
   decode_rows(type, qweight.data_ptr<uint8_t>(), stride, id, count, K, out.data_ptr<float>());
   return out;
 }
+
+at::Tensor interleave_rows_op(const at::Tensor& qweight, int64_t type) {
+  TORCH_CHECK(interleaved_layout(type) != 0, "interleave_rows: type ", type,
+              " has no interleaved layout (Q4_0=2 and Q4_1=3 have)");
+  TORCH_CHECK(qweight.dim() == 2 && qweight.size(1) % block_bytes(type) == 0, "interleave_rows: qweight must be ",
+              "[rows, row_bytes] with whole blocks of type ", type);
+  check_weight("interleave_rows", qweight, type, qweight.size(1) / block_bytes(type) * block_weights(type));
+  TORCH_CHECK(qweight.size(0) % kInterleavedRows == 0, "interleave_rows: ", qweight.size(0),
+              " rows are not whole chunks of ", kInterleavedRows);
+  const at::Tensor rows = qweight.contiguous();
+  at::Tensor out = at::empty_like(rows);
+  interleave_rows(type, rows.data_ptr<uint8_t>(), rows.size(0), rows.size(1), out.data_ptr<uint8_t>());
+  return out;
+}
+
+int64_t interleaved_type(int64_t type) { return int8_interleaved() ? interleaved_layout(type) : 0; }
 
 }  // namespace
 
@@ -145,9 +206,12 @@ PAGEDSERVE_TORCH_LIBRARY(m) {
   m.def("quant_linear(Tensor x, Tensor qweight, int type, Tensor? bias, int mode=0) -> Tensor");
   m.def("quant_rows(Tensor qweight, int type, Tensor ids, int in_features) -> Tensor");
   m.def("int8_panel_rows(int type) -> int", &int8_panel_rows);  // no tensor to dispatch on
+  m.def("interleaved_type(int type) -> int", &interleaved_type);
+  m.def("interleave_rows(Tensor qweight, int type) -> Tensor");
 }
 
 PAGEDSERVE_TORCH_LIBRARY_IMPL(CPU, m) {
   m.impl("quant_linear", &quant_linear);
   m.impl("quant_rows", &quant_rows);
+  m.impl("interleave_rows", &interleave_rows_op);
 }

@@ -25,7 +25,12 @@ from torch import nn
 
 from pagedserve.kernels.layer_ops import TORCH_LAYER_OPS, LayerOps
 from pagedserve.services.worker.layers.mlp import GatedMLP
-from pagedserve.services.worker.layers.quant_linear import QuantTensor, activation_mode, quant_ops
+from pagedserve.services.worker.layers.quant_linear import (
+    QuantTensor,
+    activation_mode,
+    kernel_layout,
+    quant_ops,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +75,12 @@ class QuantExpertLinear(nn.Module):
         super().__init__()
         self.weight_type, self.source = weight.type_name, weight.source
         self.out_features, self.in_features = weight.out_features // num_experts, weight.in_features
-        self.blocks = weight.blocks.contiguous()
-        self.per_expert = self.blocks.split(self.out_features)  # views, made once
-        self.type_id = weight.type_id
         self.ops = ops or quant_ops()
         self.mode = activation_mode()
+        self.type_id, self.blocks = weight.type_id, weight.blocks.contiguous()
+        if self.out_features % 8 == 0:  # each expert's rows whole chunks of an interleaved layout
+            self.type_id, self.blocks = kernel_layout(self.ops, self.mode, self.type_id, self.blocks)
+        self.per_expert = self.blocks.split(self.out_features)  # views, made once
 
     def forward(self, expert: int, x: torch.Tensor) -> torch.Tensor:
         return self.ops.quant_linear(x, self.per_expert[expert], self.type_id, None, self.mode)

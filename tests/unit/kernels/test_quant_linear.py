@@ -262,3 +262,68 @@ def test_bad_weights_are_refused_with_the_reason(ops: Any) -> None:
 def test_the_type_table_is_ggmls():
     """KERNEL_TYPES (the loader's list of what stays packed) names GGML's own type numbers."""
     assert {name: int(gguf.GGMLQuantizationType[name]) for name in KERNEL_TYPES} == KERNEL_TYPES
+
+
+# ---- Q4_0 / Q4_1 with every 8 output rows interleaved (kernels/cpu/quant_interleaved.cpp): types 102, 103.
+INTERLEAVED = {"Q4_0": 102, "Q4_1": 103}
+
+
+@pytest.mark.parametrize("type_name", INTERLEAVED)
+def test_interleaved_rows_read_as_the_stored_blocks_on_every_path(ops: Any, type_name: str) -> None:
+    """The same bytes reordered: every row decodes exactly; the float32 modes (and the int8 modes on a
+    path without int8 tiles over the layout) give the stored type's results bit for bit."""
+    stored, layout = TYPES[type_name], INTERLEAVED[type_name]
+    blocks, reference = weights(type_name, 40, 512, seed=4)
+    rows = ops.interleave_rows(blocks, stored)
+    assert rows.shape == blocks.shape and not torch.equal(rows, blocks)
+    ids = torch.tensor([0, 7, 8, 20, 39, 7])  # 20: the zero row; chunk edges
+    assert torch.equal(ops.quant_rows(rows, layout, ids, 512), reference[ids])
+    bias = torch.randn(40)
+    native = ops.interleaved_type(stored) == layout
+    for count in (1, 5, PANEL_ROWS, 40):
+        x = torch.randn(count, 512, generator=torch.Generator().manual_seed(count))
+        for mode in (FLOAT, TILES, PANELS) if native else (FLOAT, INT_BELOW_PANELS, INT, TILES, PANELS):
+            assert torch.equal(
+                ops.quant_linear(x, rows, layout, bias, mode), ops.quant_linear(x, blocks, stored, bias, mode)
+            ), (count, mode)
+
+
+@pytest.mark.parametrize("type_name", INTERLEAVED)
+def test_interleaved_int8_tiles_stay_within_the_bound_and_score_each_row_as_alone(
+    ops: Any, isa: str, type_name: str
+) -> None:
+    """The avx2 path's int8 tiles over the layout: the int8 quantization bound (as above) at every row
+    count, and each row bit for bit what it gives alone, across tiles of 4/2/1 rows and row blocks."""
+    stored, layout = TYPES[type_name], INTERLEAVED[type_name]
+    assert ops.interleaved_type(stored) == (layout if isa == "avx2" else 0)
+    assert ops.int8_panel_rows(layout) == (1024 if isa == "avx2" else ops.int8_panel_rows(stored))
+    if isa != "avx2":
+        return  # the other paths read the layout through the stored blocks (the test above)
+    # 96 wide: 3 groups; 2048 wide: a row block of 8 rows, so 37 rows cross four of them
+    for n, k, count in [(40, 512, 23), (16, 96, 9), (24, 2048, 37)]:
+        blocks, reference = weights(type_name, n, k, seed=k)
+        rows = ops.interleave_rows(blocks, stored)
+        x = torch.randn(count, k, generator=torch.Generator().manual_seed(count)) * torch.rand(k) * 3
+        x[0, :32] = 0.0  # an all-zero block: scale 0, codes 0
+        bias = torch.randn(n)
+        together = ops.quant_linear(x, rows, layout, bias, INT)
+        alone = torch.cat([ops.quant_linear(x[i : i + 1], rows, layout, bias, INT) for i in range(count)])
+        assert torch.equal(together, alone), (n, k)
+        assert torch.equal(ops.quant_linear(x, rows, layout, bias, INT_BELOW_PANELS), together)
+        expected = x @ reference.T + bias
+        magnitude = x.abs() @ reference.abs().T + bias.abs()
+        bound = (blockmax(x) / 254 * 1.001) @ reference.abs().T + 1e-5 * magnitude
+        err = (together - expected).abs()
+        assert (err <= bound).all(), (n, k, (err / bound).max())
+        assert (err <= 0.01 * magnitude).all(), (n, k)
+
+
+def test_interleaving_refuses_what_has_no_layout(ops: Any) -> None:
+    blocks, _ = weights("Q4_1", 12, 64)
+    with pytest.raises(RuntimeError, match="type 12 has no interleaved layout"):
+        ops.interleave_rows(weights("Q4_K", 8, 256)[0], 12)
+    with pytest.raises(RuntimeError, match="12 rows are not whole chunks of 8"):
+        ops.interleave_rows(blocks, 3)
+    with pytest.raises(RuntimeError, match="interleaved rows \\(type 103\\) come in whole chunks of 8"):
+        ops.quant_linear(torch.randn(1, 64), blocks, 103, None)
+    assert ops.interleaved_type(12) == 0 and ops.interleaved_type(8) == 0

@@ -99,3 +99,32 @@ def test_experts_of_a_type_the_kernel_lacks_stay_dense(tiny_model, tmp_path):
     experts = model.layers[0].mlp.experts
     assert type(experts.gate_up_proj).__name__ == "ExpertLinear"
     assert isinstance(model.layers[0].self_attn.qkv_proj, QuantLinear)
+
+
+def test_int8_experts_take_the_interleaved_rows_where_the_kernel_runs_them(tiny_model, tmp_path, monkeypatch):
+    """With int8 activations, Q4_0 experts whose rows per expert are whole chunks of 8 take the kernel's
+    interleaved layout where its path runs it (avx2; quant_linear.kernel_layout), each expert still its
+    own run of rows, and compute what the dequantized experts do within the int8 allowance
+    (test_quantized_model.py's: 2% of the largest output)."""
+    from pagedserve.services.worker.layers.quant_linear import quant_ops
+
+    folder = _quantized_copy(tiny_model, tmp_path, "mixtral", "Q4_0", {})
+    monkeypatch.setenv("PAGEDSERVE_QUANT_ACTIVATIONS", "int8")
+    quantized = load_model(folder, TorchAttentionBackend(), quantization="gguf").model
+    monkeypatch.delenv("PAGEDSERVE_QUANT_ACTIVATIONS")
+    dense = load_model(folder, TorchAttentionBackend(), quantization="none").model
+    layout = quant_ops().interleaved_type(2) or 2  # 102 on the avx2 path
+    block_q, block_d = quantized.layers[1].mlp, dense.layers[1].mlp
+    experts = block_q.experts
+    hidden = experts.gate_up_proj.in_features
+    x = torch.randn(9, max(hidden, experts.down_proj.in_features))
+    with torch.inference_mode():
+        for name in ("gate_up_proj", "down_proj"):
+            q, d = experts.get_submodule(name), block_d.experts.get_submodule(name)
+            assert q.type_id == layout and q.out_features % 8 == 0
+            for expert in range(experts.num_experts):
+                rows = x[:, : d.in_features]
+                expected = d.forward(expert, rows)
+                assert (q.forward(expert, rows) - expected).abs().max() <= 0.02 * expected.abs().max()
+        expected = block_d(x[:, :hidden])
+        assert (block_q(x[:, :hidden]) - expected).abs().max() <= 0.02 * expected.abs().max()

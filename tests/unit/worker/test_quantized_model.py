@@ -150,6 +150,30 @@ def test_int8_activations_keep_the_linears_and_logits_close(
         assert (logits.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.9
 
 
+def test_int8_activations_take_the_interleaved_rows_where_the_kernel_runs_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With int8 activations, a Q4_1 linear whose rows are whole chunks of 8 takes the kernel's
+    interleaved layout where its path has int8 tiles over it (avx2), and stays stored elsewhere; the tied
+    head and the embedding still share one copy, and the embedding's rows decode exactly either way."""
+    from pagedserve.services.worker.layers.quant_linear import quant_ops
+
+    folder = make_tiny_model("llama", tmp_path / "m")
+    quantize_checkpoint(folder, "Q4_1")
+    monkeypatch.setenv("PAGEDSERVE_QUANT_ACTIVATIONS", "int8")
+    model = load_model(folder, TorchAttentionBackend(), quantization="gguf").model
+    monkeypatch.delenv("PAGEDSERVE_QUANT_ACTIVATIONS")
+    dense = load_model(folder, TorchAttentionBackend(), quantization="none").model
+    layout = quant_ops().interleaved_type(3) or 3  # 103 on the avx2 path
+    linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert linears and all(type_id == layout for m in linears for type_id, _, _ in m.runs)
+    head_type, head_blocks, _ = model.tied_head.runs[0]
+    assert model.embed_tokens.type_id == head_type and model.embed_tokens.blocks is head_blocks
+    ids = torch.arange(model.embed_tokens.num_embeddings)
+    with torch.inference_mode():
+        assert torch.equal(model.embed_tokens(ids), dense.embed_tokens(ids))
+
+
 def test_an_unknown_activation_mode_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     from pagedserve.services.worker.layers.quant_linear import activation_mode
 
