@@ -1,5 +1,5 @@
-// Q4_0 and Q4_1 with every 8 output rows interleaved (quant_formats.h's Q4_0_R8, Q4_1_R8), and the
-// avx2 path's int8 tiles over them.
+// Q4_0, Q4_1 and Q8_0 with every 8 output rows interleaved (quant_formats.h's Q4_0_R8, Q4_1_R8,
+// Q8_0_R8), and the avx2 path's int8 tiles over them.
 //
 // Why: at one row the GGML layout's tiles (quant_int8.cpp's pair_tile) decode each output's blocks
 // alone: its scales converted and spread, its nibbles split, the activations loaded again per output,
@@ -11,11 +11,12 @@
 // them and the tiles ask for nothing ahead (a software prefetch measured slower here, at any distance).
 //
 // Layout. Chunk c (output rows 8c..8c+7) is 8 * row_bytes bytes; inside it, block g of the 8 rows is
-// 8 * B bytes (B: the stored block's 18 or 20):
+// 8 * B bytes (B: the stored block's 18, 20 or 34):
 //   - the 8 rows' scales d (fp16) in lane order kLaneRow (Q4_1: then their 8 minimums m, the same order);
-//   - 128 bytes of nibbles: 4 runs of 32, run 2q + h holding, for rows 4q..4q+3 in turn, stored bytes
-//     8h..8h+7 of that row's nibbles. Stored byte b holds code b (low nibble) and code b + 16 (high), so
-//     a run's low nibbles are codes 8h..8h+7 of its 4 rows and its high nibbles codes 16+8h..23+8h.
+//   - Q4_0 / Q4_1: 128 bytes of nibbles, 4 runs of 32, run 2q + h holding, for rows 4q..4q+3 in turn,
+//     stored bytes 8h..8h+7 of that row's nibbles. Stored byte b holds code b (low nibble) and code
+//     b + 16 (high), so a run's low nibbles are codes 8h..8h+7 of its 4 rows, its high ones 16+8h..23+8h;
+//   - Q8_0: 256 bytes of codes, 8 runs of 32, run 4q + r holding codes 8r..8r+7 of rows 4q..4q+3.
 // kLaneRow is the order in which one hadd of rows 0-3's and rows 4-7's int32 pairs leaves the 8 sums
 // (per 128-bit lane: rows 0 1 4 5 | 2 3 6 7); the scales are stored in it, and one permute at the end
 // puts the outputs back in order.
@@ -41,13 +42,15 @@ constexpr int64_t kLaneRow[8] = {0, 1, 4, 5, 2, 3, 6, 7};
 // for every run of bytes of one interleaved block: the layout above, once, for both directions.
 template <typename Piece>
 void block_pieces(int64_t type, const Piece& piece) {
-  const int64_t head = type == Q4_0 ? 2 : 4;  // d, or d and m, per row
+  const int64_t head = type == Q4_1 ? 4 : 2;  // d and m, or d, per row
   for (int64_t lane = 0; lane < 8; ++lane) {
     piece(2 * lane, kLaneRow[lane], 0, 2);
     if (type == Q4_1) piece(16 + 2 * lane, kLaneRow[lane], 2, 2);
   }
-  for (int64_t run = 0; run < 4; ++run)
-    for (int64_t i = 0; i < 4; ++i) piece(8 * head + 32 * run + 8 * i, 4 * (run / 2) + i, head + 8 * (run % 2), 8);
+  const int64_t runs = type == Q8_0 ? 8 : 4, per_half = runs / 2;  // runs of rows 0-3, then of rows 4-7
+  for (int64_t run = 0; run < runs; ++run)
+    for (int64_t i = 0; i < 4; ++i)
+      piece(8 * head + 32 * run + 8 * i, 4 * (run / per_half) + i, head + 8 * (run % per_half), 8);
 }
 
 }  // namespace
@@ -120,40 +123,72 @@ InterleavedX interleaved_x(const float* x, int64_t M, int64_t K) {
   return xq;
 }
 
-// MT rows x one chunk of 8 outputs: each group's 8 x 32 codes split once for the MT rows.
+// One group of a chunk's 8 rows, decoded once for a tile's rows: 8 registers of 4 rows x 8 codes
+// (codes[4q + k]: rows 4q..4q+3, the activations' run kRun[k]), unsigned; Q8_0's signs kept apart
+// (maddubs multiplies unsigned by signed bytes: |code| by x with the code's sign).
+template <int64_t T>
+struct ChunkGroup {
+  // Q4: run 2q's low nibbles meet activations 0-7, its high ones 16-23, run 2q + 1's 8-15 and 24-31.
+  static constexpr int kRun[4] = {0, 2, 1, 3};
+  __m256i codes[8], signs[T == Q8_0 ? 8 : 1];
+  __m256 d;
+
+  explicit ChunkGroup(const uint8_t* block) {
+    d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    if constexpr (T == Q8_0) {
+      for (int r = 0; r < 8; ++r) {
+        signs[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16 + 32 * r));
+        codes[r] = _mm256_abs_epi8(signs[r]);
+      }
+    } else {
+      constexpr int64_t codes_at = T == Q4_0 ? 16 : 32;
+      const __m256i low4 = _mm256_set1_epi8(0x0F);
+      for (int run = 0; run < 4; ++run) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + codes_at + 32 * run));
+        codes[2 * run] = _mm256_and_si256(raw, low4);
+        codes[2 * run + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      }
+    }
+  }
+
+  // Rows 4q..4q+3 by one activation row's group: two int32 lanes per row.
+  inline __m256i dot(int q, const __m256i* x) const {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if constexpr (T == Q8_0) {
+      // A maddubs of |code| <= 128 by |x| <= 127 pairs is at most 32512: each goes to int32 alone.
+      __m256i sum = _mm256_setzero_si256();
+      for (int r = 0; r < 4; ++r) {
+        const __m256i xs = _mm256_sign_epi8(_mm256_loadu_si256(x + r), signs[4 * q + r]);
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(codes[4 * q + r], xs), ones));
+      }
+      return sum;
+    } else {
+      // Four maddubs of codes <= 15 add in int16 without saturating (4 * 2 * 15 * 127 < 32767).
+      __m256i sum = _mm256_maddubs_epi16(codes[4 * q], _mm256_loadu_si256(x + kRun[0]));
+      for (int k = 1; k < 4; ++k)
+        sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes[4 * q + k], _mm256_loadu_si256(x + kRun[k])));
+      return _mm256_madd_epi16(sum, ones);
+    }
+  }
+};
+
+// MT rows x one chunk of 8 outputs: each group's 8 x 32 codes decoded once for the MT rows.
 template <int64_t T, int MT>
 inline void chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk, const float* bias, float* out,
                        int64_t out_stride) {
-  constexpr int64_t B = block_bytes(T), codes_at = T == Q4_0 ? 16 : 32;
+  constexpr int64_t B = block_bytes(T);
   const int64_t G = xq.G;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 acc[MT];
   for (auto& a : acc) a = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* block = chunk + g * kInterleavedRows * B;
-    __m256i codes[8];  // per run: its low nibbles (codes 8h..), then its high ones (16 + 8h..)
-    for (int run = 0; run < 4; ++run) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + codes_at + 32 * run));
-      codes[2 * run] = _mm256_and_si256(raw, low4);
-      codes[2 * run + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-    }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    const ChunkGroup<T> group(block);
     for (int i = 0; i < MT; ++i) {
       const int64_t at = (m0 + i) * G + g;
       const auto* x = reinterpret_cast<const __m256i*>(xq.q.data() + at * 128);
-      __m256i quad[2];  // rows 0-3 and 4-7 of the chunk: two int32 lanes per output
-      for (int q = 0; q < 2; ++q) {
-        // Run 2q + h's low nibbles meet activations 8h.., its high ones 16 + 8h..: x runs h and h + 2.
-        // Four maddubs of codes <= 15 add in int16 without saturating (4 * 2 * 15 * 127 < 32767).
-        __m256i sum = _mm256_maddubs_epi16(codes[4 * q], _mm256_loadu_si256(x));
-        sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes[4 * q + 1], _mm256_loadu_si256(x + 2)));
-        sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes[4 * q + 2], _mm256_loadu_si256(x + 1)));
-        sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes[4 * q + 3], _mm256_loadu_si256(x + 3)));
-        quad[q] = _mm256_madd_epi16(sum, ones);
-      }
-      __m256i dot = _mm256_hadd_epi32(quad[0], quad[1]);  // one int32 per output, in kLaneRow's order
+      __m256i dot = _mm256_hadd_epi32(group.dot(0, x), group.dot(1, x));  // one int32 a row, kLaneRow's order
       if constexpr (T == Q4_0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(xq.sum8[at]));
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(xq.sx[at])), acc[i]);
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(group.d, _mm256_set1_ps(xq.sx[at])), acc[i]);
       if constexpr (T == Q4_1) {
         const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
         acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(xq.offset[at]), acc[i]);
@@ -197,8 +232,10 @@ void linear_interleaved_int8(int64_t type, const float* x, int64_t M, int64_t K,
                              float* out, int64_t N) {
   if (type == Q4_0_R8)
     interleaved_impl<Q4_0>(x, M, K, w, bias, out, N);
-  else
+  else if (type == Q4_1_R8)
     interleaved_impl<Q4_1>(x, M, K, w, bias, out, N);
+  else
+    interleaved_impl<Q8_0>(x, M, K, w, bias, out, N);
 }
 
 #else

@@ -6,7 +6,7 @@ and the share of the machine's read bandwidth its weight reads reach (decode_ban
                                                                [--prepack on off] [--fused-ops on off]
                                                                [--fused-layers on off]
                                                                [--quantization none gguf] [--no-breakdown]
-                                                               [--model FOLDER]
+                                                               [--layout kernel stored] [--model FOLDER]
 
 A ModelRunner on the bundled SmolLM2-135M (or `--model`, e.g. ops/models/random_moe_gguf.py's) holds
 `--batch` requests whose contexts are spread like the bench workload's (16-256 prompt tokens plus what
@@ -14,7 +14,7 @@ they generated), samples at temperature 0.6, and runs decode steps. Wall time pe
 un-profiled steps; the breakdown comes from one torch.profiler pass over a few more steps. Variants
 (dtype x backend x prepacked weights or not x fused C++ layer ops or the plain torch ones x whole
 decoder layers as one C++ call each or op by op x the bundled GGUF's weights dequantized or kept in
-their stored types) are interleaved step by step in one process, so a shared, noisy machine moves them
+their stored types x those blocks in the kernel's layout or as stored) are interleaved step by step in one process, so a shared, noisy machine moves them
 alike.
 """
 
@@ -26,6 +26,8 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
+from unittest import mock
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from pagedserve.ops.microbench.decode_bandwidth import read_bandwidth, weight_bytes_per_token
 from pagedserve.ops.results import write_json
 from pagedserve.services.checkpoint import resolve_model
+from pagedserve.services.worker.layers import moe, quant_linear
 from pagedserve.services.worker.layers.packed_linear import PackedLinear
 from pagedserve.services.worker.layers.quant_linear import QuantLinear
 from pagedserve.services.worker.runner import ModelRunner
@@ -90,23 +93,29 @@ class Variant:
         fused_layers: bool = True,
         quantization: str = "none",
         model: str = "smollm2-135m",
+        layout: str = "kernel",
     ) -> None:
         self.name = f"{dtype}/{backend}" + ("" if prepack else "/dense")
         self.name += "" if quantization == "none" else f"/{quantization}"
+        self.name += "" if layout == "kernel" else f"/{layout}"
         path = resolve_model(model)
         rng = random.Random(seed)
         self.prompt_lens = [rng.randint(16, 256) for _ in range(batch)]
         budget = max(self.prompt_lens) + 512
         blocks_each = -(-budget // block_size)
-        self.runner = ModelRunner(
-            path,
-            dtype=dtype,
-            block_size=block_size,
-            num_blocks=batch * blocks_each + 1,
-            attention_backend=backend,
-            prepack_weights=prepack,
-            quantization=quantization,
-        )
+        with ExitStack() as stack:
+            if layout == "stored":  # the GGUF's blocks as stored, not the kernel's interleaved rows
+                for module in (quant_linear, moe):
+                    stack.enter_context(mock.patch.object(module, "kernel_layout", _stored_layout))
+            self.runner = ModelRunner(
+                path,
+                dtype=dtype,
+                block_size=block_size,
+                num_blocks=batch * blocks_each + 1,
+                attention_backend=backend,
+                prepack_weights=prepack,
+                quantization=quantization,
+            )
         if prepack and self.runner.num_prepacked:
             self.name += "/prepacked"
         # "fused": our C++ norms, adds and SiLU-and-mul; "torch-ops": the plain forms.
@@ -143,6 +152,10 @@ class Variant:
 
     def decode(self) -> float:
         return self.execute(Execute(self._next(), cached_requests=[CachedRequest(r, 1) for r in self.ids]))
+
+
+def _stored_layout(ops: Any, mode: int, type_id: int, blocks: torch.Tensor) -> tuple[int, torch.Tensor]:
+    return type_id, blocks
 
 
 def _label(obj: Any, attr: str, label: str) -> None:
@@ -234,6 +247,13 @@ def main() -> None:
     ap.add_argument(
         "--quantization", nargs="+", choices=["none", "gguf"], default=["none"], help="the GGUF's weights"
     )
+    ap.add_argument(
+        "--layout",
+        nargs="+",
+        choices=["kernel", "stored"],
+        default=["kernel"],
+        help="quantized weights in the kernel's layout (rows interleaved where it runs them) or as stored",
+    )
     ap.add_argument("--no-breakdown", action="store_true", help="step times only, no profiled pass")
     ap.add_argument("--out", type=Path, default=None, help="write the step times and breakdowns as JSON")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -254,6 +274,7 @@ def main() -> None:
             fused_layers=fl == "on",
             quantization=q,
             model=args.model,
+            layout=lay,
         )
         for d in args.dtype
         for b in args.backend
@@ -261,6 +282,7 @@ def main() -> None:
         for f in args.fused_ops
         for fl in args.fused_layers
         for q in args.quantization
+        for lay in args.layout
     ]
     for v in variants:
         v.decode()  # warm-up

@@ -264,8 +264,8 @@ def test_the_type_table_is_ggmls():
     assert {name: int(gguf.GGMLQuantizationType[name]) for name in KERNEL_TYPES} == KERNEL_TYPES
 
 
-# ---- Q4_0 / Q4_1 with every 8 output rows interleaved (kernels/cpu/quant_interleaved.cpp): types 102, 103.
-INTERLEAVED = {"Q4_0": 102, "Q4_1": 103}
+# ---- Q4_0 / Q4_1 / Q8_0 with every 8 output rows interleaved (kernels/cpu/quant_interleaved.cpp): 100 + type.
+INTERLEAVED = {"Q4_0": 102, "Q4_1": 103, "Q8_0": 108}
 
 
 @pytest.mark.parametrize("type_name", INTERLEAVED)
@@ -296,7 +296,8 @@ def test_interleaved_int8_tiles_stay_within_the_bound_and_score_each_row_as_alon
     count, and each row bit for bit what it gives alone, across tiles of 4/2/1 rows and row blocks."""
     stored, layout = TYPES[type_name], INTERLEAVED[type_name]
     assert ops.interleaved_type(stored) == (layout if isa == "avx2" else 0)
-    assert ops.int8_panel_rows(layout) == (1024 if isa == "avx2" else ops.int8_panel_rows(stored))
+    native_switch = 512 if type_name == "Q8_0" else 1024
+    assert ops.int8_panel_rows(layout) == (native_switch if isa == "avx2" else ops.int8_panel_rows(stored))
     if isa != "avx2":
         return  # the other paths read the layout through the stored blocks (the test above)
     # 96 wide: 3 groups; 2048 wide: a row block of 8 rows, so 37 rows cross four of them
@@ -326,4 +327,4 @@ def test_interleaving_refuses_what_has_no_layout(ops: Any) -> None:
         ops.interleave_rows(blocks, 3)
     with pytest.raises(RuntimeError, match="interleaved rows \\(type 103\\) come in whole chunks of 8"):
         ops.quant_linear(torch.randn(1, 64), blocks, 103, None)
-    assert ops.interleaved_type(12) == 0 and ops.interleaved_type(8) == 0
+    assert ops.interleaved_type(12) == 0 and ops.interleaved_type(14) == 0
