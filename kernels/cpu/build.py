@@ -70,6 +70,7 @@ QUANT_LINEAR = Extension(
         HERE / "quant_float.cpp",
         HERE / "quant_int8.cpp",
         HERE / "quant_interleaved.cpp",
+        HERE / "int8_interleaved.cpp",
         HERE / "moe_experts.cpp",
     ),
     headers=(

@@ -27,9 +27,9 @@ import statistics
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from unittest import mock
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import nn

@@ -264,8 +264,9 @@ def test_the_type_table_is_ggmls():
     assert {name: int(gguf.GGMLQuantizationType[name]) for name in KERNEL_TYPES} == KERNEL_TYPES
 
 
-# ---- Q4_0 / Q4_1 / Q8_0 with every 8 output rows interleaved (kernels/cpu/quant_interleaved.cpp): 100 + type.
-INTERLEAVED = {"Q4_0": 102, "Q4_1": 103, "Q8_0": 108}
+# ---- Q4_0 / Q4_1 / Q8_0 / Q4_K with every 8 output rows interleaved (kernels/cpu/quant_interleaved.cpp):
+# 100 + type.
+INTERLEAVED = {"Q4_0": 102, "Q4_1": 103, "Q8_0": 108, "Q4_K": 112}
 
 
 @pytest.mark.parametrize("type_name", INTERLEAVED)
@@ -300,8 +301,9 @@ def test_interleaved_int8_tiles_stay_within_the_bound_and_score_each_row_as_alon
     assert ops.int8_panel_rows(layout) == (native_switch if isa == "avx2" else ops.int8_panel_rows(stored))
     if isa != "avx2":
         return  # the other paths read the layout through the stored blocks (the test above)
-    # 96 wide: 3 groups; 2048 wide: a row block of 8 rows, so 37 rows cross four of them
-    for n, k, count in [(40, 512, 23), (16, 96, 9), (24, 2048, 37)]:
+    # 96 wide: 3 groups (Q4_K: one super-block); 2048 wide: a row block of 8 rows, so 37 rows cross four
+    narrow = 256 if type_name == "Q4_K" else 96
+    for n, k, count in [(40, 512, 23), (16, narrow, 9), (24, 2048, 37)]:
         blocks, reference = weights(type_name, n, k, seed=k)
         rows = ops.interleave_rows(blocks, stored)
         x = torch.randn(count, k, generator=torch.Generator().manual_seed(count)) * torch.rand(k) * 3
@@ -321,10 +323,10 @@ def test_interleaved_int8_tiles_stay_within_the_bound_and_score_each_row_as_alon
 
 def test_interleaving_refuses_what_has_no_layout(ops: Any) -> None:
     blocks, _ = weights("Q4_1", 12, 64)
-    with pytest.raises(RuntimeError, match="type 12 has no interleaved layout"):
-        ops.interleave_rows(weights("Q4_K", 8, 256)[0], 12)
+    with pytest.raises(RuntimeError, match="type 14 has no interleaved layout"):
+        ops.interleave_rows(weights("Q6_K", 8, 256)[0], 14)
     with pytest.raises(RuntimeError, match="12 rows are not whole chunks of 8"):
         ops.interleave_rows(blocks, 3)
     with pytest.raises(RuntimeError, match="interleaved rows \\(type 103\\) come in whole chunks of 8"):
         ops.quant_linear(torch.randn(1, 64), blocks, 103, None)
-    assert ops.interleaved_type(12) == 0 and ops.interleaved_type(14) == 0
+    assert ops.interleaved_type(14) == 0 and ops.interleaved_type(10) == 0

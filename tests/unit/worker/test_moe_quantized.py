@@ -101,20 +101,27 @@ def test_experts_of_a_type_the_kernel_lacks_stay_dense(tiny_model, tmp_path):
     assert isinstance(model.layers[0].self_attn.qkv_proj, QuantLinear)
 
 
-def test_int8_experts_take_the_interleaved_rows_where_the_kernel_runs_them(tiny_model, tmp_path, monkeypatch):
-    """With int8 activations, Q4_0 experts whose rows per expert are whole chunks of 8 take the kernel's
+@pytest.mark.parametrize(
+    ("arch", "type_name", "overrides"), [CASES[2], CASES[4]], ids=["mixtral-Q4_0", "qwen3_moe-Q4_K"]
+)
+def test_int8_experts_take_the_interleaved_rows_where_the_kernel_runs_them(
+    tiny_model, tmp_path, monkeypatch, arch, type_name, overrides
+):
+    """With int8 activations, Q4_0/Q4_K experts whose rows per expert are whole chunks of 8 take the kernel's
     interleaved layout where its path runs it (avx2; quant_linear.kernel_layout), each expert still its
     own run of rows, and compute what the dequantized experts do within the int8 allowance
     (test_quantized_model.py's: 2% of the largest output)."""
     from pagedserve.services.worker.layers.quant_linear import quant_ops
 
-    folder = _quantized_copy(tiny_model, tmp_path, "mixtral", "Q4_0", {})
+    folder = _quantized_copy(tiny_model, tmp_path, arch, type_name, overrides)
     monkeypatch.setenv("PAGEDSERVE_QUANT_ACTIVATIONS", "int8")
     quantized = load_model(folder, TorchAttentionBackend(), quantization="gguf").model
     monkeypatch.delenv("PAGEDSERVE_QUANT_ACTIVATIONS")
     dense = load_model(folder, TorchAttentionBackend(), quantization="none").model
-    layout = quant_ops().interleaved_type(2) or 2  # 102 on the avx2 path
-    block_q, block_d = quantized.layers[1].mlp, dense.layers[1].mlp
+    stored = {"Q4_0": 2, "Q4_K": 12}[type_name]
+    layout = quant_ops().interleaved_type(stored) or stored  # 100 + stored on the avx2 path
+    sparse = next(i for i, layer in enumerate(quantized.layers) if isinstance(layer.mlp, SparseMoeBlock))
+    block_q, block_d = quantized.layers[sparse].mlp, dense.layers[sparse].mlp
     experts = block_q.experts
     hidden = experts.gate_up_proj.in_features
     x = torch.randn(9, max(hidden, experts.down_proj.in_features))

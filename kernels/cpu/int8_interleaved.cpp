@@ -1,0 +1,263 @@
+// The avx2 path's int8 tiles over the interleaved layouts (quant_interleaved.cpp): Q4_0, Q4_1, Q8_0 and
+// Q4_K with every 8 output rows interleaved.
+//
+// Why: at one row the GGML layout's tiles (quant_int8.cpp's pair_tile, superblock_tile) decode each
+// output's blocks alone: its scales converted and spread, its nibbles split, the activations loaded
+// again per output, about 11 instructions per (output, group) for Q4_0. A one-row step then read its
+// weights at 13-17 GB/s where two cores read 26-33 (AMD EPYC Zen 3): arithmetic, not memory, was the
+// limit. Here one load of 16 bytes gives 8 outputs' scales in one convert, each maddubs multiplies 4
+// outputs' codes by one broadcast run of 8 activations, and one hadd leaves one int32 per output: about
+// 6 instructions per (output, group). A chunk's rows follow each other in memory, one stream per thread;
+// the tiles still ask for each group's lines 1 KiB ahead (prefetch_ahead): a call over a layer's 0.2-1
+// MB matrix is over before the hardware prefetcher alone ramps up (Zen 3, cold, one row, 2 threads,
+// Q4_1: 576 x 1536 34-50 us without, 26-36 with; 3072 x 576 57-77 against 45-57).
+//
+// Every (row, output) sums its groups in one order whatever the row count or tile, so a row scores as
+// it would alone (a speculative verify step's rows give what one-row decodes give).
+#include <ATen/Parallel.h>
+
+#include <cstring>
+#include <vector>
+
+#include "int8_rows.h"
+#include "quant_linear.h"
+
+QUANT_BEGIN
+
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+
+namespace {
+
+// The activations as the tiles read them, per (row, group): the 32 codes as four runs of 8, each
+// repeated 4 times (one 32-byte operand per maddubs, no broadcast in the loop: 5-10% faster at one row
+// than broadcasting from the plain codes), the group's scale, and its offset term: Q4_0 8 * the codes'
+// sum (int32, taken off the integer dot: the codes sit at 8), Q4_1 scale * the codes' sum (float, times m).
+struct InterleavedX {
+  std::vector<int8_t> q;  // [M][G][4][32]
+  std::vector<float> sx, offset;
+  std::vector<int32_t> sum8;
+  int64_t G;
+};
+
+InterleavedX interleaved_x(const float* x, int64_t M, int64_t K) {
+  InterleavedX xq;
+  xq.G = K / kGroup;
+  xq.q.resize(M * xq.G * 128);
+  xq.sx.resize(M * xq.G);
+  xq.offset.resize(M * xq.G);
+  xq.sum8.resize(M * xq.G);
+  quantize_rows(x, M, K, [&](int64_t m, int64_t g, const int8_t* q, const GroupCodes& c) {
+    const int64_t at = m * xq.G + g;
+    for (int64_t run = 0; run < 4; ++run) {
+      int64_t eight;
+      std::memcpy(&eight, q + 8 * run, 8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq.q.data() + at * 128 + 32 * run), _mm256_set1_epi64x(eight));
+    }
+    const int sum = c.sums[0] + c.sums[1];
+    xq.sx[at] = c.d;
+    xq.offset[at] = c.d * static_cast<float>(sum);
+    xq.sum8[at] = 8 * sum;
+  });
+  return xq;
+}
+
+// A tile's sums, from kLaneRow's order back to the outputs' (64-bit pairs (0 1)(4 5)(2 3)(6 7) ->
+// (0 1)(2 3)(4 5)(6 7)), the bias added.
+template <int MT>
+inline void store_chunk(const __m256* acc, const float* bias, float* out, int64_t out_stride) {
+  for (int i = 0; i < MT; ++i) {
+    __m256 sums = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(acc[i]), 0xD8));
+    if (bias) sums = _mm256_add_ps(sums, _mm256_loadu_ps(bias));
+    _mm256_storeu_ps(out + i * out_stride, sums);
+  }
+}
+
+// One group of a chunk's 8 rows, decoded once for a tile's rows: 8 registers of 4 rows x 8 codes
+// (codes[4q + k]: rows 4q..4q+3, the activations' run kRun[k]), unsigned; Q8_0's signs kept apart
+// (maddubs multiplies unsigned by signed bytes: |code| by x with the code's sign).
+template <int64_t T>
+struct ChunkGroup {
+  // Q4: run 2q's low nibbles meet activations 0-7, its high ones 16-23, run 2q + 1's 8-15 and 24-31.
+  static constexpr int kRun[4] = {0, 2, 1, 3};
+  __m256i codes[8], signs[T == Q8_0 ? 8 : 1];
+  __m256 d;
+
+  explicit ChunkGroup(const uint8_t* block) {
+    d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    if constexpr (T == Q8_0) {
+      for (int r = 0; r < 8; ++r) {
+        signs[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16 + 32 * r));
+        codes[r] = _mm256_abs_epi8(signs[r]);
+      }
+    } else {
+      constexpr int64_t codes_at = T == Q4_0 ? 16 : 32;
+      const __m256i low4 = _mm256_set1_epi8(0x0F);
+      for (int run = 0; run < 4; ++run) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + codes_at + 32 * run));
+        codes[2 * run] = _mm256_and_si256(raw, low4);
+        codes[2 * run + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      }
+    }
+  }
+
+  // Rows 4q..4q+3 by one activation row's group: two int32 lanes per row.
+  inline __m256i dot(int q, const __m256i* x) const {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if constexpr (T == Q8_0) {
+      // A maddubs of |code| <= 128 by |x| <= 127 pairs is at most 32512: each goes to int32 alone.
+      __m256i sum = _mm256_setzero_si256();
+      for (int r = 0; r < 4; ++r) {
+        const __m256i xs = _mm256_sign_epi8(_mm256_loadu_si256(x + r), signs[4 * q + r]);
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(codes[4 * q + r], xs), ones));
+      }
+      return sum;
+    } else {
+      // Four maddubs of codes <= 15 add in int16 without saturating (4 * 2 * 15 * 127 < 32767).
+      __m256i sum = _mm256_maddubs_epi16(codes[4 * q], _mm256_loadu_si256(x + kRun[0]));
+      for (int k = 1; k < 4; ++k)
+        sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes[4 * q + k], _mm256_loadu_si256(x + kRun[k])));
+      return _mm256_madd_epi16(sum, ones);
+    }
+  }
+};
+
+// MT rows x one chunk of 8 outputs: each group's 8 x 32 codes decoded once for the MT rows.
+template <int64_t T, int MT>
+inline void chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk, const float* bias, float* out,
+                       int64_t out_stride) {
+  constexpr int64_t B = block_bytes(T);
+  const int64_t G = xq.G;
+  __m256 acc[MT];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* block = chunk + g * kInterleavedRows * B;
+    for (int64_t line = 0; line < kInterleavedRows * B; line += 64) prefetch_ahead(block + line);
+    const ChunkGroup<T> group(block);
+    for (int i = 0; i < MT; ++i) {
+      const int64_t at = (m0 + i) * G + g;
+      const auto* x = reinterpret_cast<const __m256i*>(xq.q.data() + at * 128);
+      __m256i dot = _mm256_hadd_epi32(group.dot(0, x), group.dot(1, x));  // one int32 a row, kLaneRow's order
+      if constexpr (T == Q4_0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(xq.sum8[at]));
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(group.d, _mm256_set1_ps(xq.sx[at])), acc[i]);
+      if constexpr (T == Q4_1) {
+        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
+        acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(xq.offset[at]), acc[i]);
+      }
+    }
+  }
+  store_chunk<MT>(acc, bias, out, out_stride);
+}
+
+// Q4_K: group s's 8 six-bit scales (kind 0) or mins (kind 1) from the packed 96 bytes, as floats in
+// lane order (quant_interleaved.cpp's pack_k_scales: two 8-byte loads, a shift and a mask each).
+inline __m256 k_values(const uint8_t* packed, int kind, int s) {
+  uint64_t low, top;
+  std::memcpy(&low, packed + 32 * kind + 8 * (s % 4), 8);
+  std::memcpy(&top, packed + 64 + 16 * kind + 8 * (s % 2), 8);
+  const uint64_t values =
+      (low >> (4 * (s / 4)) & 0x0F0F0F0F0F0F0F0FULL) | (top >> (2 * (s / 2)) & 0x0303030303030303ULL) << 4;
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(values))));
+}
+
+// MT rows x one chunk of 8 outputs of Q4_K, a super-block at a time: each pair of groups' 8 x 64 codes
+// loaded once (low nibbles group 2p, high 2p + 1), each group's scales a * code + b per lane (a = d *
+// scale, b = -dmin * min) made once for the MT rows.
+template <int MT>
+inline void k_chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk, const float* bias, float* out,
+                         int64_t out_stride) {
+  constexpr int64_t B = block_bytes(Q4_K);
+  const int64_t G = xq.G;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[MT];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < G / 8; ++sb) {
+    const uint8_t* block = chunk + sb * kInterleavedRows * B;
+    for (int64_t line = 0; line < kInterleavedRows * B; line += 64) prefetch_ahead(block + line);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    const __m256 minus_dmin = _mm256_sub_ps(
+        _mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16))));
+    for (int p = 0; p < 4; ++p) {
+      __m256i raw[8];
+      for (int r = 0; r < 8; ++r)
+        raw[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 256 * p + 32 * r));
+      for (int h = 0; h < 2; ++h) {
+        const int s = 2 * p + h;
+        const __m256 a = _mm256_mul_ps(d, k_values(block + 32, 0, s));
+        const __m256 b = _mm256_mul_ps(minus_dmin, k_values(block + 32, 1, s));
+        __m256i codes[8];
+        for (int r = 0; r < 8; ++r)
+          codes[r] = _mm256_and_si256(h ? _mm256_srli_epi16(raw[r], 4) : raw[r], low4);
+        for (int i = 0; i < MT; ++i) {
+          const int64_t at = (m0 + i) * G + 8 * sb + s;
+          const auto* x = reinterpret_cast<const __m256i*>(xq.q.data() + at * 128);
+          __m256i quad[2];
+          for (int q = 0; q < 2; ++q) {
+            // Four maddubs of codes <= 15 add in int16 without saturating (4 * 2 * 15 * 127 < 32767).
+            __m256i sum = _mm256_maddubs_epi16(codes[4 * q], _mm256_loadu_si256(x));
+            for (int r = 1; r < 4; ++r)
+              sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes[4 * q + r], _mm256_loadu_si256(x + r)));
+            quad[q] = _mm256_madd_epi16(sum, ones);
+          }
+          const __m256i dot = _mm256_hadd_epi32(quad[0], quad[1]);  // one int32 a row, kLaneRow's order
+          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(a, _mm256_set1_ps(xq.sx[at])), acc[i]);
+          acc[i] = _mm256_fmadd_ps(b, _mm256_set1_ps(xq.offset[at]), acc[i]);
+        }
+      }
+    }
+  }
+  store_chunk<MT>(acc, bias, out, out_stride);
+}
+
+// A block of rows' activations at the most, so that it stays in L2 while a thread's chunks pass over it.
+constexpr int64_t kRowBlockBytes = 131072;
+
+template <int64_t T>
+void interleaved_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias, float* out,
+                      int64_t N) {
+  const InterleavedX xq = interleaved_x(x, M, K);
+  const int64_t chunks = N / kInterleavedRows, chunk_bytes = kInterleavedRows * K / block_weights(T) * block_bytes(T);
+  const int64_t block_rows = std::max<int64_t>(4, kRowBlockBytes / (xq.G * 128) / 4 * 4);
+  at::parallel_for(0, chunks, std::max<int64_t>(1, grain(M, K) / kInterleavedRows), [&](int64_t begin, int64_t end) {
+    for (int64_t m_block = 0; m_block < M; m_block += block_rows)
+      for (int64_t c = begin; c < end; ++c) {
+        const float* b = bias ? bias + c * kInterleavedRows : nullptr;
+        row_tiles<4>(std::min(block_rows, M - m_block), [&](auto mt, int64_t i) {
+          const int64_t m = m_block + i;
+          constexpr int MT = decltype(mt)::value;
+          float* to = out + m * N + c * kInterleavedRows;
+          if constexpr (T == Q4_K)
+            k_chunk_tile<MT>(xq, m, w + c * chunk_bytes, b, to, N);
+          else
+            chunk_tile<T, MT>(xq, m, w + c * chunk_bytes, b, to, N);
+        });
+      }
+  });
+}
+
+}  // namespace
+
+bool int8_interleaved() { return true; }
+
+void linear_interleaved_int8(int64_t type, const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias,
+                             float* out, int64_t N) {
+  if (type == Q4_0_R8)
+    interleaved_impl<Q4_0>(x, M, K, w, bias, out, N);
+  else if (type == Q4_1_R8)
+    interleaved_impl<Q4_1>(x, M, K, w, bias, out, N);
+  else if (type == Q8_0_R8)
+    interleaved_impl<Q8_0>(x, M, K, w, bias, out, N);
+  else
+    interleaved_impl<Q4_K>(x, M, K, w, bias, out, N);
+}
+
+#else
+
+bool int8_interleaved() { return false; }
+
+void linear_interleaved_int8(int64_t, const float*, int64_t, int64_t, const uint8_t*, const float*, float*, int64_t) {
+  TORCH_CHECK(false, "quant_linear: this build has no int8 tiles over interleaved rows");
+}
+
+#endif
+
+QUANT_END
