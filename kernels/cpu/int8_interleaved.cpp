@@ -1,5 +1,5 @@
-// The avx2 path's int8 tiles over the interleaved layouts (quant_interleaved.cpp): Q4_0, Q4_1, Q8_0 and
-// Q4_K with every 8 output rows interleaved.
+// The avx2 path's int8 tiles over the interleaved layouts (quant_interleaved.cpp): Q4_0, Q4_1, Q8_0, Q4_K
+// and Q6_K with every 8 output rows interleaved.
 //
 // Why: at one row the GGML layout's tiles (quant_int8.cpp's pair_tile, superblock_tile) decode each
 // output's blocks alone: its scales converted and spread, its nibbles split, the activations loaded
@@ -31,11 +31,12 @@ namespace {
 // The activations as the tiles read them, per (row, group): the 32 codes as four runs of 8, each
 // repeated 4 times (one 32-byte operand per maddubs, no broadcast in the loop: 5-10% faster at one row
 // than broadcasting from the plain codes), the group's scale, and its offset term: Q4_0 8 * the codes'
-// sum (int32, taken off the integer dot: the codes sit at 8), Q4_1 scale * the codes' sum (float, times m).
+// sum (int32, taken off the integer dot: the codes sit at 8), Q4_1 scale * the codes' sum (float, times m);
+// Q6_K 32 * each half's sum (its codes sit at 32, a scale per 16).
 struct InterleavedX {
   std::vector<int8_t> q;  // [M][G][4][32]
   std::vector<float> sx, offset;
-  std::vector<int32_t> sum8;
+  std::vector<int32_t> sum8, halves32;  // halves32: [M][G][2]
   int64_t G;
 };
 
@@ -46,6 +47,7 @@ InterleavedX interleaved_x(const float* x, int64_t M, int64_t K) {
   xq.sx.resize(M * xq.G);
   xq.offset.resize(M * xq.G);
   xq.sum8.resize(M * xq.G);
+  xq.halves32.resize(M * xq.G * 2);
   quantize_rows(x, M, K, [&](int64_t m, int64_t g, const int8_t* q, const GroupCodes& c) {
     const int64_t at = m * xq.G + g;
     for (int64_t run = 0; run < 4; ++run) {
@@ -57,6 +59,7 @@ InterleavedX interleaved_x(const float* x, int64_t M, int64_t K) {
     xq.sx[at] = c.d;
     xq.offset[at] = c.d * static_cast<float>(sum);
     xq.sum8[at] = 8 * sum;
+    for (int h = 0; h < 2; ++h) xq.halves32[2 * at + h] = 32 * c.sums[h];
   });
   return xq;
 }
@@ -208,6 +211,72 @@ inline void k_chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chun
   store_chunk<MT>(acc, bias, out, out_stride);
 }
 
+// Q6_K: scale j's 8 int8 (one per lane) as floats.
+inline __m256 q6_scales(const uint8_t* block, int j) {
+  int64_t eight;
+  std::memcpy(&eight, block + 16 + 8 * j, 8);
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(eight)));
+}
+
+// MT rows x one chunk of 8 outputs of Q6_K, a super-block at a time: for each group s = 4n + k its 6-bit
+// codes are a nibble of the ql runs (low for k < 2, high for k >= 2) joined with bits 2k of the qh runs,
+// made once for the MT rows. Codes <= 63: two maddubs add in int16 (2 * 2 * 63 * 127 < 32767), which is
+// one half-group of 16, the unit of Q6_K's scales.
+template <int MT>
+inline void q6_chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk, const float* bias, float* out,
+                          int64_t out_stride) {
+  constexpr int64_t B = block_bytes(Q6_K);
+  const int64_t G = xq.G;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+  __m256 acc[MT];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < G / 8; ++sb) {
+    const uint8_t* block = chunk + sb * kInterleavedRows * B;
+    for (int64_t line = 0; line < kInterleavedRows * B; line += 64) prefetch_ahead(block + line);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    for (int n = 0; n < 2; ++n) {
+      __m256i qh[8];
+      for (int r = 0; r < 8; ++r)
+        qh[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 144 + 1024 + 256 * n + 32 * r));
+      for (int h = 0; h < 2; ++h) {
+        __m256i ql[8];
+        for (int r = 0; r < 8; ++r)
+          ql[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 144 + 256 * (2 * n + h) + 32 * r));
+        for (int high = 0; high < 2; ++high) {
+          const int k = h + 2 * high, s = 4 * n + k;
+          __m256i codes[8];
+          for (int r = 0; r < 8; ++r) {
+            const __m256i nibble = _mm256_and_si256(high ? _mm256_srli_epi16(ql[r], 4) : ql[r], low4);
+            // bits 2k..2k+1 to bits 4-5 (what crosses in from the neighbouring byte is masked off)
+            const __m256i top = k < 2 ? _mm256_slli_epi16(qh[r], 4 - 2 * k) : _mm256_srli_epi16(qh[r], 2 * k - 4);
+            codes[r] = _mm256_or_si256(nibble, _mm256_and_si256(top, top2));
+          }
+          const __m256 a0 = _mm256_mul_ps(d, q6_scales(block, 2 * s)), a1 = _mm256_mul_ps(d, q6_scales(block, 2 * s + 1));
+          for (int i = 0; i < MT; ++i) {
+            const int64_t at = (m0 + i) * G + 8 * sb + s;
+            const auto* x = reinterpret_cast<const __m256i*>(xq.q.data() + at * 128);
+            __m256i half[2][2];  // [half of the group][rows 0-3, 4-7]
+            for (int q = 0; q < 2; ++q)
+              for (int hf = 0; hf < 2; ++hf) {
+                const __m256i pair = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(codes[4 * q + 2 * hf], _mm256_loadu_si256(x + 2 * hf)),
+                    _mm256_maddubs_epi16(codes[4 * q + 2 * hf + 1], _mm256_loadu_si256(x + 2 * hf + 1)));
+                half[hf][q] = _mm256_madd_epi16(pair, ones);
+              }
+            const float sx = xq.sx[at];
+            for (int hf = 0; hf < 2; ++hf) {
+              const __m256i dot = _mm256_sub_epi32(_mm256_hadd_epi32(half[hf][0], half[hf][1]),
+                                                   _mm256_set1_epi32(xq.halves32[2 * at + hf]));
+              acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(hf ? a1 : a0, _mm256_set1_ps(sx)), acc[i]);
+            }
+          }
+        }
+      }
+    }
+  }
+  store_chunk<MT>(acc, bias, out, out_stride);
+}
+
 // A block of rows' activations at the most, so that it stays in L2 while a thread's chunks pass over it.
 constexpr int64_t kRowBlockBytes = 131072;
 
@@ -227,6 +296,8 @@ void interleaved_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, co
           float* to = out + m * N + c * kInterleavedRows;
           if constexpr (T == Q4_K)
             k_chunk_tile<MT>(xq, m, w + c * chunk_bytes, b, to, N);
+          else if constexpr (T == Q6_K)
+            q6_chunk_tile<MT>(xq, m, w + c * chunk_bytes, b, to, N);
           else
             chunk_tile<T, MT>(xq, m, w + c * chunk_bytes, b, to, N);
         });
@@ -246,8 +317,10 @@ void linear_interleaved_int8(int64_t type, const float* x, int64_t M, int64_t K,
     interleaved_impl<Q4_1>(x, M, K, w, bias, out, N);
   else if (type == Q8_0_R8)
     interleaved_impl<Q8_0>(x, M, K, w, bias, out, N);
-  else
+  else if (type == Q4_K_R8)
     interleaved_impl<Q4_K>(x, M, K, w, bias, out, N);
+  else
+    interleaved_impl<Q6_K>(x, M, K, w, bias, out, N);
 }
 
 #else

@@ -1,9 +1,9 @@
-// Q4_0, Q4_1, Q8_0 and Q4_K with every 8 output rows interleaved (quant_formats.h's Q4_0_R8 ... Q4_K_R8):
+// Q4_0, Q4_1, Q8_0, Q4_K and Q6_K with every 8 output rows interleaved (quant_formats.h's Q4_0_R8 ...):
 // the byte layouts, made from the stored blocks and read back into them. The avx2 path's int8 tiles over
 // them, and why they pay: int8_interleaved.cpp.
 //
 // Chunk c (output rows 8c..8c+7) is 8 * row_bytes bytes, the same as the 8 stored rows; inside it,
-// block g of the 8 rows is 8 * B bytes (B: the stored block's 18, 20, 34 or 144). kLaneRow
+// block g of the 8 rows is 8 * B bytes (B: the stored block's 18, 20, 34, 144 or 210). kLaneRow
 // (quant_formats.h) is the order the tiles' sums come out in; every per-row scale is stored in it.
 //   - Q4_0 / Q4_1 / Q8_0: the 8 rows' scales d (fp16; Q4_1: then their 8 minimums m, the same order);
 //   - Q4_0 / Q4_1: 128 bytes of nibbles, 4 runs of 32, run 2q + h holding, for rows 4q..4q+3 in turn,
@@ -13,7 +13,12 @@
 //   - Q4_K (a 256-weight super-block, 8 groups): d and dmin (16 bytes each, fp16); 96 bytes of the 8
 //     rows' 6-bit group scales and mins, value 8s + lane for group s (PackedScales below); then per pair
 //     of groups (2p, 2p + 1), which share stored bytes 32p..32p+31 (low nibbles group 2p, high 2p + 1),
-//     256 bytes: 8 runs of 32, run 4q + r holding stored bytes 32p + 8r..+7 of rows 4q..4q+3.
+//     256 bytes: 8 runs of 32, run 4q + r holding stored bytes 32p + 8r..+7 of rows 4q..4q+3;
+//   - Q6_K (256 weights, 16 scales): d (16 bytes); the 8 rows' int8 scales, scale j's 8 at 16 + 8j; then
+//     each run of 8 stored bytes of the low nibbles (ql, 128 a row) and of the top two bits (qh, 64) in
+//     runs of 32 as above: 4 runs of ql (stored bytes 64n + 32h.., low nibbles group 4n + h, high ones
+//     4n + 2 + h), then 2 of qh (stored 32n.., bits 2k group 4n + k), 256 bytes each, run 4q + r of
+//     one holding its bytes 8r..8r+7 of rows 4q..4q+3.
 // Every path reads these layouts: avx2's int8 tiles directly, the rest through `deinterleave_rows`,
 // back to the stored blocks (the same results as the stored type, bit for bit).
 #include <ATen/Parallel.h>
@@ -31,6 +36,20 @@ namespace {
 // once, for both directions.
 template <typename Piece>
 void block_pieces(int64_t type, const Piece& piece) {
+  if (type == Q6_K) {
+    for (int64_t lane = 0; lane < 8; ++lane) {
+      piece(2 * lane, kLaneRow[lane], 208, 2);
+      for (int64_t j = 0; j < 16; ++j) piece(16 + 8 * j + lane, kLaneRow[lane], 192 + j, 1);
+    }
+    // ql: runs (n, h) at 144 + 256 (2n + h) from stored 64n + 32h; qh: n at 1168 + 256n from 128 + 32n
+    for (int64_t set = 0; set < 6; ++set) {
+      const int64_t from = set < 4 ? 64 * (set / 2) + 32 * (set % 2) : 128 + 32 * (set - 4);
+      for (int64_t run = 0; run < 8; ++run)
+        for (int64_t i = 0; i < 4; ++i)
+          piece(144 + 256 * set + 32 * run + 8 * i, 4 * (run / 4) + i, from + 8 * (run % 4), 8);
+    }
+    return;
+  }
   const bool two_scales = type == Q4_1 || type == Q4_K;  // d and m (Q4_K: d and dmin), or d
   for (int64_t lane = 0; lane < 8; ++lane) {
     piece(2 * lane, kLaneRow[lane], 0, 2);

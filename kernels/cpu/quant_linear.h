@@ -2,7 +2,7 @@
 //   quant_float.cpp  float32 activations: tiles that decode each group inside the dot products, panels
 //                    decoded into a scratch buffer for a float32 GEMM, and the embedding's row lookup
 //   quant_int8.cpp   int8 activations: integer dot products of codes with quantized rows
-//   quant_interleaved.cpp  Q4_0/Q4_1/Q8_0/Q4_K with 8 output rows interleaved (the byte layouts)
+//   quant_interleaved.cpp  Q4_0/Q4_1/Q8_0/Q4_K/Q6_K with 8 output rows interleaved (the byte layouts)
 //   int8_interleaved.cpp   the avx2 path's int8 tiles over them
 //   quant_linear.cpp the ops (argument checks, which driver a call takes) and their registration
 // `type` is a GGML type number quant::supported accepts; `w` row n starts at w + n * w_stride bytes.
@@ -67,7 +67,7 @@ bool int8_pairs_groups(int64_t type);
 // tiles stay ahead of the panels to ~96 rows (quant_linear.cpp's int8_panel_rows).
 bool int8_superblock_tiles(int64_t type);
 
-// Rows interleaved by 8 (quant_interleaved.cpp; `type` the stored GGML type, Q4_0, Q4_1, Q8_0 or Q4_K, N a multiple of
+// Rows interleaved by 8 (quant_interleaved.cpp; `type` the stored GGML type, Q4_0, Q4_1, Q8_0, Q4_K or Q6_K, N a multiple of
 // 8, rows contiguous): out [N, row_bytes] from w's stored rows, and back, rows ids[t] -> out[t].
 void interleave_rows(int64_t type, const uint8_t* w, int64_t N, int64_t row_bytes, uint8_t* out);
 void deinterleave_rows(int64_t type, const uint8_t* w, int64_t row_bytes, const int64_t* ids, int64_t count,
@@ -77,7 +77,7 @@ void deinterleave_rows(int64_t type, const uint8_t* w, int64_t row_bytes, const 
 // through deinterleave_rows.
 bool int8_interleaved();
 
-// out = x w^T (+ bias) over an interleaved layout (`type` Q4_0_R8, Q4_1_R8, Q8_0_R8 or Q4_K_R8), x quantized to int8.
+// out = x w^T (+ bias) over an interleaved layout (`type` Q4_0_R8 ... Q6_K_R8), x quantized to int8.
 void linear_interleaved_int8(int64_t type, const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias,
                              float* out, int64_t N);
 

@@ -264,9 +264,9 @@ def test_the_type_table_is_ggmls():
     assert {name: int(gguf.GGMLQuantizationType[name]) for name in KERNEL_TYPES} == KERNEL_TYPES
 
 
-# ---- Q4_0 / Q4_1 / Q8_0 / Q4_K with every 8 output rows interleaved (kernels/cpu/quant_interleaved.cpp):
+# ---- Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K with every 8 output rows interleaved (kernels/cpu/quant_interleaved.cpp):
 # 100 + type.
-INTERLEAVED = {"Q4_0": 102, "Q4_1": 103, "Q8_0": 108, "Q4_K": 112}
+INTERLEAVED = {"Q4_0": 102, "Q4_1": 103, "Q8_0": 108, "Q4_K": 112, "Q6_K": 114}
 
 
 @pytest.mark.parametrize("type_name", INTERLEAVED)
@@ -297,12 +297,12 @@ def test_interleaved_int8_tiles_stay_within_the_bound_and_score_each_row_as_alon
     count, and each row bit for bit what it gives alone, across tiles of 4/2/1 rows and row blocks."""
     stored, layout = TYPES[type_name], INTERLEAVED[type_name]
     assert ops.interleaved_type(stored) == (layout if isa == "avx2" else 0)
-    native_switch = 512 if type_name == "Q8_0" else 1024
+    native_switch = 512 if type_name in ("Q8_0", "Q6_K") else 1024
     assert ops.int8_panel_rows(layout) == (native_switch if isa == "avx2" else ops.int8_panel_rows(stored))
     if isa != "avx2":
         return  # the other paths read the layout through the stored blocks (the test above)
-    # 96 wide: 3 groups (Q4_K: one super-block); 2048 wide: a row block of 8 rows, so 37 rows cross four
-    narrow = 256 if type_name == "Q4_K" else 96
+    # 96 wide: 3 groups (the K-quants: one super-block); 2048 wide: a row block of 8 rows, so 37 rows cross four
+    narrow = 256 if type_name.endswith("_K") else 96
     for n, k, count in [(40, 512, 23), (16, narrow, 9), (24, 2048, 37)]:
         blocks, reference = weights(type_name, n, k, seed=k)
         rows = ops.interleave_rows(blocks, stored)
@@ -323,10 +323,10 @@ def test_interleaved_int8_tiles_stay_within_the_bound_and_score_each_row_as_alon
 
 def test_interleaving_refuses_what_has_no_layout(ops: Any) -> None:
     blocks, _ = weights("Q4_1", 12, 64)
-    with pytest.raises(RuntimeError, match="type 14 has no interleaved layout"):
-        ops.interleave_rows(weights("Q6_K", 8, 256)[0], 14)
+    with pytest.raises(RuntimeError, match="type 13 has no interleaved layout"):
+        ops.interleave_rows(weights("Q5_K", 8, 256)[0], 13)
     with pytest.raises(RuntimeError, match="12 rows are not whole chunks of 8"):
         ops.interleave_rows(blocks, 3)
     with pytest.raises(RuntimeError, match="interleaved rows \\(type 103\\) come in whole chunks of 8"):
         ops.quant_linear(torch.randn(1, 64), blocks, 103, None)
-    assert ops.interleaved_type(14) == 0 and ops.interleaved_type(10) == 0
+    assert ops.interleaved_type(13) == 0 and ops.interleaved_type(10) == 0
