@@ -64,6 +64,18 @@ InterleavedX interleaved_x(const float* x, int64_t M, int64_t K) {
   return xq;
 }
 
+// Block `index` of a chunk (its 8 rows' blocks, B bytes each), its lines asked for 1 KiB ahead.
+template <int64_t T>
+inline const uint8_t* chunk_block(const uint8_t* chunk, int64_t index) {
+  constexpr int64_t bytes = kInterleavedRows * block_bytes(T);
+  const uint8_t* block = chunk + index * bytes;
+  for (int64_t line = 0; line < bytes; line += 64) prefetch_ahead(block + line);
+  return block;
+}
+
+// 8 fp16 values (one per lane) as floats.
+inline __m256 lane_halves(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
 // A tile's sums, from kLaneRow's order back to the outputs' (64-bit pairs (0 1)(4 5)(2 3)(6 7) ->
 // (0 1)(2 3)(4 5)(6 7)), the bias added.
 template <int MT>
@@ -86,7 +98,7 @@ struct ChunkGroup {
   __m256 d;
 
   explicit ChunkGroup(const uint8_t* block) {
-    d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    d = lane_halves(block);
     if constexpr (T == Q8_0) {
       for (int r = 0; r < 8; ++r) {
         signs[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16 + 32 * r));
@@ -128,13 +140,11 @@ struct ChunkGroup {
 template <int64_t T, int MT>
 inline void chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk, const float* bias, float* out,
                        int64_t out_stride) {
-  constexpr int64_t B = block_bytes(T);
   const int64_t G = xq.G;
   __m256 acc[MT];
   for (auto& a : acc) a = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
-    const uint8_t* block = chunk + g * kInterleavedRows * B;
-    for (int64_t line = 0; line < kInterleavedRows * B; line += 64) prefetch_ahead(block + line);
+    const uint8_t* block = chunk_block<T>(chunk, g);
     const ChunkGroup<T> group(block);
     for (int i = 0; i < MT; ++i) {
       const int64_t at = (m0 + i) * G + g;
@@ -143,8 +153,7 @@ inline void chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk,
       if constexpr (T == Q4_0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(xq.sum8[at]));
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(group.d, _mm256_set1_ps(xq.sx[at])), acc[i]);
       if constexpr (T == Q4_1) {
-        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
-        acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(xq.offset[at]), acc[i]);
+        acc[i] = _mm256_fmadd_ps(lane_halves(block + 16), _mm256_set1_ps(xq.offset[at]), acc[i]);
       }
     }
   }
@@ -168,17 +177,13 @@ inline __m256 k_values(const uint8_t* packed, int kind, int s) {
 template <int MT>
 inline void k_chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk, const float* bias, float* out,
                          int64_t out_stride) {
-  constexpr int64_t B = block_bytes(Q4_K);
   const int64_t G = xq.G;
   const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 acc[MT];
   for (auto& a : acc) a = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < G / 8; ++sb) {
-    const uint8_t* block = chunk + sb * kInterleavedRows * B;
-    for (int64_t line = 0; line < kInterleavedRows * B; line += 64) prefetch_ahead(block + line);
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-    const __m256 minus_dmin = _mm256_sub_ps(
-        _mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16))));
+    const uint8_t* block = chunk_block<Q4_K>(chunk, sb);
+    const __m256 d = lane_halves(block), minus_dmin = _mm256_sub_ps(_mm256_setzero_ps(), lane_halves(block + 16));
     for (int p = 0; p < 4; ++p) {
       __m256i raw[8];
       for (int r = 0; r < 8; ++r)
@@ -225,15 +230,13 @@ inline __m256 q6_scales(const uint8_t* block, int j) {
 template <int MT>
 inline void q6_chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk, const float* bias, float* out,
                           int64_t out_stride) {
-  constexpr int64_t B = block_bytes(Q6_K);
   const int64_t G = xq.G;
   const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
   __m256 acc[MT];
   for (auto& a : acc) a = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < G / 8; ++sb) {
-    const uint8_t* block = chunk + sb * kInterleavedRows * B;
-    for (int64_t line = 0; line < kInterleavedRows * B; line += 64) prefetch_ahead(block + line);
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    const uint8_t* block = chunk_block<Q6_K>(chunk, sb);
+    const __m256 d = lane_halves(block);
     for (int n = 0; n < 2; ++n) {
       __m256i qh[8];
       for (int r = 0; r < 8; ++r)

@@ -45,7 +45,7 @@ for _ in $(seq 600); do
 done
 {
     grep -m1 "model name" /proc/cpuinfo
-    for f in "$model"/*.gguf; do echo "file: $(stat -c %s "$f") $(basename "$f")"; done  # no machine path
+    for f in "$model"/*.gguf; do echo "file: $(stat -L -c %s "$f") $(basename "$f")"; done  # no machine path
     ps -o pid,rss,args --ppid $server | grep -v "ps -o"
     grep -h -o '"memory": {[^}]*}' "$logdir"/worker-0.log | head -1
 } | sed -e "s#$repo/#./#g" -e "s#$HOME/#~/#g" | tee "$out/rss-$label.txt"  # no machine paths

@@ -3,7 +3,7 @@ each row count, and each GGUF type against the others.
 
     .venv/bin/python -m pagedserve.ops.microbench.quant_linear_ab [--rows 1 4 8 64] [--repeats 10]
         [--threads 2] [--isa avx512 avx2 portable] [--modes float int] [--variants gguf fp32]
-        [--types Q4_1 Q4_K Q6_K ...] [--layers N] [--json FILE]
+        [--types Q4_1 Q4_K Q6_K ...] [--layers N] [--layouts stored interleaved] [--json FILE]
 
 Without --types: SmolLM2-135M's shapes (30 layers of q/k/v, o, gate/up, down at Q4_1, the tied LM head
 at Q8_0, as the bundled GGUF stores them). With --types: TinyLlama-1.1B's layer shapes (hidden 2048,
@@ -14,7 +14,10 @@ Variants, run alternately in one process:
   gguf       quant_linear.cpp on the GGUF blocks (what the worker runs); with several --isa paths,
              one variant per path (gguf-avx512, gguf-avx2...), so the paths are compared in one process;
              with several --modes (float int8 int int-novnni tiles panels), one per mode too
-             (gguf-avx512-int...)
+             (gguf-avx512-int...); with --layouts interleaved, the types that have one (Q4_0, Q4_1,
+             Q8_0, Q4_K, Q6_K) in the kernel's layout of 8 interleaved rows, one variant per layout
+             (gguf-...-interleaved: the avx2 path's int8 tiles; elsewhere read back through the stored
+             blocks, as the worker never does)
   fp32       oneDNN's packed float32 GEMM on dense weights of the same shapes (a float32 load)
   int8pack   torch's _weight_int8pack_mm (int8, one scale per output row) after a repack
   int4pack   torch's _weight_int4pack_mm_for_cpu (4-bit, groups of 32) after a repack
@@ -76,6 +79,16 @@ def random_blocks(rng: np.random.Generator, n: int, k: int, kind: Q) -> torch.Te
     return torch.from_numpy(blocks.reshape(n, -1))
 
 
+INTERLEAVED = {Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K}  # the types the kernel interleaves (100 + type)
+
+
+def in_layout(ops, layout: str, blocks: torch.Tensor, kind: int) -> tuple[torch.Tensor, int]:
+    """(blocks, type id) as stored, or with every 8 rows interleaved where the type has that layout."""
+    if layout == "stored" or Q(kind) not in INTERLEAVED or blocks.shape[0] % 8:
+        return blocks, kind
+    return ops.interleave_rows(blocks, kind), 100 + kind
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 64])
@@ -86,6 +99,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["gguf", "fp32", "int8pack", "int4pack"])
     parser.add_argument("--types", nargs="+", choices=[t.name for t in FP16_FIELDS] + ["F16", "BF16"])
     parser.add_argument("--layers", type=int, default=4, help="with --types: TinyLlama layers per step")
+    parser.add_argument("--layouts", nargs="+", default=["stored"], choices=["stored", "interleaved"])
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -101,18 +115,20 @@ def main() -> None:
     steps = {}
     if "gguf" in args.variants:
         for label, shapes in models.items():
-            ws = [(s[1], blocks[s], int(s[2])) for s in shapes]
             for isa, ops in paths.items():
-                for mode in args.modes:
-                    parts = [
-                        "gguf",
-                        label,
-                        isa if len(paths) > 1 else "",
-                        mode if len(args.modes) > 1 else "",
-                    ]
-                    steps["-".join(p for p in parts if p)] = lambda xs, ws=ws, ops=ops, m=MODES[mode]: [
-                        ops.quant_linear(xs[k], q, t, None, m) for k, q, t in ws
-                    ]
+                for layout in args.layouts:
+                    ws = [(s[1], *in_layout(ops, layout, blocks[s], int(s[2]))) for s in shapes]
+                    for mode in args.modes:
+                        parts = [
+                            "gguf",
+                            label,
+                            isa if len(paths) > 1 else "",
+                            mode if len(args.modes) > 1 else "",
+                            layout if len(args.layouts) > 1 else "",
+                        ]
+                        steps["-".join(p for p in parts if p)] = lambda xs, ws=ws, ops=ops, m=MODES[mode]: [
+                            ops.quant_linear(xs[k], q, t, None, m) for k, q, t in ws
+                        ]
     if "fp32" in args.variants:
         packed = {nk: PackedLinear(w, None) for nk, w in dense.items()}
         ws = [(k, packed[(n, k)]) for n, k, _ in any_shapes]

@@ -120,6 +120,16 @@ def test_auto_keeps_a_gguf_quantized_except_where_the_worker_cannot(tmp_path: Pa
         load_model(folder, TorchAttentionBackend(), quantization="gguf", dtype="bfloat16")
 
 
+def _int8_and_dense(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A tiny Llama as Q4_1, loaded with int8 activations, and its dequantized reference."""
+    folder = make_tiny_model("llama", tmp_path / "m")
+    quantize_checkpoint(folder, "Q4_1")
+    monkeypatch.setenv("PAGEDSERVE_QUANT_ACTIVATIONS", "int8")
+    quantized = load_model(folder, TorchAttentionBackend(), quantization="gguf").model
+    monkeypatch.delenv("PAGEDSERVE_QUANT_ACTIVATIONS")
+    return quantized, load_model(folder, TorchAttentionBackend(), quantization="none").model
+
+
 def test_int8_activations_keep_the_linears_and_logits_close(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -130,12 +140,7 @@ def test_int8_activations_keep_the_linears_and_logits_close(
     reference output (~0.6% measured), logits within 5% of their spread, and the same top-1 token for at
     least 90% of rows. Greedy decoding is not held token for token: near-ties flip and the sequences
     part (docs/cpu-performance.md)."""
-    folder = make_tiny_model("llama", tmp_path / "m")
-    quantize_checkpoint(folder, "Q4_1")
-    monkeypatch.setenv("PAGEDSERVE_QUANT_ACTIVATIONS", "int8")
-    quantized = load_model(folder, TorchAttentionBackend(), quantization="gguf").model
-    monkeypatch.delenv("PAGEDSERVE_QUANT_ACTIVATIONS")
-    dense = load_model(folder, TorchAttentionBackend(), quantization="none").model
+    quantized, dense = _int8_and_dense(tmp_path, monkeypatch)
     assert quantized.layers[0].mlp.down_proj.mode == 1
     generator = torch.Generator().manual_seed(0)
     hidden = torch.randn(16, dense.config.hidden_size, generator=generator)
@@ -158,12 +163,7 @@ def test_int8_activations_take_the_interleaved_rows_where_the_kernel_runs_them(
     head and the embedding still share one copy, and the embedding's rows decode exactly either way."""
     from pagedserve.services.worker.layers.quant_linear import quant_ops
 
-    folder = make_tiny_model("llama", tmp_path / "m")
-    quantize_checkpoint(folder, "Q4_1")
-    monkeypatch.setenv("PAGEDSERVE_QUANT_ACTIVATIONS", "int8")
-    model = load_model(folder, TorchAttentionBackend(), quantization="gguf").model
-    monkeypatch.delenv("PAGEDSERVE_QUANT_ACTIVATIONS")
-    dense = load_model(folder, TorchAttentionBackend(), quantization="none").model
+    model, dense = _int8_and_dense(tmp_path, monkeypatch)
     layout = quant_ops().interleaved_type(3) or 3  # 103 on the avx2 path
     linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
     assert linears and all(type_id == layout for m in linears for type_id, _, _ in m.runs)
