@@ -120,17 +120,19 @@ def test_int8_experts_take_the_interleaved_rows_where_the_kernel_runs_them(
     dense = load_model(folder, TorchAttentionBackend(), quantization="none").model
     stored = {"Q4_0": 2, "Q4_K": 12}[type_name]
     layout = quant_ops().interleaved_type(stored) or stored  # 100 + stored on the avx2 path
-    sparse = next(i for i, layer in enumerate(quantized.layers) if isinstance(layer.mlp, SparseMoeBlock))
-    block_q, block_d = quantized.layers[sparse].mlp, dense.layers[sparse].mlp
+    blocks = [(q.mlp, d.mlp) for q, d in zip(quantized.layers, dense.layers, strict=True)]
+    block_q, block_d = next((q, d) for q, d in blocks if isinstance(q, SparseMoeBlock))
+    assert isinstance(block_q, SparseMoeBlock) and isinstance(block_d, SparseMoeBlock)
     experts = block_q.experts
-    hidden = experts.gate_up_proj.in_features
-    x = torch.randn(9, max(hidden, experts.down_proj.in_features))
+    gate_up, down = experts.gate_up_proj, experts.down_proj
+    assert isinstance(gate_up, QuantExpertLinear) and isinstance(down, QuantExpertLinear)
+    hidden = gate_up.in_features
+    x = torch.randn(9, max(hidden, down.in_features))
     with torch.inference_mode():
-        for name in ("gate_up_proj", "down_proj"):
-            q, d = experts.get_submodule(name), block_d.experts.get_submodule(name)
+        for q, d in ((gate_up, block_d.experts.gate_up_proj), (down, block_d.experts.down_proj)):
             assert q.type_id == layout and q.out_features % 8 == 0
             for expert in range(experts.num_experts):
-                rows = x[:, : d.in_features]
+                rows = x[:, : q.in_features]
                 expected = d.forward(expert, rows)
                 assert (q.forward(expert, rows) - expected).abs().max() <= 0.02 * expected.abs().max()
         expected = block_d(x[:, :hidden])

@@ -167,11 +167,13 @@ def test_int8_activations_take_the_interleaved_rows_where_the_kernel_runs_them(
     layout = quant_ops().interleaved_type(3) or 3  # 103 on the avx2 path
     linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
     assert linears and all(type_id == layout for m in linears for type_id, _, _ in m.runs)
-    head_type, head_blocks, _ = model.tied_head.runs[0]
-    assert model.embed_tokens.type_id == head_type and model.embed_tokens.blocks is head_blocks
-    ids = torch.arange(model.embed_tokens.num_embeddings)
+    head, embedding = model.tied_head, model.embed_tokens
+    assert isinstance(head, QuantLinear) and isinstance(embedding, QuantEmbedding)
+    head_type, head_blocks, _ = head.runs[0]
+    assert embedding.type_id == head_type and embedding.blocks is head_blocks
+    ids = torch.arange(embedding.num_embeddings)
     with torch.inference_mode():
-        assert torch.equal(model.embed_tokens(ids), dense.embed_tokens(ids))
+        assert torch.equal(embedding(ids), dense.embed_tokens(ids))
 
 
 def test_an_unknown_activation_mode_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
