@@ -74,7 +74,9 @@ inline const uint8_t* chunk_block(const uint8_t* chunk, int64_t index) {
 }
 
 // 8 fp16 values (one per lane) as floats.
-inline __m256 lane_halves(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256 lane_halves(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 
 // A tile's sums, from kLaneRow's order back to the outputs' (64-bit pairs (0 1)(4 5)(2 3)(6 7) ->
 // (0 1)(2 3)(4 5)(6 7)), the bias added.
@@ -254,7 +256,7 @@ inline void q6_chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chu
             const __m256i top = k < 2 ? _mm256_slli_epi16(qh[r], 4 - 2 * k) : _mm256_srli_epi16(qh[r], 2 * k - 4);
             codes[r] = _mm256_or_si256(nibble, _mm256_and_si256(top, top2));
           }
-          const __m256 a0 = _mm256_mul_ps(d, q6_scales(block, 2 * s)), a1 = _mm256_mul_ps(d, q6_scales(block, 2 * s + 1));
+          const __m256 a[2] = {_mm256_mul_ps(d, q6_scales(block, 2 * s)), _mm256_mul_ps(d, q6_scales(block, 2 * s + 1))};
           for (int i = 0; i < MT; ++i) {
             const int64_t at = (m0 + i) * G + 8 * sb + s;
             const auto* x = reinterpret_cast<const __m256i*>(xq.q.data() + at * 128);
@@ -270,7 +272,7 @@ inline void q6_chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chu
             for (int hf = 0; hf < 2; ++hf) {
               const __m256i dot = _mm256_sub_epi32(_mm256_hadd_epi32(half[hf][0], half[hf][1]),
                                                    _mm256_set1_epi32(xq.halves32[2 * at + hf]));
-              acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(hf ? a1 : a0, _mm256_set1_ps(sx)), acc[i]);
+              acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(a[hf], _mm256_set1_ps(sx)), acc[i]);
             }
           }
         }

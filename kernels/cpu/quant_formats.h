@@ -100,8 +100,9 @@ constexpr int64_t block_bytes(int64_t t) {
 // (quant_interleaved.cpp). The same bytes per row as the stored type, so a tensor keeps its shape; the
 // loader makes them (the `interleave_rows` op) where this build runs them natively.
 constexpr int64_t kInterleavedBase = 100;
-constexpr int64_t Q4_0_R8 = kInterleavedBase + Q4_0, Q4_1_R8 = kInterleavedBase + Q4_1, Q8_0_R8 = kInterleavedBase + Q8_0,
-                  Q4_K_R8 = kInterleavedBase + Q4_K, Q6_K_R8 = kInterleavedBase + Q6_K;
+constexpr int64_t Q4_0_R8 = kInterleavedBase + Q4_0, Q4_1_R8 = kInterleavedBase + Q4_1,
+                  Q8_0_R8 = kInterleavedBase + Q8_0, Q4_K_R8 = kInterleavedBase + Q4_K,
+                  Q6_K_R8 = kInterleavedBase + Q6_K;
 constexpr int64_t kInterleavedRows = 8;
 // The row of a chunk each of 8 lanes holds: the order one hadd of rows 0-3's and rows 4-7's int32 pairs
 // leaves their 8 sums in (per 128-bit lane: rows 0 1 4 5 | 2 3 6 7). Per-row scales are stored in it.

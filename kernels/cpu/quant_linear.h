@@ -67,8 +67,9 @@ bool int8_pairs_groups(int64_t type);
 // tiles stay ahead of the panels to ~96 rows (quant_linear.cpp's int8_panel_rows).
 bool int8_superblock_tiles(int64_t type);
 
-// Rows interleaved by 8 (quant_interleaved.cpp; `type` the stored GGML type, Q4_0, Q4_1, Q8_0, Q4_K or Q6_K, N a multiple of
-// 8, rows contiguous): out [N, row_bytes] from w's stored rows, and back, rows ids[t] -> out[t].
+// Rows interleaved by 8 (quant_interleaved.cpp; `type` the stored GGML type, Q4_0, Q4_1, Q8_0, Q4_K or
+// Q6_K, N a multiple of 8, rows contiguous): out [N, row_bytes] from w's stored rows, and back, rows
+// ids[t] -> out[t].
 void interleave_rows(int64_t type, const uint8_t* w, int64_t N, int64_t row_bytes, uint8_t* out);
 void deinterleave_rows(int64_t type, const uint8_t* w, int64_t row_bytes, const int64_t* ids, int64_t count,
                        uint8_t* out);
