@@ -316,16 +316,10 @@ bool int8_interleaved() { return true; }
 
 void linear_interleaved_int8(int64_t type, const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias,
                              float* out, int64_t N) {
-  if (type == Q4_0_R8)
-    interleaved_impl<Q4_0>(x, M, K, w, bias, out, N);
-  else if (type == Q4_1_R8)
-    interleaved_impl<Q4_1>(x, M, K, w, bias, out, N);
-  else if (type == Q8_0_R8)
-    interleaved_impl<Q8_0>(x, M, K, w, bias, out, N);
-  else if (type == Q4_K_R8)
-    interleaved_impl<Q4_K>(x, M, K, w, bias, out, N);
-  else
-    interleaved_impl<Q6_K>(x, M, K, w, bias, out, N);
+  with_type(stored_type(type), [&](auto t) {
+    constexpr int64_t T = decltype(t)::value;
+    if constexpr (interleaved_layout(T) != 0) interleaved_impl<T>(x, M, K, w, bias, out, N);
+  });
 }
 
 #else

@@ -137,21 +137,18 @@ void deinterleave_rows(int64_t type, const uint8_t* w, int64_t row_bytes, const 
   at::parallel_for(0, count, std::max<int64_t>(1, 65536 / row_bytes), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t chunk = ids[t] / kInterleavedRows, wanted = ids[t] % kInterleavedRows;
+      int64_t lane = 0;  // the lane holding the wanted row's per-row values
+      while (kLaneRow[lane] != wanted) ++lane;
       for (int64_t g = 0; g < blocks; ++g) {
         const uint8_t* from = w + chunk * chunk_bytes + g * kInterleavedRows * B;
         uint8_t* to = out + t * row_bytes + g * B;
         block_pieces(type, [&](int64_t at, int64_t row, int64_t in_row, int64_t n) {
           if (row == wanted) std::memcpy(to + in_row, from + at, n);
         });
-        if (type == Q4_K) {
-          int64_t lane = 0;
-          while (kLaneRow[lane] != wanted) ++lane;
-          unpack_k_scales(from + kPackedScalesAt, lane, to + 4);
-        }
+        if (type == Q4_K) unpack_k_scales(from + kPackedScalesAt, lane, to + 4);
       }
     }
   });
 }
-
 
 QUANT_END

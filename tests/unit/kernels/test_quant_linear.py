@@ -69,6 +69,24 @@ def blockmax(x: torch.Tensor) -> torch.Tensor:
     return x.abs().view(rows, k // 32, 32).amax(-1, keepdim=True).expand(rows, k // 32, 32).reshape(rows, k)
 
 
+def within_int8_bound(out: torch.Tensor, x: torch.Tensor, reference: torch.Tensor, bias, where) -> None:
+    """The int8-activation bound of the module docstring, and proof it is not vacuous: the error is also
+    well under 1% of the products' magnitude."""
+    expected = x @ reference.T + bias
+    magnitude = x.abs() @ reference.abs().T + bias.abs()
+    bound = (blockmax(x) / 254 * 1.001) @ reference.abs().T + 1e-5 * magnitude
+    err = (out - expected).abs()
+    assert (err <= bound).all(), (*where, (err / bound).max())
+    assert (err <= 0.01 * magnitude).all(), where
+
+
+def int8_inputs(rows: int, k: int) -> torch.Tensor:
+    """Activations of uneven magnitude per column, with an all-zero first block (scale 0, codes 0)."""
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * torch.rand(k) * 3
+    x[0, :32] = 0.0
+    return x
+
+
 @pytest.mark.parametrize("type_name", TYPES)
 def test_linear_matches_the_dequantized_float32_reference(ops: Any, type_name: str) -> None:
     n, k = 37, 512  # an odd number of outputs: the kernel's one-row tail
@@ -160,17 +178,10 @@ def test_int8_activations_stay_within_the_quantization_bound(ops: Any, mode: int
             k = 256  # the K-quants' and IQ4_XS's super-blocks are 256 wide
         n = 37
         blocks, reference = weights(type_name, n, k, seed=k)
-        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * torch.rand(k) * 3
-        x[0, :32] = 0.0  # an all-zero block: scale 0, codes 0
+        x = int8_inputs(rows, k)
         bias = torch.randn(n)
         out = ops.quant_linear(x, blocks, TYPES[type_name], bias, mode)
-        expected = x @ reference.T + bias
-        magnitude = x.abs() @ reference.abs().T + bias.abs()
-        bound = (blockmax(x) / 254 * 1.001) @ reference.abs().T + 1e-5 * magnitude
-        err = (out - expected).abs()
-        assert (err <= bound).all(), (rows, k, (err / bound).max())
-        # and the bound is not vacuous: the error is well under 1% of the products' magnitude
-        assert (err <= 0.01 * magnitude).all(), (rows, k)
+        within_int8_bound(out, x, reference, bias, (rows, k))
 
 
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q4_0", "Q8_0", "Q4_K", "Q6_K"])
@@ -306,19 +317,13 @@ def test_interleaved_int8_tiles_stay_within_the_bound_and_score_each_row_as_alon
     for n, k, count in [(40, 512, 23), (16, narrow, 9), (24, 2048, 37)]:
         blocks, reference = weights(type_name, n, k, seed=k)
         rows = ops.interleave_rows(blocks, stored)
-        x = torch.randn(count, k, generator=torch.Generator().manual_seed(count)) * torch.rand(k) * 3
-        x[0, :32] = 0.0  # an all-zero block: scale 0, codes 0
+        x = int8_inputs(count, k)
         bias = torch.randn(n)
         together = ops.quant_linear(x, rows, layout, bias, INT)
         alone = torch.cat([ops.quant_linear(x[i : i + 1], rows, layout, bias, INT) for i in range(count)])
         assert torch.equal(together, alone), (n, k)
         assert torch.equal(ops.quant_linear(x, rows, layout, bias, INT_BELOW_PANELS), together)
-        expected = x @ reference.T + bias
-        magnitude = x.abs() @ reference.abs().T + bias.abs()
-        bound = (blockmax(x) / 254 * 1.001) @ reference.abs().T + 1e-5 * magnitude
-        err = (together - expected).abs()
-        assert (err <= bound).all(), (n, k, (err / bound).max())
-        assert (err <= 0.01 * magnitude).all(), (n, k)
+        within_int8_bound(together, x, reference, bias, (n, k))
 
 
 def test_interleaving_refuses_what_has_no_layout(ops: Any) -> None:
