@@ -24,7 +24,7 @@ from pagedserve.services.worker.heap import RELEASE_AFTER_ROWS, keep_freed_heap,
 from pagedserve.services.worker.kv_budget import PoolSizing, sized_pool
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, resolve_kv_dtype
 from pagedserve.services.worker.layers.packed_linear import linears_kind
-from pagedserve.services.worker.layers.quant_linear import dense_weights, weight_types
+from pagedserve.services.worker.layers.quant_linear import dense_weights, weight_layout, weight_types
 from pagedserve.services.worker.layers.rope import longrope_tokens
 from pagedserve.services.worker.lora_slots import LoRASlots
 from pagedserve.services.worker.models.registry import ModelConfig
@@ -283,6 +283,7 @@ class ModelRunner:
             "linears": linears_kind(self.model),
             "weights": weights_kind(self.model, self.dtype),
             "dense_weights": dense_weights(self.model),  # `norms` once every matrix stays quantized
+            "weight_layout": weight_layout(self.model),
         }
         if self.device.type == "cpu":
             facts.update({f"isa_{op}": path for op, path in kernel_paths().items()})

@@ -216,6 +216,26 @@ def weight_types(module: nn.Module) -> dict[tuple[str, str], int]:
     return counts
 
 
+INTERLEAVED = 100  # kernel type ids 100 + GGML type: every 8 output rows interleaved (kernel_layout)
+
+
+def weight_layout(module: nn.Module) -> str:
+    """How the quantized matrices under `module` are laid out for the kernel (start log, runtime):
+    `rows interleaved by 8: N of M matrices` once kernel_layout took any, else `stored`. A fused run of
+    parts, a MoE layer's expert set and an embedding each count once; a tied embedding reads its head's
+    copy and is not counted again. How a user sees that the fast int8 path is on."""
+    from pagedserve.services.worker.layers.moe import QuantExpertLinear
+
+    matrices: dict[int, int] = {}  # blocks' address -> kernel type id
+    for m in module.modules():
+        if isinstance(m, QuantLinear):
+            matrices.update((blocks.data_ptr(), type_id) for type_id, blocks, _ in m.runs)
+        elif isinstance(m, (QuantEmbedding, QuantExpertLinear)):
+            matrices[m.blocks.data_ptr()] = m.type_id
+    interleaved = sum(t >= INTERLEAVED for t in matrices.values())
+    return f"rows interleaved by 8: {interleaved} of {len(matrices)} matrices" if interleaved else "stored"
+
+
 def dense_weights(module: nn.Module) -> str:
     """What `module` holds in float rather than in quantized blocks (start log, runtime): `norms` (1-D
     weights only: norms, biases), `N matrices and norms` (dense linears, embedding or LM head besides),

@@ -111,7 +111,7 @@ def test_int8_experts_take_the_interleaved_rows_where_the_kernel_runs_them(
     interleaved layout where its path runs it (avx2; quant_linear.kernel_layout), each expert still its
     own run of rows, and compute what the dequantized experts do within the int8 allowance
     (test_quantized_model.py's: 2% of the largest output)."""
-    from pagedserve.services.worker.layers.quant_linear import quant_ops
+    from pagedserve.services.worker.layers.quant_linear import quant_ops, weight_layout
 
     folder = _quantized_copy(tiny_model, tmp_path, arch, type_name, overrides)
     monkeypatch.setenv("PAGEDSERVE_QUANT_ACTIVATIONS", "int8")
@@ -137,3 +137,10 @@ def test_int8_experts_take_the_interleaved_rows_where_the_kernel_runs_them(
                 assert (q.forward(expert, rows) - expected).abs().max() <= 0.02 * expected.abs().max()
         expected = block_d(x[:, :hidden])
         assert (block_q(x[:, :hidden]) - expected).abs().max() <= 0.02 * expected.abs().max()
+    summary = weight_layout(quantized)  # the start log's count, each expert set one matrix
+    if layout == stored:
+        assert summary == "stored"
+    else:
+        interleaved, total = map(int, summary.removeprefix("rows interleaved by 8: ").split()[::2])
+        moe_layers = sum(isinstance(q, SparseMoeBlock) for q, _ in blocks)
+        assert 2 * moe_layers <= interleaved <= total, summary

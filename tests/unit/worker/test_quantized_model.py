@@ -20,7 +20,7 @@ from harness.tiny_models import make_tiny_model
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
-from pagedserve.services.worker.layers.quant_linear import QuantEmbedding, QuantLinear
+from pagedserve.services.worker.layers.quant_linear import QuantEmbedding, QuantLinear, weight_layout
 from pagedserve.services.worker.weights.loader import load_model
 
 WIDE = {"hidden_size": 256, "intermediate_size": 512}  # the K-quants' super-blocks are 256 weights
@@ -114,6 +114,7 @@ def test_auto_keeps_a_gguf_quantized_except_where_the_worker_cannot(tmp_path: Pa
     quantize_checkpoint(folder, "Q8_0")
     model = load_model(folder, TorchAttentionBackend(), quantization="auto").model
     assert isinstance(model.layers[0].mlp.down_proj, QuantLinear)
+    assert weight_layout(model) == "stored"  # float32 activations keep the file's row order
     dense = load_model(folder, TorchAttentionBackend(), quantization="auto", dtype="bfloat16").model
     assert not any(isinstance(m, QuantLinear) for m in dense.modules())
     with pytest.raises(ValueError, match="float32 activations"):
@@ -174,6 +175,9 @@ def test_int8_activations_take_the_interleaved_rows_where_the_kernel_runs_them(
     ids = torch.arange(embedding.num_embeddings)
     with torch.inference_mode():
         assert torch.equal(embedding(ids), dense.embed_tokens(ids))
+    matrices = sum(len(m.runs) for m in linears)  # the tied embedding is the head's copy, not counted again
+    expected = f"rows interleaved by 8: {matrices} of {matrices} matrices" if layout != 3 else "stored"
+    assert weight_layout(model) == expected
 
 
 def test_an_unknown_activation_mode_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
