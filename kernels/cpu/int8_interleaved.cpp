@@ -28,32 +28,54 @@ QUANT_BEGIN
 
 namespace {
 
-// The activations as the tiles read them, per (row, group): the 32 codes as four runs of 8, each
-// repeated 4 times (one 32-byte operand per maddubs, no broadcast in the loop: 5-10% faster at one row
-// than broadcasting from the plain codes), the group's scale, and its offset term: Q4_0 8 * the codes'
-// sum (int32, taken off the integer dot: the codes sit at 8), Q4_1 scale * the codes' sum (float, times m);
-// Q6_K 32 * each half's sum (its codes sit at 32, a scale per 16).
+// The activations as the tiles read them, per (row, group): the group's 32 codes, its scale, and its
+// offset term: Q4_0 8 * the codes' sum (int32, taken off the integer dot: the codes sit at 8), Q4_1
+// scale * the codes' sum (float, times m); Q6_K 32 * each half's sum (its codes sit at 32, a scale per 16).
+// Each maddubs takes one run of 8 codes broadcast to 32 bytes. `wide` stores the runs broadcast (128 bytes
+// a group, one plain load per maddubs: 5-10% faster at one row than broadcasting in the loop, and what
+// the K-quant tiles, short of registers, read at any row count); otherwise the 32 codes are stored as they
+// are and each run is broadcast as it is loaded. Several rows' codes are read again for every chunk of 8
+// outputs, and a quarter of the bytes stays nearer: medians of 4-5 alternated rounds (AMD EPYC Zen 3, 2
+// threads, `quant_linear_ab --types ... --rows 4 16 64 --layers 2 --modes int8 --layouts interleaved`),
+// Q4_0 64 rows 44.2 -> 38.7 ms, 16 rows 11.0 -> 10.4; Q4_1 64 rows 46.9 -> 42.6; Q8_0 64 rows 59.5 ->
+// 58.1; 4 rows within the noise; Q4_K and Q6_K no faster (16 rows 2-6% slower), so they stay wide.
 struct InterleavedX {
-  std::vector<int8_t> q;  // [M][G][4][32]
+  std::vector<int8_t> q;  // [M][G][group_bytes()]
   std::vector<float> sx, offset;
   std::vector<int32_t> sum8, halves32;  // halves32: [M][G][2]
   int64_t G;
+  bool wide;
+  int64_t group_bytes() const { return wide ? 128 : kGroup; }
 };
 
-InterleavedX interleaved_x(const float* x, int64_t M, int64_t K) {
+// Run `run` (codes 8 * run .. 8 * run + 7) of one row's group, repeated to 32 bytes.
+template <bool Wide>
+inline __m256i x_run(const int8_t* x, int run) {
+  if constexpr (Wide) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * run));
+  } else {
+    int64_t eight;
+    std::memcpy(&eight, x + 8 * run, 8);
+    return _mm256_set1_epi64x(eight);  // one vpbroadcastq from memory
+  }
+}
+
+InterleavedX interleaved_x(const float* x, int64_t M, int64_t K, bool wide) {
   InterleavedX xq;
   xq.G = K / kGroup;
-  xq.q.resize(M * xq.G * 128);
+  xq.wide = wide;
+  xq.q.resize(M * xq.G * xq.group_bytes());
   xq.sx.resize(M * xq.G);
   xq.offset.resize(M * xq.G);
   xq.sum8.resize(M * xq.G);
   xq.halves32.resize(M * xq.G * 2);
   quantize_rows(x, M, K, [&](int64_t m, int64_t g, const int8_t* q, const GroupCodes& c) {
     const int64_t at = m * xq.G + g;
-    for (int64_t run = 0; run < 4; ++run) {
-      int64_t eight;
-      std::memcpy(&eight, q + 8 * run, 8);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq.q.data() + at * 128 + 32 * run), _mm256_set1_epi64x(eight));
+    int8_t* to = xq.q.data() + at * xq.group_bytes();
+    if (xq.wide) {
+      for (int run = 0; run < 4; ++run) _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 32 * run), x_run<false>(q, run));
+    } else {
+      std::memcpy(to, q, kGroup);
     }
     const int sum = c.sums[0] + c.sums[1];
     xq.sx[at] = c.d;
@@ -118,28 +140,29 @@ struct ChunkGroup {
   }
 
   // Rows 4q..4q+3 by one activation row's group: two int32 lanes per row.
-  inline __m256i dot(int q, const __m256i* x) const {
+  template <bool Wide>
+  inline __m256i dot(int q, const int8_t* x) const {
     const __m256i ones = _mm256_set1_epi16(1);
     if constexpr (T == Q8_0) {
       // A maddubs of |code| <= 128 by |x| <= 127 pairs is at most 32512: each goes to int32 alone.
       __m256i sum = _mm256_setzero_si256();
       for (int r = 0; r < 4; ++r) {
-        const __m256i xs = _mm256_sign_epi8(_mm256_loadu_si256(x + r), signs[4 * q + r]);
+        const __m256i xs = _mm256_sign_epi8(x_run<Wide>(x, r), signs[4 * q + r]);
         sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(codes[4 * q + r], xs), ones));
       }
       return sum;
     } else {
       // Four maddubs of codes <= 15 add in int16 without saturating (4 * 2 * 15 * 127 < 32767).
-      __m256i sum = _mm256_maddubs_epi16(codes[4 * q], _mm256_loadu_si256(x + kRun[0]));
+      __m256i sum = _mm256_maddubs_epi16(codes[4 * q], x_run<Wide>(x, kRun[0]));
       for (int k = 1; k < 4; ++k)
-        sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes[4 * q + k], _mm256_loadu_si256(x + kRun[k])));
+        sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes[4 * q + k], x_run<Wide>(x, kRun[k])));
       return _mm256_madd_epi16(sum, ones);
     }
   }
 };
 
 // MT rows x one chunk of 8 outputs: each group's 8 x 32 codes decoded once for the MT rows.
-template <int64_t T, int MT>
+template <int64_t T, int MT, bool Wide>
 inline void chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk, const float* bias, float* out,
                        int64_t out_stride) {
   const int64_t G = xq.G;
@@ -150,8 +173,8 @@ inline void chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk,
     const ChunkGroup<T> group(block);
     for (int i = 0; i < MT; ++i) {
       const int64_t at = (m0 + i) * G + g;
-      const auto* x = reinterpret_cast<const __m256i*>(xq.q.data() + at * 128);
-      __m256i dot = _mm256_hadd_epi32(group.dot(0, x), group.dot(1, x));  // one int32 a row, kLaneRow's order
+      const int8_t* x = xq.q.data() + at * xq.group_bytes();
+      __m256i dot = _mm256_hadd_epi32(group.template dot<Wide>(0, x), group.template dot<Wide>(1, x));  // one int32 a row, kLaneRow's order
       if constexpr (T == Q4_0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(xq.sum8[at]));
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(group.d, _mm256_set1_ps(xq.sx[at])), acc[i]);
       if constexpr (T == Q4_1) {
@@ -199,13 +222,13 @@ inline void k_chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chun
           codes[r] = _mm256_and_si256(h ? _mm256_srli_epi16(raw[r], 4) : raw[r], low4);
         for (int i = 0; i < MT; ++i) {
           const int64_t at = (m0 + i) * G + 8 * sb + s;
-          const auto* x = reinterpret_cast<const __m256i*>(xq.q.data() + at * 128);
+          const int8_t* x = xq.q.data() + at * 128;  // wide
           __m256i quad[2];
           for (int q = 0; q < 2; ++q) {
             // Four maddubs of codes <= 15 add in int16 without saturating (4 * 2 * 15 * 127 < 32767).
-            __m256i sum = _mm256_maddubs_epi16(codes[4 * q], _mm256_loadu_si256(x));
+            __m256i sum = _mm256_maddubs_epi16(codes[4 * q], x_run<true>(x, 0));
             for (int r = 1; r < 4; ++r)
-              sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes[4 * q + r], _mm256_loadu_si256(x + r)));
+              sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes[4 * q + r], x_run<true>(x, r)));
             quad[q] = _mm256_madd_epi16(sum, ones);
           }
           const __m256i dot = _mm256_hadd_epi32(quad[0], quad[1]);  // one int32 a row, kLaneRow's order
@@ -259,13 +282,13 @@ inline void q6_chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chu
           const __m256 a[2] = {_mm256_mul_ps(d, q6_scales(block, 2 * s)), _mm256_mul_ps(d, q6_scales(block, 2 * s + 1))};
           for (int i = 0; i < MT; ++i) {
             const int64_t at = (m0 + i) * G + 8 * sb + s;
-            const auto* x = reinterpret_cast<const __m256i*>(xq.q.data() + at * 128);
+            const int8_t* x = xq.q.data() + at * 128;  // wide
             __m256i half[2][2];  // [half of the group][rows 0-3, 4-7]
             for (int q = 0; q < 2; ++q)
               for (int hf = 0; hf < 2; ++hf) {
                 const __m256i pair = _mm256_add_epi16(
-                    _mm256_maddubs_epi16(codes[4 * q + 2 * hf], _mm256_loadu_si256(x + 2 * hf)),
-                    _mm256_maddubs_epi16(codes[4 * q + 2 * hf + 1], _mm256_loadu_si256(x + 2 * hf + 1)));
+                    _mm256_maddubs_epi16(codes[4 * q + 2 * hf], x_run<true>(x, 2 * hf)),
+                    _mm256_maddubs_epi16(codes[4 * q + 2 * hf + 1], x_run<true>(x, 2 * hf + 1)));
                 half[hf][q] = _mm256_madd_epi16(pair, ones);
               }
             const float sx = xq.sx[at];
@@ -288,9 +311,10 @@ constexpr int64_t kRowBlockBytes = 131072;
 template <int64_t T>
 void interleaved_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias, float* out,
                       int64_t N) {
-  const InterleavedX xq = interleaved_x(x, M, K);
+  constexpr bool k_quant = T == Q4_K || T == Q6_K;
+  const InterleavedX xq = interleaved_x(x, M, K, k_quant || M == 1);
   const int64_t chunks = N / kInterleavedRows, chunk_bytes = kInterleavedRows * K / block_weights(T) * block_bytes(T);
-  const int64_t block_rows = std::max<int64_t>(4, kRowBlockBytes / (xq.G * 128) / 4 * 4);
+  const int64_t block_rows = std::max<int64_t>(4, kRowBlockBytes / (xq.G * xq.group_bytes()) / 4 * 4);
   at::parallel_for(0, chunks, std::max<int64_t>(1, grain(M, K) / kInterleavedRows), [&](int64_t begin, int64_t end) {
     for (int64_t m_block = 0; m_block < M; m_block += block_rows)
       for (int64_t c = begin; c < end; ++c) {
@@ -303,8 +327,10 @@ void interleaved_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, co
             k_chunk_tile<MT>(xq, m, w + c * chunk_bytes, b, to, N);
           else if constexpr (T == Q6_K)
             q6_chunk_tile<MT>(xq, m, w + c * chunk_bytes, b, to, N);
+          else if (xq.wide)
+            chunk_tile<T, MT, true>(xq, m, w + c * chunk_bytes, b, to, N);
           else
-            chunk_tile<T, MT>(xq, m, w + c * chunk_bytes, b, to, N);
+            chunk_tile<T, MT, false>(xq, m, w + c * chunk_bytes, b, to, N);
         });
       }
   });
