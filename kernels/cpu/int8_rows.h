@@ -83,4 +83,26 @@ inline void row_tiles(int64_t M, const Tile& tile) {
   }
 }
 
+// One tile of `rows` rows (1..Last) at row m.
+template <int Last, typename Tile>
+inline void last_tile(int64_t rows, int64_t m, const Tile& tile) {
+  if constexpr (Last > 0) {
+    if (rows == Last)
+      tile(std::integral_constant<int, Last>{}, m);
+    else
+      last_tile<Last - 1>(rows, m, tile);
+  }
+}
+
+// Rows 0..M in tiles of 4 while more than `Last` rows remain, then the last 1..Last rows in one tile:
+// tile(std::integral_constant<int, rows>, first row). For tiles whose decoded weights every row of the
+// tile shares, where a second tile over the same weights costs a whole tile again (a speculative verify
+// step's 5-8 rows of one request, a handful of requests).
+template <int Last, typename Tile>
+inline void row_tiles_last(int64_t M, const Tile& tile) {
+  int64_t m = 0;
+  for (; M - m > Last; m += 4) tile(std::integral_constant<int, 4>{}, m);
+  last_tile<Last>(M - m, m, tile);
+}
+
 QUANT_END

@@ -305,16 +305,17 @@ def test_interleaved_int8_tiles_stay_within_the_bound_and_score_each_row_as_alon
     ops: Any, isa: str, type_name: str
 ) -> None:
     """The avx2 path's int8 tiles over the layout: the int8 quantization bound (as above) at every row
-    count, and each row bit for bit what it gives alone, across tiles of 4/2/1 rows and row blocks."""
+    count, and each row bit for bit what it gives alone, across tiles of 1-7 rows and row blocks."""
     stored, layout = TYPES[type_name], INTERLEAVED[type_name]
     assert ops.interleaved_type(stored) == (layout if isa == "avx2" else 0)
     native_switch = 512 if type_name in ("Q8_0", "Q6_K") else 1024
     assert ops.int8_panel_rows(layout) == (native_switch if isa == "avx2" else ops.int8_panel_rows(stored))
     if isa != "avx2":
         return  # the other paths read the layout through the stored blocks (the test above)
-    # 96 wide: 3 groups (the K-quants: one super-block); 2048 wide: a row block of 8 rows, so 37 rows cross four
+    # 96 wide: 3 groups (the K-quants: one super-block). 23, 9 and 6 rows end in tiles of 7, 5 and 6 rows
+    # (the K-quants: 4s, then 3, 1, 2). 8192 wide: row blocks of 16 rows (4 for the K-quants), so 37 cross them.
     narrow = 256 if type_name.endswith("_K") else 96
-    for n, k, count in [(40, 512, 23), (16, narrow, 9), (24, 2048, 37)]:
+    for n, k, count in [(40, 512, 23), (16, narrow, 9), (16, narrow, 6), (24, 8192, 37)]:
         blocks, reference = weights(type_name, n, k, seed=k)
         rows = ops.interleave_rows(blocks, stored)
         x = int8_inputs(count, k)
