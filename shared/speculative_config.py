@@ -49,13 +49,14 @@ class SpeculativeConfig(BaseModel):
         le=4096,
         description="proposals fill a step only up to this many decode rows (requests + proposals)",
     )
-    row_cost: float = Field(
-        0.2,
+    row_cost: float | None = Field(
+        None,
         ge=0.0,
         le=10.0,
-        description="what one more decode row adds to a one-row step's time, as a fraction of it (measured by "
-        "ops/microbench/spec_rows.py; 0.2 on the bundled Q4_1 model on 2 Zen 4 cores): a proposal is made "
-        "only where its expected gain beats its cost at the step's batch size",
+        description="what one more decode row adds to a one-row step's time, as a fraction of it: a proposal is "
+        "made only where its expected gain beats its cost at the step's batch size. Unset: learned from the "
+        "worker's step times, starting at 0.2 (ops/microbench/spec_rows.py measures it: 0.1-0.37 on the "
+        "bundled Q4_1 model on 2 Zen 3 cores, by activation mode)",
     )
     adaptive: bool = Field(True, description="each request's proposal length follows its acceptance")
 

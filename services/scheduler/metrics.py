@@ -57,6 +57,11 @@ class SchedulerMetrics:
         self.spec_decodes = Counter(
             "pagedserve_spec_decodes", "decodes granted lookahead for proposed tokens", registry=r
         )
+        self.spec_row_cost = Gauge(
+            "pagedserve_spec_row_cost",
+            "what one more decode row adds to a step, as a share of a one-row step (speculation's price)",
+            registry=r,
+        )
         self.bm_outages = Counter("pagedserve_block_manager_outages", "block manager unreachable", registry=r)
         self.lora_adapters_per_step = Histogram(
             "pagedserve_lora_adapters_per_step",

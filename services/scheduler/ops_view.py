@@ -164,6 +164,7 @@ class SchedulerWatch:
                 "proposed": stats.spec_proposed,
                 "accepted": stats.spec_accepted,
                 "acceptance": round(stats.spec_acceptance, 4),
+                "row_cost": round(core.speculation.row_cost, 4),  # the config's, or learned (row_cost.py)
             },
             "lora": {
                 "enabled": core.limits.max_loras > 0,

@@ -16,6 +16,7 @@ class InFlightStep:
     # Requests whose blocks this step copies or forks: lost with the step, they cannot resume.
     unsafe: frozenset[str] = frozenset()
     lookahead: dict[str, int] = field(default_factory=dict)  # proposal slots granted, by request
+    decode_rows: int = 0  # a step of decodes only: how many (their proposals come with the result); else 0
 
 
 @dataclass(slots=True)
@@ -40,10 +41,13 @@ class PipelineWindow:
         slots_after: list[int] | None = None,
         unsafe: frozenset[str] = frozenset(),
         lookahead: dict[str, int] | None = None,
+        decode_rows: int = 0,
     ) -> int:
         step = self.next_step
         self.next_step += 1
-        self.steps.append(InFlightStep(step, request_ids, now, slots_after or [], unsafe, lookahead or {}))
+        self.steps.append(
+            InFlightStep(step, request_ids, now, slots_after or [], unsafe, lookahead or {}, decode_rows)
+        )
         return step
 
     def close(self, step: int) -> InFlightStep:

@@ -65,10 +65,12 @@ class Request:
     prompt_logprobs: PromptLogprobs | None = None  # received (sampling.prompt_logprobs; the parent's)
     pooled: bytes | None = None  # sampling.pooling: the vector the worker sent in place of a token
     refusal: str | None = None  # why it was refused after admission (too large for the pool), in numbers
-    # --- speculation (speculation.py): this completion's proposals so far, and its acceptance average
+    # --- speculation (speculation.py): this completion's proposals so far; the averages of its first
+    # proposal's acceptance and of each later one's, once the one before it was accepted
     num_proposed: int = 0
     num_accepted: int = 0
     spec_acceptance: float = 0.6
+    spec_continuation: float = 0.6
     # --- timing (for metrics)
     first_token_at: float | None = None
     last_token_at: float | None = None

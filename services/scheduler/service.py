@@ -539,6 +539,7 @@ class SchedulerService:
             self.metrics.spec_proposed.inc(stats.spec_proposed - before[1])
             self.metrics.spec_accepted.inc(stats.spec_accepted - before[2])
             self.metrics.spec_decodes.inc(stats.spec_decodes - before[3])
+            self.metrics.spec_row_cost.set(self.core.speculation.row_cost)
 
     # ------------------------------------------------------------------ block manager
 

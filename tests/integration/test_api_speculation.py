@@ -39,12 +39,16 @@ def served(tiny_model, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
         sup.stop()
 
 
-def proposed(ops_url: str) -> float:
+def metric(ops_url: str, name: str, sample_suffix: str = "") -> float:
     text = httpx.get(f"{ops_url}/metrics", timeout=10).text
     for family in text_string_to_metric_families(text):
-        if family.name == "pagedserve_spec_proposed_tokens":
-            return sum(s.value for s in family.samples if s.name.endswith("_total"))
-    raise AssertionError("no pagedserve_spec_proposed_tokens on the scheduler's /metrics")
+        if family.name == name:
+            return sum(s.value for s in family.samples if s.name.endswith(sample_suffix))
+    raise AssertionError(f"no {name} on the scheduler's /metrics")
+
+
+def proposed(ops_url: str) -> float:
+    return metric(ops_url, "pagedserve_spec_proposed_tokens", "_total")
 
 
 def post(api: ApiServer, path: str, body: dict) -> httpx.Response:
@@ -83,6 +87,7 @@ def test_greedy_text_is_the_same_with_speculation_on_capped_and_off(served, path
     assert capped.status_code == on.status_code == 200, (capped.text, on.text)
     after = proposed(ops)
     assert after > before, "the repeating prompt gets proposals when speculation is on"
+    assert metric(ops, "pagedserve_spec_row_cost") == 0.0  # the configured price, whatever the steps measure
     assert answer(path, off.json()) == answer(path, capped.json()) == answer(path, on.json())
     zero = post(api, path, body(path, num_speculative_tokens=0))
     assert zero.status_code == 200 and proposed(ops) == after, "a cap of 0 proposes nothing"

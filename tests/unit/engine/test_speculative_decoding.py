@@ -360,3 +360,18 @@ class _Fixed:
 
     def finished(self, state) -> None:
         pass
+
+
+def test_without_a_configured_row_cost_the_engine_prices_rows_from_its_own_steps(model_path):
+    """`row_cost` unset: the scheduler fits what a row adds to a step from the worker's decode steps
+    (row_cost.py), here steps of one request scoring 1 to 5 rows, and the tokens are still the greedy ones."""
+    batch = prompts(2, repeat=True)[:1]
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "max_step_rows": 64}
+    llm, outputs = run(model_path, batch, GREEDY, spec=spec)
+    _, reference = run(model_path, batch, GREEDY)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in reference]
+    learned = llm.scheduler.speculation.learned
+    assert llm.scheduler.stats.spec_proposed > 0
+    assert len(learned.means) >= 2 and all(t > 0 for t in learned.means.values()), learned.means
+    assert max(learned.means) <= 5  # one decode and at most 4 proposals a step
+    assert llm.scheduler.speculation.row_cost == learned.value

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pagedserve.services.scheduler.request import Request
 from pagedserve.services.scheduler.speculation import SpeculationPolicy
 from pagedserve.shared.protocol.frontend import SamplingParams
@@ -15,7 +17,7 @@ def decode(
     req = Request("r", [1, 2, 3], sampling, 0.0, "w")
     req.output_token_ids = [4]
     req.num_slots_used = 3
-    req.spec_acceptance = acceptance
+    req.spec_acceptance = req.spec_continuation = acceptance  # p_j = acceptance^j
     return req
 
 
@@ -71,3 +73,38 @@ def test_a_request_caps_its_own_lookahead_below_the_deployments_never_above():
     assert list(p.grant([decode(0.99, own_cap=2)]).values()) == [2]
     assert p.grant([decode(0.99, own_cap=0)]) == {}
     assert list(p.grant([decode(0.99, own_cap=16)]).values()) == [8]  # the deployment's 8 stays the cap
+
+
+def test_unset_row_cost_prices_proposals_at_what_the_steps_measured():
+    """Without `row_cost` in the config, the price is learned (row_cost.py): cheap rows earn a request
+    more proposals than dear ones, at the same acceptance."""
+    cheap, dear = policy(), policy()
+    for rows in range(1, 8):
+        for _ in range(5):
+            cheap.learned.observe(rows, 0.008 * (1 + 0.05 * (rows - 1)))
+            dear.learned.observe(rows, 0.008 * (1 + 0.6 * (rows - 1)))
+    assert cheap.row_cost == pytest.approx(0.05) and dear.row_cost == pytest.approx(0.6)
+    req = decode(0.65)
+    # 0.65^j against what the step already makes per unit of time: rho 0.05 grants 0.65 ... 0.12 (the
+    # sixth, 0.075, is below 0.05 x 2.64 / 1.25), rho 0.6 only the first (0.42 < 0.6 x 1.65 / 1.6)
+    assert cheap.grant([req]) == {id(req): 5}
+    assert dear.grant([req]) == {id(req): 1}
+    assert policy(row_cost=0.6).row_cost == 0.6  # a configured price is kept whatever the steps say
+
+
+def test_a_request_whose_proposals_are_accepted_in_runs_gets_long_runs():
+    """Acceptance in runs (all of a proposal or none, as when text copies its context) prices later
+    proposals by how often they follow an accepted one, not by the average over every token: the same
+    half of the tokens accepted, spread evenly, earns two."""
+    p = policy(row_cost=0.2)
+    runs, spread = decode(0.6), decode(0.6)
+    for _ in range(20):
+        for accepted in (4, 0):  # all four or none: alpha -> 0.5, beta -> 1
+            SpeculationPolicy.on_outcome(runs, 4, 4, accepted)
+        SpeculationPolicy.on_outcome(spread, 4, 4, 2)  # two of four every time: alpha -> 1, beta -> 0.5
+    assert runs.num_accepted / runs.num_proposed == spread.num_accepted / spread.num_proposed == 0.5
+    assert runs.spec_continuation == pytest.approx(1.0, abs=0.01)
+    assert spread.spec_continuation == pytest.approx(0.5, abs=0.01)
+    # p_j 0.5 beats 0.2 x tokens / (1 + 0.2 x (rows - 1)) up to the cap of 8; 1, 0.5, 0.25 stops at two
+    assert p.grant([runs]) == {id(runs): 8}
+    assert p.grant([spread]) == {id(spread): 2}
