@@ -31,14 +31,15 @@ namespace {
 // The activations as the tiles read them, per (row, group): the group's 32 codes, its scale, and its
 // offset term: Q4_0 8 * the codes' sum (int32, taken off the integer dot: the codes sit at 8), Q4_1
 // scale * the codes' sum (float, times m); Q6_K 32 * each half's sum (its codes sit at 32, a scale per 16).
-// Each maddubs takes one run of 8 codes broadcast to 32 bytes. `wide` stores the runs broadcast (128 bytes
-// a group, one plain load per maddubs: 5-10% faster at one row than broadcasting in the loop, and what
-// the K-quant tiles, short of registers, read at any row count); otherwise the 32 codes are stored as they
-// are and each run is broadcast as it is loaded. Several rows' codes are read again for every chunk of 8
-// outputs, and a quarter of the bytes stays nearer: medians of 4-5 alternated rounds (AMD EPYC Zen 3, 2
-// threads, `quant_linear_ab --types ... --rows 4 16 64 --layers 2 --modes int8 --layouts interleaved`),
-// Q4_0 64 rows 44.2 -> 38.7 ms, 16 rows 11.0 -> 10.4; Q4_1 64 rows 46.9 -> 42.6; Q8_0 64 rows 59.5 ->
-// 58.1; 4 rows within the noise; Q4_K and Q6_K no faster (16 rows 2-6% slower), so they stay wide.
+// Each maddubs takes one run of 8 codes broadcast to 32 bytes. `wide` stores the runs broadcast (128
+// bytes a group, one plain load per maddubs: 5-10% faster at one row than broadcasting in the loop, and
+// what the K-quant tiles, short of registers, read at any row count); otherwise the 32 codes are stored
+// as they are and each run is broadcast as it is loaded. Several rows' codes are read again for every
+// chunk of 8 outputs, and a quarter of the bytes stays nearer. AMD EPYC Zen 3, 2 threads, `quant_linear_ab
+// --types ... --rows 4 16 64 --layers 2 --modes int8 --layouts interleaved`, the median over 4-5
+// alternated rounds of each round's least of 7: Q4_0 64 rows 44.2 -> 38.7 ms, 16 rows 11.0 -> 10.4; Q4_1
+// 64 rows 46.9 -> 42.6; Q8_0 64 rows 59.5 -> 58.1; 4 rows within the noise; Q4_K and Q6_K no faster
+// (16 rows 2-6% slower), so they stay wide.
 struct InterleavedX {
   std::vector<int8_t> q;  // [M][G][group_bytes()]
   std::vector<float> sx, offset;
@@ -73,7 +74,8 @@ InterleavedX interleaved_x(const float* x, int64_t M, int64_t K, bool wide) {
     const int64_t at = m * xq.G + g;
     int8_t* to = xq.q.data() + at * xq.group_bytes();
     if (xq.wide) {
-      for (int run = 0; run < 4; ++run) _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 32 * run), x_run<false>(q, run));
+      for (int run = 0; run < 4; ++run)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 32 * run), x_run<false>(q, run));
     } else {
       std::memcpy(to, q, kGroup);
     }
@@ -174,7 +176,8 @@ inline void chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk,
     for (int i = 0; i < MT; ++i) {
       const int64_t at = (m0 + i) * G + g;
       const int8_t* x = xq.q.data() + at * xq.group_bytes();
-      __m256i dot = _mm256_hadd_epi32(group.template dot<Wide>(0, x), group.template dot<Wide>(1, x));  // one int32 a row, kLaneRow's order
+      // one int32 a row, kLaneRow's order
+      __m256i dot = _mm256_hadd_epi32(group.template dot<Wide>(0, x), group.template dot<Wide>(1, x));
       if constexpr (T == Q4_0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(xq.sum8[at]));
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(group.d, _mm256_set1_ps(xq.sx[at])), acc[i]);
       if constexpr (T == Q4_1) {

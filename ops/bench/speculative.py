@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                 row[mode] = merge_cells(runs[mode])
             base, spec_run = row["baseline"], row["speculative"]
             row["speedup"] = round(spec_run["tokens_per_s"] / base["tokens_per_s"], 3)
+            # the price of a proposal row the policy used by the cell's end (configured, or measured)
+            spec_run["row_cost"] = round(engines["speculative"].scheduler.speculation.row_cost, 3)
             prompt_ids = base.pop("prompt_token_ids")
             spec_run.pop("prompt_token_ids")
             base_outputs = base.pop("outputs")
@@ -158,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{name:11s} c={level:<3d} base {base['tokens_per_s']:7.1f} tok/s  spec "
                 f"{spec_run['tokens_per_s']:7.1f} tok/s  x{row['speedup']:.2f}  acceptance "
-                f"{spec_run['acceptance']}  identical {row['identical_outputs']}/{len(base_outputs)}"
+                f"{spec_run['acceptance']}  row cost {spec_run['row_cost']}  "
+                f"identical {row['identical_outputs']}/{len(base_outputs)}"
                 + (f"  llama.cpp {row['llamacpp']}" if "llamacpp" in row else ""),
                 flush=True,
             )

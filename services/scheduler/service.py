@@ -94,6 +94,7 @@ class SchedulerService:
             self.model.tokenizer,
             owner=self.bm.owner,
         )
+        self.metrics.spec_row_cost.set(self.core.speculation.row_cost)  # moves as proposals are made
         hf_config = read_checkpoint(self.model.path).config
         self.core.loras.check = lambda path: check_adapter(path, hf_config, config.max_lora_rank)
         for name, path in parse_lora_modules(config.lora_modules):
