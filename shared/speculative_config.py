@@ -50,13 +50,13 @@ class SpeculativeConfig(BaseModel):
         description="proposals fill a step only up to this many decode rows (requests + proposals)",
     )
     row_cost: float | None = Field(
-        None,
+        0.2,
         ge=0.0,
         le=10.0,
         description="what one more decode row adds to a one-row step's time, as a fraction of it: a proposal is "
-        "made only where its expected gain beats its cost at the step's batch size. Unset: learned from the "
-        "worker's step times, starting at 0.2 (ops/microbench/spec_rows.py measures it: 0.1-0.37 on the "
-        "bundled Q4_1 model on 2 Zen 3 cores, by activation mode)",
+        "made only where its expected gain beats its cost at the step's batch size (ops/microbench/spec_rows.py "
+        "measures it: 0.1-0.4 on the bundled Q4_1 model on 2 Zen 3 cores, by activation mode). null: learned "
+        "from the worker's step times, starting at 0.2 (experimental: noisy machines move it)",
     )
     adaptive: bool = Field(True, description="each request's proposal length follows its acceptance")
 

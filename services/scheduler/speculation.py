@@ -6,8 +6,8 @@ for up to L proposals, decided here per request and per step.
 
 The cost model (docs/speculative-decoding.md, measured by ops/microbench/spec_rows.py): a step of R
 decode rows takes about t1 * (1 + rho * (R - 1)) (on a CPU the weights are read once however many rows
-there are; each row adds its compute). rho is `row_cost` where the config sets it, else learned from
-the worker's step times (row_cost.py), from 0.2. A step's expected tokens are one per
+there are; each row adds its compute). rho is the config's `row_cost` (0.2 by default), or with `null`
+learned from the worker's step times (row_cost.py), from 0.2. A step's expected tokens are one per
 decode plus each proposal's chance of being accepted: for a request whose first proposal is accepted
 with probability alpha and each later one, once the one before it was, with probability beta, its j-th
 proposal is accepted with about alpha * beta^(j-1) (p_j below). One more proposal row pays while it adds

@@ -362,11 +362,12 @@ class _Fixed:
         pass
 
 
-def test_without_a_configured_row_cost_the_engine_prices_rows_from_its_own_steps(model_path):
-    """`row_cost` unset: the scheduler fits what a row adds to a step from the worker's decode steps
+def test_a_null_row_cost_has_the_engine_price_rows_from_its_own_steps(model_path):
+    """`row_cost: null`: the scheduler fits what a row adds to a step from the worker's decode steps
     (row_cost.py), here steps of one request scoring 1 to 5 rows, and the tokens are still the greedy ones."""
     batch = prompts(2, repeat=True)[:1]
     spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "max_step_rows": 64}
+    spec["row_cost"] = None
     llm, outputs = run(model_path, batch, GREEDY, spec=spec)
     _, reference = run(model_path, batch, GREEDY)
     assert [o.token_ids for o in outputs] == [o.token_ids for o in reference]

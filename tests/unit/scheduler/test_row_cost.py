@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pagedserve.services.scheduler.row_cost import MIN_STEPS, RowCost
+from pagedserve.services.scheduler.row_cost import MIN_STEPS, STALE_STEPS, RowCost
 
 
 def steps(cost: RowCost, rho: float, t1: float, rows: range, rounds: int, noise: float = 0.0, seed: int = 0):
@@ -60,3 +60,15 @@ def test_rows_that_measure_as_cheaper_than_none_are_read_as_free():
         cost.observe(1, 0.010)
         cost.observe(4, 0.009)  # a little less for more rows (noise): a price of 0, not a negative one
     assert cost.value == 0.0
+
+
+def test_a_price_that_stopped_proposals_goes_stale_and_the_prior_returns():
+    """Priced too high, no step has more rows than the batch, so that price would never be measured
+    again: once the other row counts are stale, the start value is used and proposals are tried."""
+    cost = RowCost(0.2)
+    steps(cost, rho=0.7, t1=0.01, rows=range(1, 5), rounds=20)
+    assert cost.value == pytest.approx(0.7)
+    steps(cost, rho=0.7, t1=0.01, rows=range(1, 2), rounds=STALE_STEPS - 1)
+    assert cost.value == pytest.approx(0.7)  # rows 2-4 last seen within the window
+    steps(cost, rho=0.7, t1=0.01, rows=range(1, 2), rounds=3)
+    assert cost.value == 0.2

@@ -75,10 +75,10 @@ def test_a_request_caps_its_own_lookahead_below_the_deployments_never_above():
     assert list(p.grant([decode(0.99, own_cap=16)]).values()) == [8]  # the deployment's 8 stays the cap
 
 
-def test_unset_row_cost_prices_proposals_at_what_the_steps_measured():
-    """Without `row_cost` in the config, the price is learned (row_cost.py): cheap rows earn a request
-    more proposals than dear ones, at the same acceptance."""
-    cheap, dear = policy(), policy()
+def test_a_null_row_cost_prices_proposals_at_what_the_steps_measured():
+    """`row_cost: null`, the price is learned (row_cost.py): cheap rows earn a request more proposals
+    than dear ones, at the same acceptance."""
+    cheap, dear = policy(row_cost=None), policy(row_cost=None)
     for rows in range(1, 8):
         for _ in range(5):
             cheap.learned.observe(rows, 0.008 * (1 + 0.05 * (rows - 1)))
