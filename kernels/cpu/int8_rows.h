@@ -67,23 +67,7 @@ void quantize_rows(const float* x, int64_t M, int64_t K, const Each& each) {
   });
 }
 
-// Rows 0..M in tiles: of `Widest` rows (8 or 4) while they last, then of 4, the last 1-3 rows in one
-// smaller tile; tile(std::integral_constant<int, rows>, first row).
-template <int Widest, typename Tile>
-inline void row_tiles(int64_t M, const Tile& tile) {
-  int64_t m = 0;
-  if constexpr (Widest >= 8)
-    for (; m + 8 <= M; m += 8) tile(std::integral_constant<int, 8>{}, m);
-  for (; m + 4 <= M; m += 4) tile(std::integral_constant<int, 4>{}, m);
-  switch (M - m) {
-    case 3: tile(std::integral_constant<int, 3>{}, m); break;
-    case 2: tile(std::integral_constant<int, 2>{}, m); break;
-    case 1: tile(std::integral_constant<int, 1>{}, m); break;
-    default: break;
-  }
-}
-
-// One tile of `rows` rows (1..Last) at row m.
+// One tile of `rows` rows (1..Last) at row m; none for 0.
 template <int Last, typename Tile>
 inline void last_tile(int64_t rows, int64_t m, const Tile& tile) {
   if constexpr (Last > 0) {
@@ -94,10 +78,21 @@ inline void last_tile(int64_t rows, int64_t m, const Tile& tile) {
   }
 }
 
+// Rows 0..M in tiles: of `Widest` rows (8 or 4) while they last, then of 4, the last 1-3 rows in one
+// smaller tile; tile(std::integral_constant<int, rows>, first row).
+template <int Widest, typename Tile>
+inline void row_tiles(int64_t M, const Tile& tile) {
+  int64_t m = 0;
+  if constexpr (Widest >= 8)
+    for (; m + 8 <= M; m += 8) tile(std::integral_constant<int, 8>{}, m);
+  for (; m + 4 <= M; m += 4) tile(std::integral_constant<int, 4>{}, m);
+  last_tile<3>(M - m, m, tile);
+}
+
 // Rows 0..M in tiles of 4 while more than `Last` rows remain, then the last 1..Last rows in one tile:
 // tile(std::integral_constant<int, rows>, first row). For tiles whose decoded weights every row of the
 // tile shares, where a second tile over the same weights costs a whole tile again (a speculative verify
-// step's 5-8 rows of one request, a handful of requests).
+// step's 5-7 rows of one request, a handful of requests).
 template <int Last, typename Tile>
 inline void row_tiles_last(int64_t M, const Tile& tile) {
   int64_t m = 0;

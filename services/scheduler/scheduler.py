@@ -484,9 +484,12 @@ class Scheduler:
         slots_after = [
             self.requests[rid].num_slots_used + self.requests[rid].num_rejected for rid in step_ids
         ]
-        decodes_only = not execute.new_requests and not execute.forks
-        decodes_only = decodes_only and all(r.num_scheduled_tokens == 1 for r in execute.cached_requests)
-        decode_rows = len(execute.cached_requests) if decodes_only else 0
+        # Only a learned price needs to know which steps were decodes alone (their times price a row).
+        decodes_only = self.speculation.learns and not execute.new_requests and not execute.forks
+        if decodes_only and all(r.num_scheduled_tokens == 1 for r in execute.cached_requests):
+            decode_rows = len(execute.cached_requests)
+        else:
+            decode_rows = 0
         execute.step = state.window.open(step_ids, now, slots_after, unsafe, lookahead, decode_rows)
         self.stats.account_kv([r.num_slots_used for r in state.running], state.block_size)
         self.stats.steps += 1
@@ -577,7 +580,7 @@ class Scheduler:
             req.pooled = pooled.data
             events.extend(self._finish(req, "stop"))
             done_groups.add(req.parent_id or req.request_id)
-        if self.speculation.enabled and step.decode_rows and "step_s" in result.timings:  # a row's price
+        if step.decode_rows and "step_s" in result.timings:  # a row's price (speculation.learns)
             rows = step.decode_rows + sum(s.num_proposed for s in result.speculation)
             self.speculation.learned.observe(rows, result.timings["step_s"])
         outcomes = {result.request_ids[s.row]: s for s in result.speculation} if step.lookahead else {}

@@ -51,6 +51,11 @@ class SpeculationPolicy:
         self.learned = RowCost(START_ROW_COST)
 
     @property
+    def learns(self) -> bool:
+        """Speculating with `row_cost: null`: the price comes from the worker's step times."""
+        return self.config is not None and self.config.row_cost is None
+
+    @property
     def row_cost(self) -> float:
         """What one more row adds to a step, as a share of a one-row step: the config's, or learned."""
         fixed = None if self.config is None else self.config.row_cost
