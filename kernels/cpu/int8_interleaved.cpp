@@ -1,5 +1,7 @@
-// The avx2 path's int8 tiles over the interleaved layouts (quant_interleaved.cpp): Q4_0, Q4_1, Q8_0, Q4_K
-// and Q6_K with every 8 output rows interleaved.
+// The avx2 and avx512 paths' int8 tiles over the interleaved layouts (quant_interleaved.cpp): Q4_0, Q4_1,
+// Q8_0, Q4_K and Q6_K with every 8 output rows interleaved. Both paths run the same 256-bit tiles; where the
+// CPU has AVX512-VNNI (checked at run time, as quant_int8.cpp does) one vpdpbusd takes the place of each
+// vpmaddubsw + vpmaddwd pair, with the same sums.
 //
 // Why: at one row the GGML layout's tiles (quant_int8.cpp's pair_tile, superblock_tile) decode each
 // output's blocks alone: its scales converted and spread, its nibbles split, the activations loaded
@@ -24,7 +26,7 @@
 
 QUANT_BEGIN
 
-#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 
 namespace {
 
@@ -58,6 +60,23 @@ inline __m256i x_run(const int8_t* x, int run) {
     int64_t eight;
     std::memcpy(&eight, x + 8 * run, 8);
     return _mm256_set1_epi64x(eight);  // one vpbroadcastq from memory
+  }
+}
+
+// The sum of R runs' products, unsigned codes by signed activations, 4 neighbouring bytes to an int32
+// lane. Without VNNI the runs' pairs add in int16 first: only where R pairs of products cannot saturate
+// (codes <= 15 for 4 runs, <= 63 for 2). With it, vpdpbusd by inline assembly: the avx512 build names no
+// VNNI flag (it must load on every AVX-512 CPU), and Vnni is true only where the CPU has avx512_vnni.
+template <bool Vnni, int R>
+inline __m256i runs_dot(const __m256i* codes, const __m256i* xs) {
+  if constexpr (Vnni) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int r = 0; r < R; ++r) asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(codes[r]), "v"(xs[r]));
+    return acc;
+  } else {
+    __m256i sum = _mm256_maddubs_epi16(codes[0], xs[0]);
+    for (int r = 1; r < R; ++r) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes[r], xs[r]));
+    return _mm256_madd_epi16(sum, _mm256_set1_epi16(1));
   }
 }
 
@@ -142,29 +161,25 @@ struct ChunkGroup {
   }
 
   // Rows 4q..4q+3 by one activation row's group: two int32 lanes per row.
-  template <bool Wide>
+  template <bool Vnni, bool Wide>
   inline __m256i dot(int q, const int8_t* x) const {
-    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i xs[4];
     if constexpr (T == Q8_0) {
+      for (int r = 0; r < 4; ++r) xs[r] = _mm256_sign_epi8(x_run<Wide>(x, r), signs[4 * q + r]);
+      if constexpr (Vnni) return runs_dot<true, 4>(codes + 4 * q, xs);
       // A maddubs of |code| <= 128 by |x| <= 127 pairs is at most 32512: each goes to int32 alone.
       __m256i sum = _mm256_setzero_si256();
-      for (int r = 0; r < 4; ++r) {
-        const __m256i xs = _mm256_sign_epi8(x_run<Wide>(x, r), signs[4 * q + r]);
-        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(codes[4 * q + r], xs), ones));
-      }
+      for (int r = 0; r < 4; ++r) sum = _mm256_add_epi32(sum, runs_dot<false, 1>(codes + 4 * q + r, xs + r));
       return sum;
     } else {
-      // Four maddubs of codes <= 15 add in int16 without saturating (4 * 2 * 15 * 127 < 32767).
-      __m256i sum = _mm256_maddubs_epi16(codes[4 * q], x_run<Wide>(x, kRun[0]));
-      for (int k = 1; k < 4; ++k)
-        sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes[4 * q + k], x_run<Wide>(x, kRun[k])));
-      return _mm256_madd_epi16(sum, ones);
+      for (int k = 0; k < 4; ++k) xs[k] = x_run<Wide>(x, kRun[k]);
+      return runs_dot<Vnni, 4>(codes + 4 * q, xs);  // codes <= 15: 4 * 2 * 15 * 127 < 32767
     }
   }
 };
 
 // MT rows x one chunk of 8 outputs: each group's 8 x 32 codes decoded once for the MT rows.
-template <int64_t T, int MT, bool Wide>
+template <int64_t T, int MT, bool Vnni, bool Wide>
 inline void chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk, const float* bias, float* out,
                        int64_t out_stride) {
   const int64_t G = xq.G;
@@ -177,7 +192,8 @@ inline void chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk,
       const int64_t at = (m0 + i) * G + g;
       const int8_t* x = xq.q.data() + at * xq.group_bytes();
       // one int32 a row, kLaneRow's order
-      __m256i dot = _mm256_hadd_epi32(group.template dot<Wide>(0, x), group.template dot<Wide>(1, x));
+      __m256i dot =
+          _mm256_hadd_epi32(group.template dot<Vnni, Wide>(0, x), group.template dot<Vnni, Wide>(1, x));
       if constexpr (T == Q4_0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(xq.sum8[at]));
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(group.d, _mm256_set1_ps(xq.sx[at])), acc[i]);
       if constexpr (T == Q4_1) {
@@ -202,11 +218,11 @@ inline __m256 k_values(const uint8_t* packed, int kind, int s) {
 // MT rows x one chunk of 8 outputs of Q4_K, a super-block at a time: each pair of groups' 8 x 64 codes
 // loaded once (low nibbles group 2p, high 2p + 1), each group's scales a * code + b per lane (a = d *
 // scale, b = -dmin * min) made once for the MT rows.
-template <int MT>
+template <int MT, bool Vnni>
 inline void k_chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk, const float* bias, float* out,
                          int64_t out_stride) {
   const int64_t G = xq.G;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 acc[MT];
   for (auto& a : acc) a = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < G / 8; ++sb) {
@@ -226,14 +242,9 @@ inline void k_chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chun
         for (int i = 0; i < MT; ++i) {
           const int64_t at = (m0 + i) * G + 8 * sb + s;
           const int8_t* x = xq.q.data() + at * 128;  // wide
-          __m256i quad[2];
-          for (int q = 0; q < 2; ++q) {
-            // Four maddubs of codes <= 15 add in int16 without saturating (4 * 2 * 15 * 127 < 32767).
-            __m256i sum = _mm256_maddubs_epi16(codes[4 * q], x_run<true>(x, 0));
-            for (int r = 1; r < 4; ++r)
-              sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes[4 * q + r], x_run<true>(x, r)));
-            quad[q] = _mm256_madd_epi16(sum, ones);
-          }
+          const __m256i xs[4] = {x_run<true>(x, 0), x_run<true>(x, 1), x_run<true>(x, 2), x_run<true>(x, 3)};
+          // codes <= 15: four runs' pairs add in int16 without saturating (4 * 2 * 15 * 127 < 32767)
+          const __m256i quad[2] = {runs_dot<Vnni, 4>(codes, xs), runs_dot<Vnni, 4>(codes + 4, xs)};
           const __m256i dot = _mm256_hadd_epi32(quad[0], quad[1]);  // one int32 a row, kLaneRow's order
           acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(a, _mm256_set1_ps(xq.sx[at])), acc[i]);
           acc[i] = _mm256_fmadd_ps(b, _mm256_set1_ps(xq.offset[at]), acc[i]);
@@ -255,11 +266,11 @@ inline __m256 q6_scales(const uint8_t* block, int j) {
 // codes are a nibble of the ql runs (low for k < 2, high for k >= 2) joined with bits 2k of the qh runs,
 // made once for the MT rows. Codes <= 63: two maddubs add in int16 (2 * 2 * 63 * 127 < 32767), which is
 // one half-group of 16, the unit of Q6_K's scales.
-template <int MT>
+template <int MT, bool Vnni>
 inline void q6_chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk, const float* bias, float* out,
                           int64_t out_stride) {
   const int64_t G = xq.G;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
   __m256 acc[MT];
   for (auto& a : acc) a = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < G / 8; ++sb) {
@@ -289,10 +300,8 @@ inline void q6_chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chu
             __m256i half[2][2];  // [half of the group][rows 0-3, 4-7]
             for (int q = 0; q < 2; ++q)
               for (int hf = 0; hf < 2; ++hf) {
-                const __m256i pair = _mm256_add_epi16(
-                    _mm256_maddubs_epi16(codes[4 * q + 2 * hf], x_run<true>(x, 2 * hf)),
-                    _mm256_maddubs_epi16(codes[4 * q + 2 * hf + 1], x_run<true>(x, 2 * hf + 1)));
-                half[hf][q] = _mm256_madd_epi16(pair, ones);
+                const __m256i xs[2] = {x_run<true>(x, 2 * hf), x_run<true>(x, 2 * hf + 1)};
+                half[hf][q] = runs_dot<Vnni, 2>(codes + 4 * q + 2 * hf, xs);  // codes <= 63: 2 * 2 * 63 * 127 < 32767
               }
             const float sx = xq.sx[at];
             for (int hf = 0; hf < 2; ++hf) {
@@ -311,7 +320,7 @@ inline void q6_chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chu
 // A block of rows' activations at the most, so that it stays in L2 while a thread's chunks pass over it.
 constexpr int64_t kRowBlockBytes = 131072;
 
-template <int64_t T>
+template <int64_t T, bool Vnni>
 void interleaved_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias, float* out,
                       int64_t N) {
   constexpr bool k_quant = T == Q4_K || T == Q6_K;
@@ -332,13 +341,13 @@ void interleaved_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, co
           constexpr int MT = decltype(mt)::value;
           float* to = out + m * N + c * kInterleavedRows;
           if constexpr (T == Q4_K)
-            k_chunk_tile<MT>(xq, m, w + c * chunk_bytes, b, to, N);
+            k_chunk_tile<MT, Vnni>(xq, m, w + c * chunk_bytes, b, to, N);
           else if constexpr (T == Q6_K)
-            q6_chunk_tile<MT>(xq, m, w + c * chunk_bytes, b, to, N);
+            q6_chunk_tile<MT, Vnni>(xq, m, w + c * chunk_bytes, b, to, N);
           else if (xq.wide)
-            chunk_tile<T, MT, true>(xq, m, w + c * chunk_bytes, b, to, N);
+            chunk_tile<T, MT, Vnni, true>(xq, m, w + c * chunk_bytes, b, to, N);
           else
-            chunk_tile<T, MT, false>(xq, m, w + c * chunk_bytes, b, to, N);
+            chunk_tile<T, MT, Vnni, false>(xq, m, w + c * chunk_bytes, b, to, N);
         });
       }
   });
@@ -349,10 +358,15 @@ void interleaved_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, co
 bool int8_interleaved() { return true; }
 
 void linear_interleaved_int8(int64_t type, const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias,
-                             float* out, int64_t N) {
+                             float* out, int64_t N, bool vnni) {
   with_type(stored_type(type), [&](auto t) {
     constexpr int64_t T = decltype(t)::value;
-    if constexpr (interleaved_layout(T) != 0) interleaved_impl<T>(x, M, K, w, bias, out, N);
+    if constexpr (interleaved_layout(T) != 0) {
+#if defined(CPU_CAPABILITY_AVX512)
+      if (vnni) return interleaved_impl<T, true>(x, M, K, w, bias, out, N);
+#endif
+      interleaved_impl<T, false>(x, M, K, w, bias, out, N);
+    }
   });
 }
 
@@ -360,7 +374,8 @@ void linear_interleaved_int8(int64_t type, const float* x, int64_t M, int64_t K,
 
 bool int8_interleaved() { return false; }
 
-void linear_interleaved_int8(int64_t, const float*, int64_t, int64_t, const uint8_t*, const float*, float*, int64_t) {
+void linear_interleaved_int8(int64_t, const float*, int64_t, int64_t, const uint8_t*, const float*, float*, int64_t,
+                             bool) {
   TORCH_CHECK(false, "quant_linear: this build has no int8 tiles over interleaved rows");
 }
 

@@ -153,7 +153,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, int64_t 
     const bool tiles = int8_interleaved() && (mode == 2 || mode == 3 || (mode == 1 && M < int8_panel_rows(type)));
     if (!tiles) return quant_linear(xc, all_stored_rows(qweight, type), stored_type(type), bias, mode);
     linear_interleaved_int8(type, xc.data_ptr<float>(), M, K, qweight.data_ptr<uint8_t>(),
-                            b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N);
+                            b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N,
+                            mode != 3 && cpu_has_vnni());
     return out;
   }
   if (float_weights(type) && mode >= 1 && mode <= 3) mode = 0;  // no codes to take int8 products with

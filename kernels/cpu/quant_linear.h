@@ -74,12 +74,13 @@ void interleave_rows(int64_t type, const uint8_t* w, int64_t N, int64_t row_byte
 void deinterleave_rows(int64_t type, const uint8_t* w, int64_t row_bytes, const int64_t* ids, int64_t count,
                        uint8_t* out);
 
-// Whether this build runs int8 tiles over the interleaved layouts (the avx2 path); the others read them
-// through deinterleave_rows.
+// Whether this build runs int8 tiles over the interleaved layouts (the avx2 and avx512 paths); the portable
+// path reads them through deinterleave_rows.
 bool int8_interleaved();
 
-// out = x w^T (+ bias) over an interleaved layout (`type` Q4_0_R8 ... Q6_K_R8), x quantized to int8.
+// out = x w^T (+ bias) over an interleaved layout (`type` Q4_0_R8 ... Q6_K_R8), x quantized to int8; vnni:
+// vpdpbusd (avx512 path only).
 void linear_interleaved_int8(int64_t type, const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias,
-                             float* out, int64_t N);
+                             float* out, int64_t N, bool vnni);
 
 QUANT_END

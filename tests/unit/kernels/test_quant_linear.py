@@ -304,14 +304,16 @@ def test_interleaved_rows_read_as_the_stored_blocks_on_every_path(ops: Any, type
 def test_interleaved_int8_tiles_stay_within_the_bound_and_score_each_row_as_alone(
     ops: Any, isa: str, type_name: str
 ) -> None:
-    """The avx2 path's int8 tiles over the layout: the int8 quantization bound (as above) at every row
-    count, and each row bit for bit what it gives alone, across tiles of 1-7 rows and row blocks."""
+    """The avx2 and avx512 paths' int8 tiles over the layout: the int8 quantization bound (as above) at
+    every row count, and each row bit for bit what it gives alone, across tiles of 1-7 rows and row
+    blocks; on avx512 with and without VNNI, the same sums either way."""
     stored, layout = TYPES[type_name], INTERLEAVED[type_name]
-    assert ops.interleaved_type(stored) == (layout if isa == "avx2" else 0)
+    native = isa in ("avx2", "avx512")
+    assert ops.interleaved_type(stored) == (layout if native else 0)
     native_switch = 512 if type_name in ("Q8_0", "Q6_K") else 1024
-    assert ops.int8_panel_rows(layout) == (native_switch if isa == "avx2" else ops.int8_panel_rows(stored))
-    if isa != "avx2":
-        return  # the other paths read the layout through the stored blocks (the test above)
+    assert ops.int8_panel_rows(layout) == (native_switch if native else ops.int8_panel_rows(stored))
+    if not native:
+        return  # the portable path reads the layout through the stored blocks (the test above)
     # 96 wide: 3 groups (the K-quants: one super-block). 23, 9 and 6 rows end in tiles of 7, 5 and 6 rows
     # (the K-quants: 4s, then 3, 1, 2). 8192 wide: row blocks of 16 rows (4 for the K-quants), so 37 cross them.
     narrow = 256 if type_name.endswith("_K") else 96
@@ -324,6 +326,7 @@ def test_interleaved_int8_tiles_stay_within_the_bound_and_score_each_row_as_alon
         alone = torch.cat([ops.quant_linear(x[i : i + 1], rows, layout, bias, INT) for i in range(count)])
         assert torch.equal(together, alone), (n, k)
         assert torch.equal(ops.quant_linear(x, rows, layout, bias, INT_BELOW_PANELS), together)
+        assert torch.equal(ops.quant_linear(x, rows, layout, bias, INT_NO_VNNI), together)
         within_int8_bound(together, x, reference, bias, (n, k))
 
 

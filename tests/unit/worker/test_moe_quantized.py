@@ -108,7 +108,7 @@ def test_int8_experts_take_the_interleaved_rows_where_the_kernel_runs_them(
     tiny_model, tmp_path, monkeypatch, arch, type_name, overrides
 ):
     """With int8 activations, Q4_0/Q4_K experts whose rows per expert are whole chunks of 8 take the kernel's
-    interleaved layout where its path runs it (avx2; quant_linear.kernel_layout), each expert still its
+    interleaved layout where its path runs it (avx2, avx512; quant_linear.kernel_layout), each expert still its
     own run of rows, and compute what the dequantized experts do within the int8 allowance
     (test_quantized_model.py's: 2% of the largest output)."""
     from pagedserve.services.worker.layers.quant_linear import quant_ops, weight_layout
@@ -119,7 +119,7 @@ def test_int8_experts_take_the_interleaved_rows_where_the_kernel_runs_them(
     monkeypatch.delenv("PAGEDSERVE_QUANT_ACTIVATIONS")
     dense = load_model(folder, TorchAttentionBackend(), quantization="none").model
     stored = {"Q4_0": 2, "Q4_K": 12}[type_name]
-    layout = quant_ops().interleaved_type(stored) or stored  # 100 + stored on the avx2 path
+    layout = quant_ops().interleaved_type(stored) or stored  # 100 + stored on the avx2 and avx512 paths
     blocks = [(q.mlp, d.mlp) for q, d in zip(quantized.layers, dense.layers, strict=True)]
     block_q, block_d = next((q, d) for q, d in blocks if isinstance(q, SparseMoeBlock))
     assert isinstance(block_q, SparseMoeBlock) and isinstance(block_d, SparseMoeBlock)

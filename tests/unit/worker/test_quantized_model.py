@@ -160,12 +160,12 @@ def test_int8_activations_take_the_interleaved_rows_where_the_kernel_runs_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With int8 activations, a Q4_1 linear whose rows are whole chunks of 8 takes the kernel's
-    interleaved layout where its path has int8 tiles over it (avx2), and stays stored elsewhere; the tied
+    interleaved layout where its path has int8 tiles over it (avx2, avx512), and stays stored elsewhere; the tied
     head and the embedding still share one copy, and the embedding's rows decode exactly either way."""
     from pagedserve.services.worker.layers.quant_linear import quant_ops
 
     model, dense = _int8_and_dense(tmp_path, monkeypatch)
-    layout = quant_ops().interleaved_type(3) or 3  # 103 on the avx2 path
+    layout = quant_ops().interleaved_type(3) or 3  # 103 on the avx2 and avx512 paths
     linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
     assert linears and all(type_id == layout for m in linears for type_id, _, _ in m.runs)
     head, embedding = model.tied_head, model.embed_tokens
