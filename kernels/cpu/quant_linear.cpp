@@ -76,12 +76,26 @@ constexpr int64_t kSuperblockPanelRows = 96;
 // 1024x2048 at 512 13.8 / 12.8, at 1000 26.0 / 23.9).
 constexpr int64_t kInterleavedPanelRows = 1024, kInterleavedWidePanelRows = 512;
 
+// Mode 1's switch for the other types on the avx512 path: its stored-layout int8 tiles (8 rows x 2
+// outputs, vpdpbusd) beat the panels' float32 GEMM to ~128 rows (AMD EPYC Zen 4, whose 512-bit FMAs
+// take two passes, 2 threads, least us of 9, int8 / panels: Q5_0 1536x576 at 64 rows 736 / 944, at 128
+// 1514 / 1571, at 256 2808 / 2716; 2048x2048 at 128 5825 / 8096; Q8_0 576x1536 at 128 1199 / 1570; the
+// narrowest, 576x576, loses from 128: 743 / 602). With 24 rows a Q4_K_M SmolLM2 (mostly Q5_0) served 64
+// requests at 0.61x llama-server's speed there. Not measured again on an Intel Xeon.
+constexpr int64_t kWidePanelRows = 128;
+
 int64_t int8_panel_rows(int64_t type) {
   if (interleaved(type))
     return !int8_interleaved()  ? int8_panel_rows(stored_type(type))
            : type == Q8_0_R8 || type == Q6_K_R8 ? kInterleavedWidePanelRows
                                                 : kInterleavedPanelRows;
-  return int8_pairs_groups(type) ? kPairedPanelRows : int8_superblock_tiles(type) ? kSuperblockPanelRows : kPanelRows;
+  if (int8_pairs_groups(type)) return kPairedPanelRows;
+  if (int8_superblock_tiles(type)) return kSuperblockPanelRows;
+#if defined(CPU_CAPABILITY_AVX512)
+  return kWidePanelRows;
+#else
+  return kPanelRows;
+#endif
 }
 
 // Whether this CPU runs vpdpbusd (avx512 path only; the build itself never assumes it).

@@ -189,12 +189,12 @@ def test_mode_1_takes_int8_activations_below_the_panels_and_the_panels_from_ther
     ops: Any, isa: str, type_name: str
 ) -> None:
     """Mode 1's switch is per type and path: 24 rows, 1024 where the avx2 path pairs Q4_0/Q4_1 groups,
-    96 where it takes the K-quants a super-block at a time."""
+    96 where it takes the K-quants a super-block at a time, 128 on the avx512 path."""
     kind = TYPES[type_name]
     switch = ops.int8_panel_rows(kind)
     paired = isa == "avx2" and type_name in ("Q4_0", "Q4_1")
     superblocks = isa == "avx2" and type_name.endswith("_K")
-    assert switch == (1024 if paired else 96 if superblocks else PANEL_ROWS)
+    assert switch == (1024 if paired else 96 if superblocks else 128 if isa == "avx512" else PANEL_ROWS)
     blocks, _ = weights(type_name, 8, 256)
     x = torch.randn(switch + 8, 256)
     for rows in (1, 7, 8, PANEL_ROWS - 1, PANEL_ROWS, 64, switch - 1, switch, switch + 8):
