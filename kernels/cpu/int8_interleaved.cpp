@@ -1,5 +1,5 @@
 // The avx2 and avx512 paths' int8 tiles over the interleaved layouts (quant_interleaved.cpp): Q4_0, Q4_1,
-// Q8_0, Q4_K and Q6_K with every 8 output rows interleaved. Both paths run the same 256-bit tiles; where the
+// Q5_0, Q8_0, Q4_K and Q6_K with every 8 output rows interleaved. Both paths run the same 256-bit tiles; where the
 // CPU has AVX512-VNNI (checked at run time, as quant_int8.cpp does) one vpdpbusd takes the place of each
 // vpmaddubsw + vpmaddwd pair, with the same sums.
 //
@@ -155,13 +155,36 @@ struct ChunkGroup {
         codes[r] = _mm256_abs_epi8(signs[r]);
       }
     } else {
-      constexpr int64_t codes_at = T == Q4_0 ? 16 : 32;
+      constexpr int64_t codes_at = T == Q4_0 ? 16 : T == Q5_0 ? 48 : 32;
       const __m256i low4 = _mm256_set1_epi8(0x0F);
       for (int run = 0; run < 4; ++run) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + codes_at + 32 * run));
         codes[2 * run] = _mm256_and_si256(raw, low4);
         codes[2 * run + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
       }
+      if constexpr (T == Q5_0) add_fifth_bits(block + 16);
+    }
+  }
+
+  // Q5_0: code j's fifth bit is bit j of its row's qh, so a run's low nibbles (codes 8h..8h+7 of its 4
+  // rows) take byte h of each row's qh, its high ones byte 2 + h. One shuffle spreads those 4 bytes over
+  // the run's 8-byte pieces (rows 4q, 4q + 1 | 4q + 2, 4q + 3, from half q's 16 bytes in both 128-bit
+  // lanes); byte i of a piece keeps bit i.
+  inline void add_fifth_bits(const uint8_t* qh) {
+    const __m256i piece_row = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4,  //
+                                               8, 8, 8, 8, 8, 8, 8, 8, 12, 12, 12, 12, 12, 12, 12, 12);
+    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+    const __m256i fifth = _mm256_set1_epi8(0x10);
+    for (int q = 0; q < 2; ++q) {
+      const __m256i half =
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16 * q)));
+      for (int h = 0; h < 2; ++h)
+        for (int high = 0; high < 2; ++high) {
+          const __m256i spread = _mm256_shuffle_epi8(half, _mm256_add_epi8(piece_row, _mm256_set1_epi8(h + 2 * high)));
+          const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+          __m256i& c = codes[4 * q + 2 * h + high];
+          c = _mm256_or_si256(c, _mm256_and_si256(set, fifth));
+        }
     }
   }
 
@@ -178,7 +201,7 @@ struct ChunkGroup {
       return sum;
     } else {
       for (int k = 0; k < 4; ++k) xs[k] = x_run<Wide>(x, kRun[k]);
-      return runs_dot<Vnni, 4>(codes + 4 * q, xs);  // codes <= 15: 4 * 2 * 15 * 127 < 32767
+      return runs_dot<Vnni, 4>(codes + 4 * q, xs);  // codes <= 31 (Q5_0): 4 * 2 * 31 * 127 < 32767
     }
   }
 };
@@ -200,6 +223,7 @@ inline void chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk,
       __m256i dot =
           _mm256_hadd_epi32(group.template dot<Vnni, Wide>(0, x), group.template dot<Vnni, Wide>(1, x));
       if constexpr (T == Q4_0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(xq.sum8[at]));
+      if constexpr (T == Q5_0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(2 * xq.sum8[at]));  // codes at 16
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(group.d, _mm256_set1_ps(xq.sx[at])), acc[i]);
       if constexpr (T == Q4_1) {
         acc[i] = _mm256_fmadd_ps(lane_halves(block + 16), _mm256_set1_ps(xq.offset[at]), acc[i]);

@@ -1,4 +1,4 @@
-// Q4_0, Q4_1, Q8_0, Q4_K and Q6_K with every 8 output rows interleaved (quant_formats.h's Q4_0_R8 ...):
+// Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K with every 8 output rows interleaved (quant_formats.h's Q4_0_R8 ...):
 // the byte layouts, made from the stored blocks and read back into them. The avx2 path's int8 tiles over
 // them, and why they pay: int8_interleaved.cpp.
 //
@@ -9,6 +9,8 @@
 //   - Q4_0 / Q4_1: 128 bytes of nibbles, 4 runs of 32, run 2q + h holding, for rows 4q..4q+3 in turn,
 //     stored bytes 8h..8h+7 of that row's nibbles. Stored byte b holds code b (low nibble) and code
 //     b + 16 (high), so a run's low nibbles are codes 8h..8h+7 of its 4 rows, its high ones 16+8h..23+8h;
+//   - Q5_0: as Q4_0, with the 8 rows' 4 bytes of fifth bits (qh) between the scales and the nibbles, in row
+//     order (rows 0-3, then 4-7: one 16-byte load per half);
 //   - Q8_0: 256 bytes of codes, 8 runs of 32, run 4q + r holding codes 8r..8r+7 of rows 4q..4q+3;
 //   - Q4_K (a 256-weight super-block, 8 groups): d and dmin (16 bytes each, fp16); 96 bytes of the 8
 //     rows' 6-bit group scales and mins, value 8s + lane for group s (PackedScales below); then per pair
@@ -63,10 +65,15 @@ void block_pieces(int64_t type, const Piece& piece) {
     return;
   }
   const int64_t head = two_scales ? 4 : 2;
+  int64_t codes_at = 8 * head, codes_from = head;  // in the interleaved block, in a stored one
+  if (type == Q5_0) {
+    for (int64_t row = 0; row < 8; ++row) piece(16 + 4 * row, row, 2, 4);
+    codes_at = 48, codes_from = 6;
+  }
   const int64_t runs = type == Q8_0 ? 8 : 4, per_half = runs / 2;  // runs of rows 0-3, then of rows 4-7
   for (int64_t run = 0; run < runs; ++run)
     for (int64_t i = 0; i < 4; ++i)
-      piece(8 * head + 32 * run + 8 * i, 4 * (run / per_half) + i, head + 8 * (run % per_half), 8);
+      piece(codes_at + 32 * run + 8 * i, 4 * (run / per_half) + i, codes_from + 8 * (run % per_half), 8);
 }
 
 // Q4_K's 8 rows' scales and mins, 64 six-bit values each (value 8s + lane: group s of row

@@ -10,11 +10,11 @@
 // a bigger tensor (one expert of a 3-D [experts, N, row_bytes] tensor, or part of its rows) is used in
 // place, with no copy.
 //
-// Types 102, 103, 108, 112 and 114 are Q4_0, Q4_1, Q8_0, Q4_K and Q6_K with every 8 output rows
+// Types 102, 103, 106, 108, 112 and 114 are Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K with every 8 output rows
 // interleaved (quant_interleaved.cpp):
 //   interleave_rows(qweight [N, row_bytes] uint8, int type) -> the same bytes interleaved (N a multiple of 8)
 //   interleaved_type(int type) -> 100 + type where this build runs int8 tiles over that layout, else 0
-// The loader interleaves a Q4_0/Q4_1/Q8_0/Q4_K/Q6_K linear in int8 mode where interleaved_type says so;
+// The loader interleaves a Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K linear in int8 mode where interleaved_type says so;
 // every op takes the layouts on every path (elsewhere through the stored blocks, deinterleaved per call).
 //
 // Decoding is memory-bandwidth bound: a step reads every weight once, so Q4_1 reads 0.625 bytes a
@@ -111,8 +111,8 @@ inline bool cpu_has_vnni() {
 void check_weight(const char* op, const at::Tensor& qweight, int64_t type, int64_t K) {
   TORCH_CHECK(supported(stored_type(type)), op, ": GGML type ", type,
               " is not supported (F16=1, Q4_0=2, Q4_1=3, Q5_0=6, Q5_1=7, Q8_0=8, Q2_K=10, Q3_K=11, Q4_K=12, "
-              "Q5_K=13, Q6_K=14, IQ4_NL=20, IQ4_XS=23, BF16=30; Q4_0, Q4_1, Q8_0, Q4_K and Q6_K interleaved by 8 "
-              "rows: 102, 103, 108, 112, 114)");
+              "Q5_K=13, Q6_K=14, IQ4_NL=20, IQ4_XS=23, BF16=30; Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K interleaved "
+              "by 8 rows: 102, 103, 106, 108, 112, 114)");
   TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kByte && qweight.stride(1) == 1 &&
                   (qweight.size(0) <= 1 || qweight.stride(0) >= qweight.size(1)),
               op, ": qweight must be a 2-D uint8 tensor whose rows are contiguous");
@@ -209,7 +209,7 @@ at::Tensor quant_rows(const at::Tensor& qweight, int64_t type, const at::Tensor&
 
 at::Tensor interleave_rows_op(const at::Tensor& qweight, int64_t type) {
   TORCH_CHECK(interleaved_layout(type) != 0, "interleave_rows: type ", type,
-              " has no interleaved layout (Q4_0=2, Q4_1=3, Q8_0=8, Q4_K=12 and Q6_K=14 have)");
+              " has no interleaved layout (Q4_0=2, Q4_1=3, Q5_0=6, Q8_0=8, Q4_K=12 and Q6_K=14 have)");
   TORCH_CHECK(qweight.dim() == 2 && qweight.size(1) % block_bytes(type) == 0, "interleave_rows: qweight must be ",
               "[rows, row_bytes] with whole blocks of type ", type);
   check_weight("interleave_rows", qweight, type, qweight.size(1) / block_bytes(type) * block_weights(type));

@@ -275,9 +275,9 @@ def test_the_type_table_is_ggmls():
     assert {name: int(gguf.GGMLQuantizationType[name]) for name in KERNEL_TYPES} == KERNEL_TYPES
 
 
-# ---- Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K with every 8 output rows interleaved (kernels/cpu/quant_interleaved.cpp):
+# ---- Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K with every 8 output rows interleaved (kernels/cpu/quant_interleaved.cpp):
 # 100 + type.
-INTERLEAVED = {"Q4_0": 102, "Q4_1": 103, "Q8_0": 108, "Q4_K": 112, "Q6_K": 114}
+INTERLEAVED = {"Q4_0": 102, "Q4_1": 103, "Q5_0": 106, "Q8_0": 108, "Q4_K": 112, "Q6_K": 114}
 
 
 @pytest.mark.parametrize("type_name", INTERLEAVED)
