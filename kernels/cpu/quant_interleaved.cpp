@@ -1,5 +1,5 @@
 // Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K with every 8 output rows interleaved (quant_formats.h's Q4_0_R8 ...):
-// the byte layouts, made from the stored blocks and read back into them. The avx2 path's int8 tiles over
+// the byte layouts, made from the stored blocks and read back into them. The avx2 and avx512 paths' int8 tiles over
 // them, and why they pay: int8_interleaved.cpp.
 //
 // Chunk c (output rows 8c..8c+7) is 8 * row_bytes bytes, the same as the 8 stored rows; inside it,
@@ -21,7 +21,7 @@
 //     runs of 32 as above: 4 runs of ql (stored bytes 64n + 32h.., low nibbles group 4n + h, high ones
 //     4n + 2 + h), then 2 of qh (stored 32n.., bits 2k group 4n + k), 256 bytes each, run 4q + r of
 //     one holding its bytes 8r..8r+7 of rows 4q..4q+3.
-// Every path reads these layouts: avx2's int8 tiles directly, the rest through `deinterleave_rows`,
+// Every path reads these layouts: the avx2 and avx512 int8 tiles directly, the rest through `deinterleave_rows`,
 // back to the stored blocks (the same results as the stored type, bit for bit).
 #include <ATen/Parallel.h>
 
