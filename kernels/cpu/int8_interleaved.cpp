@@ -36,7 +36,7 @@ QUANT_BEGIN
 namespace {
 
 // The activations as the tiles read them, per (row, group): the group's 32 codes, its scale, and its
-// offset term: Q4_0 8 * the codes' sum (int32, taken off the integer dot: the codes sit at 8), Q4_1
+// offset term: Q4_0 and Q5_0 the codes' sum (int32, times code_offset taken off the integer dot), Q4_1
 // scale * the codes' sum (float, times m); Q6_K 32 * each half's sum (its codes sit at 32, a scale per 16).
 // Each maddubs takes one run of 8 codes broadcast to 32 bytes. `wide` stores the runs broadcast (128
 // bytes a group, one plain load per maddubs: 5-10% faster at one row than broadcasting in the loop, and
@@ -50,7 +50,7 @@ namespace {
 struct InterleavedX {
   std::vector<int8_t> q;  // [M][G][group_bytes()]
   std::vector<float> sx, offset;
-  std::vector<int32_t> sum8, halves32;  // halves32: [M][G][2]
+  std::vector<int32_t> sum, halves32;  // sum: the group's codes'; halves32: [M][G][2]
   int64_t G;
   bool wide;
   int64_t group_bytes() const { return wide ? 128 : kGroup; }
@@ -92,7 +92,7 @@ InterleavedX interleaved_x(const float* x, int64_t M, int64_t K, bool wide) {
   xq.q.resize(M * xq.G * xq.group_bytes());
   xq.sx.resize(M * xq.G);
   xq.offset.resize(M * xq.G);
-  xq.sum8.resize(M * xq.G);
+  xq.sum.resize(M * xq.G);
   xq.halves32.resize(M * xq.G * 2);
   quantize_rows(x, M, K, [&](int64_t m, int64_t g, const int8_t* q, const GroupCodes& c) {
     const int64_t at = m * xq.G + g;
@@ -106,7 +106,7 @@ InterleavedX interleaved_x(const float* x, int64_t M, int64_t K, bool wide) {
     const int sum = c.sums[0] + c.sums[1];
     xq.sx[at] = c.d;
     xq.offset[at] = c.d * static_cast<float>(sum);
-    xq.sum8[at] = 8 * sum;
+    xq.sum[at] = sum;
     for (int h = 0; h < 2; ++h) xq.halves32[2 * at + h] = 32 * c.sums[h];
   });
   return xq;
@@ -222,8 +222,8 @@ inline void chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk,
       // one int32 a row, kLaneRow's order
       __m256i dot =
           _mm256_hadd_epi32(group.template dot<Vnni, Wide>(0, x), group.template dot<Vnni, Wide>(1, x));
-      if constexpr (T == Q4_0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(xq.sum8[at]));
-      if constexpr (T == Q5_0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(2 * xq.sum8[at]));  // codes at 16
+      if constexpr (code_offset(T) != 0)
+        dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(code_offset(T) * xq.sum[at]));  // the codes sit at c
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(group.d, _mm256_set1_ps(xq.sx[at])), acc[i]);
       if constexpr (T == Q4_1) {
         acc[i] = _mm256_fmadd_ps(lane_halves(block + 16), _mm256_set1_ps(xq.offset[at]), acc[i]);

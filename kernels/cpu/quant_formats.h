@@ -117,6 +117,10 @@ constexpr int64_t interleaved_layout(int64_t t) {
   return t == Q4_0 || t == Q4_1 || t == Q5_0 || t == Q8_0 || t == Q4_K || t == Q6_K ? t + kInterleavedBase : 0;
 }
 
+// The weight types whose every code sits at a constant offset c from zero (weight = a * (code - c)), c;
+// else 0.
+constexpr int code_offset(int64_t t) { return t == Q4_0 ? 8 : t == Q5_0 ? 16 : 0; }
+
 // Stored float values, no codes: the integer (int8-activation) path does not apply.
 constexpr bool float_weights(int64_t t) { return t == F16 || t == BF16; }
 // int8 codes (the others are unsigned bytes).

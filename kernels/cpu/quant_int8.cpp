@@ -48,12 +48,11 @@ struct QuantX {
   int64_t G, Gp;
 };
 
-// The weight types whose every code sits at a constant offset c from zero (weight = a * (code - c)):
-// their b term is -c * a, so the avx2 tiles subtract c * x from each pair of products in int16 (one
-// vpsubw) instead of adding b * sx * sum(q) in float per (group, output) (three scalar operations), as
-// the types with a free minimum (Q4_1, the K-quants' mins) still do. (Q3_K's 4 and Q6_K's 32 are not
-// listed: on avx2 the K-quants take the super-block tiles, whose offsets all join through b.)
-constexpr int code_offset(int64_t t) { return t == Q4_0 ? 8 : t == Q5_0 ? 16 : 0; }
+// The types with a constant code offset (quant_formats.h's code_offset): their b term is -c * a, so the
+// avx2 tiles subtract c * x from each pair of products in int16 (one vpsubw) instead of adding b * sx *
+// sum(q) in float per (group, output) (three scalar operations), as the types with a free minimum (Q4_1,
+// the K-quants' mins) still do. (Q3_K's 4 and Q6_K's 32 are not listed: on avx2 the K-quants take the
+// super-block tiles, whose offsets all join through b.)
 
 inline int64_t padded_groups(int64_t G) { return (G + 15) / 16 * 16; }
 
