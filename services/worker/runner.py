@@ -24,7 +24,12 @@ from pagedserve.services.worker.heap import RELEASE_AFTER_ROWS, keep_freed_heap,
 from pagedserve.services.worker.kv_budget import PoolSizing, sized_pool
 from pagedserve.services.worker.kv_cache import KVCache, KVCacheShape, cuda_budget, resolve_kv_dtype
 from pagedserve.services.worker.layers.packed_linear import linears_kind
-from pagedserve.services.worker.layers.quant_linear import dense_weights, weight_layout, weight_types
+from pagedserve.services.worker.layers.quant_linear import (
+    dense_weights,
+    quant_activations_kind,
+    weight_layout,
+    weight_types,
+)
 from pagedserve.services.worker.layers.rope import longrope_tokens
 from pagedserve.services.worker.lora_slots import LoRASlots
 from pagedserve.services.worker.models.registry import ModelConfig
@@ -59,6 +64,7 @@ CONFIGURED = (
     "gpu_memory_utilization",
     "prepack_weights",
     "quantization",
+    "quant_activations",
     "tokenizer",
     "kv_cache_dtype",
     "speculative_config",
@@ -94,6 +100,7 @@ class ModelRunner:
         num_threads: int | None = None,
         prepack_weights: bool = config_default("prepack_weights"),
         quantization: str = config_default("quantization"),
+        quant_activations: str | None = None,
         tokenizer: str | Path | None = None,
         kv_cache_dtype: str = config_default("kv_cache_dtype"),
         speculative_config: SpeculativeConfig | None = None,
@@ -107,6 +114,8 @@ class ModelRunner:
         ranks: RankGroup | None = None,
     ) -> None:
         """model_path: a checkpoint folder or a .gguf file (services/checkpoint.py resolve_model).
+        quant_activations: float32 or int8 for the linears kept quantized (None: the
+        PAGEDSERVE_QUANT_ACTIVATIONS variable, else float32: a runner made outside a worker).
         tokenizer: a folder whose tokenizer replaces the model's (--tokenizer; structured outputs use it).
         allow_slow_dtype: load bfloat16/float16 even on a CPU without native support for it (tests of
         the model code in those dtypes on tiny models); a server refuses it (cpu_dtype.py).
@@ -135,7 +144,13 @@ class ModelRunner:
         self.model_path = Path(model_path)
         shard = ranks.shard if ranks is not None else shard
         loaded = load_model(
-            model_path, backend, dtype=dtype, device=self.device, quantization=quantization, shard=shard
+            model_path,
+            backend,
+            dtype=dtype,
+            device=self.device,
+            quantization=quantization,
+            shard=shard,
+            quant_activations=quant_activations,
         )
         self.model = loaded.model
         self.ranks = ranks
@@ -200,6 +215,7 @@ class ModelRunner:
             kv_dtype,
             self.pool_sizing.num_blocks,
             quantization,
+            quant_activations,
         )
         self.proposer: Proposer | None = (
             make_proposer(speculative_config, target) if speculative_config else None
@@ -284,6 +300,7 @@ class ModelRunner:
             "weights": weights_kind(self.model, self.dtype),
             "dense_weights": dense_weights(self.model),  # `norms` once every matrix stays quantized
             "weight_layout": weight_layout(self.model),
+            "quant_activations": quant_activations_kind(self.model),
         }
         if self.device.type == "cpu":
             facts.update({f"isa_{op}": path for op, path in kernel_paths().items()})

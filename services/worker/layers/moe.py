@@ -71,12 +71,12 @@ class QuantExpertLinear(nn.Module):
     """num_experts linears in GGML blocks: `blocks` [num_experts * out, row_bytes], expert e's rows
     contiguous; each expert runs the quantized-linear kernel on its own slice (no copy)."""
 
-    def __init__(self, weight: QuantTensor, num_experts: int, ops=None) -> None:
+    def __init__(self, weight: QuantTensor, num_experts: int, ops=None, mode: int | None = None) -> None:
         super().__init__()
         self.weight_type, self.source = weight.type_name, weight.source
         self.out_features, self.in_features = weight.out_features // num_experts, weight.in_features
         self.ops = ops or quant_ops()
-        self.mode = activation_mode()
+        self.mode = activation_mode() if mode is None else mode
         self.type_id, self.blocks = weight.type_id, weight.blocks.contiguous()
         if self.out_features % 8 == 0:  # each expert's rows whole chunks of an interleaved layout
             self.type_id, self.blocks = kernel_layout(self.ops, self.mode, self.type_id, self.blocks)

@@ -45,20 +45,24 @@ def runs_packed(type_name: str, dims: tuple[int, ...]) -> bool:
     return type_name not in FLOAT_TYPES or (len(dims) >= 2 and dims[0] % 32 == 0)
 
 
-# How the linears take their activations: `float32` (the default: results within float rounding of the
-# dequantized reference) or `int8` (each 32-block of a row quantized to int8 and integer dot products, as
-# llama.cpp does, below the kernel's 24-row panels, which stay a float32 GEMM, faster there: ~0.5%
-# relative error per linear, and greedy outputs drift from the float32 reference; see
+# How the linears take their activations (ServeConfig.quant_activations): `float32` (the default: results
+# within float rounding of the dequantized reference) or `int8` (each 32-block of a row quantized to int8
+# and integer dot products, as llama.cpp does, below the kernel's panels, which stay a float32 GEMM,
+# faster there: ~0.5% relative error per linear, and greedy outputs drift from the float32 reference; see
 # docs/cpu-performance.md).
-ACTIVATIONS_ENV = "PAGEDSERVE_QUANT_ACTIVATIONS"
+ACTIVATIONS_ENV = "PAGEDSERVE_QUANT_ACTIVATIONS"  # the config field's variable
 ACTIVATION_MODES = {"float32": 0, "int8": 1}  # quant_linear's `mode`
 
 
-def activation_mode() -> int:
-    """quant_linear's `mode` for PAGEDSERVE_QUANT_ACTIVATIONS (float32 when unset)."""
-    value = os.environ.get(ACTIVATIONS_ENV, "").strip().lower() or "float32"
+def activation_mode(value: str | None = None) -> int:
+    """quant_linear's `mode` for `value` (a worker's configured quant_activations); None: the
+    PAGEDSERVE_QUANT_ACTIVATIONS variable, float32 when unset (a model loaded outside a worker: tests,
+    microbenchmarks)."""
+    source = "quant_activations" if value is not None else ACTIVATIONS_ENV
+    if value is None:
+        value = os.environ.get(ACTIVATIONS_ENV, "").strip().lower() or "float32"
     if value not in ACTIVATION_MODES:
-        raise ValueError(f"{ACTIVATIONS_ENV} must be one of {', '.join(ACTIVATION_MODES)}; got {value!r}")
+        raise ValueError(f"{source} must be one of {', '.join(ACTIVATION_MODES)}; got {value!r}")
     return ACTIVATION_MODES[value]
 
 
@@ -100,11 +104,16 @@ class QuantLinear(nn.Module):
     is one kernel call over its rows, and their outputs are joined."""
 
     def __init__(
-        self, weight: QuantTensor | Sequence[QuantTensor], bias: torch.Tensor | None = None, ops=None
+        self,
+        weight: QuantTensor | Sequence[QuantTensor],
+        bias: torch.Tensor | None = None,
+        ops=None,
+        mode: int | None = None,
     ) -> None:
         """weight: one tensor, or the parts of a fused projection (the same input features and input
         order; their rows concatenated, which copies them). bias: a tensor is copied as float32; an
-        nn.Parameter (float32, e.g. on the meta device) stays a parameter, for the loader to fill."""
+        nn.Parameter (float32, e.g. on the meta device) stays a parameter, for the loader to fill.
+        mode: activation_mode's (None: from the environment)."""
         super().__init__()
         parts = [weight] if isinstance(weight, QuantTensor) else list(weight)
         if not parts or len({p.in_features for p in parts}) != 1:
@@ -115,7 +124,7 @@ class QuantLinear(nn.Module):
         self.weight_type = "+".join(dict.fromkeys(self.tensor_types))
         self.input_order = parts[0].input_order
         self.ops = ops or quant_ops()
-        self.mode = activation_mode()
+        self.mode = activation_mode() if mode is None else mode
         # (kernel type id, blocks, first output row) per run of parts of one type
         self.runs: list[tuple[int, torch.Tensor, int]] = []
         row = 0
@@ -172,8 +181,9 @@ def _runs(types: tuple[str, ...]) -> list[tuple[str, ...]]:
 class QuantEmbedding(nn.Module):
     """Token ids -> rows of a quantized embedding, each decoded on lookup (T rows a step, not the vocab)."""
 
-    def __init__(self, weight: QuantTensor, ops=None) -> None:
+    def __init__(self, weight: QuantTensor, ops=None, mode: int | None = None) -> None:
         super().__init__()
+        self.mode = activation_mode() if mode is None else mode  # a tied head's (as_linear)
         self.weight_type, self.source = weight.type_name, weight.source
         self.num_embeddings, self.embedding_dim = weight.out_features, weight.in_features
         self.blocks = weight.blocks.contiguous()
@@ -188,7 +198,7 @@ class QuantEmbedding(nn.Module):
         (kernel_layout), the embedding reads that one too (the kernel's row lookup takes every layout),
         so the two still share one copy."""
         weight = QuantTensor(self.weight_type, self.blocks, self.embedding_dim, self.source)
-        head = QuantLinear(weight, None, self.ops)
+        head = QuantLinear(weight, None, self.ops, self.mode)
         head.tensor_types = ()  # the embedding's tensor, counted there
         self.type_id, self.blocks, _ = head.runs[0]
         return head
@@ -234,6 +244,16 @@ def weight_layout(module: nn.Module) -> str:
             matrices[m.blocks.data_ptr()] = m.type_id
     interleaved = sum(t >= INTERLEAVED for t in matrices.values())
     return f"rows interleaved by 8: {interleaved} of {len(matrices)} matrices" if interleaved else "stored"
+
+
+def quant_activations_kind(module: nn.Module) -> str:
+    """How the linears over quantized weights under `module` take their activations (start log, runtime):
+    `float32`, `int8`, or `none` where no linear is quantized."""
+    from pagedserve.services.worker.layers.moe import QuantExpertLinear
+
+    modes = {m.mode for m in module.modules() if isinstance(m, (QuantLinear, QuantExpertLinear))}
+    names = [name for name, mode in ACTIVATION_MODES.items() if mode in modes]
+    return "+".join(names) or "none"
 
 
 def dense_weights(module: nn.Module) -> str:

@@ -60,6 +60,7 @@ class TargetFacts:
     kv_dtype: torch.dtype
     num_blocks: int  # the draft pool's size, in blocks of block_size
     quantization: str  # as the target's (`auto`: a GGUF draft keeps its quantized weights)
+    quant_activations: str | None = None  # as the target's (None: from the environment)
 
 
 class DraftModelProposer:
@@ -72,6 +73,7 @@ class DraftModelProposer:
             dtype=target.dtype,
             device=target.device,
             quantization=target.quantization,
+            quant_activations=target.quant_activations,
         )
         check_same_vocabulary(model_path, loaded.config.vocab_size, loaded.tokenizer_path, target)
         self.model = loaded.model

@@ -88,6 +88,7 @@ def load_model(
     device: str | torch.device = "cpu",
     quantization: str = "none",
     shard: RankShard | None = None,
+    quant_activations: str | None = None,
 ) -> LoadedModel:
     """path: a checkpoint folder or a .gguf file (services/checkpoint.py resolve_model).
 
@@ -99,7 +100,9 @@ def load_model(
     dequantizing any linear that has no kernel format (logged), else loads dense.
 
     shard: a tensor-parallel rank's part (tensor_parallel/shard.py): the model is built from its
-    smaller config and every checkpoint tensor cut to it; loaded dense (packed blocks are not cut)."""
+    smaller config and every checkpoint tensor cut to it; loaded dense (packed blocks are not cut).
+    quant_activations: how the linears kept quantized take their activations (float32 or int8; None:
+    the PAGEDSERVE_QUANT_ACTIVATIONS variable, else float32)."""
     checkpoint = read_checkpoint(Path(path))
     folder = checkpoint.path if checkpoint.path.is_dir() else None
     model_class, whole = resolve(checkpoint.config)
@@ -134,7 +137,8 @@ def load_model(
             mapped = map_gguf(checkpoint.gguf_files)
             if keep_gguf:
                 try:
-                    skip = install_quantized(model, quantized_tensors(mapped, strict=quantization == "gguf"))
+                    tensors = quantized_tensors(mapped, strict=quantization == "gguf")
+                    skip = install_quantized(model, tensors, activations=quant_activations)
                 except ValueError as e:  # shapes the metadata does not predict: name the file
                     raise ValueError(f"{checkpoint.path}: {e}") from e
             if folder is None or not has_safetensors(folder):
@@ -142,7 +146,12 @@ def load_model(
                 offset_stored = mapped.model.architecture in UNIT_OFFSET_STORED
         elif scheme is not None and folder is not None:
             skip, dense = install_checkpoint_quantized(
-                model, folder, scheme, keep, strict=quantization == scheme.method
+                model,
+                folder,
+                scheme,
+                keep,
+                strict=quantization == scheme.method,
+                activations=quant_activations,
             )
         model.to_empty(device=device)
         from_folder = folder is not None and (has_safetensors(folder) or not checkpoint.gguf_files)

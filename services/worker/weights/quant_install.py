@@ -21,19 +21,31 @@ import torch
 from torch import nn
 
 from pagedserve.services.worker.layers.moe import ExpertLinear, Experts, QuantExpertLinear
-from pagedserve.services.worker.layers.quant_linear import QuantEmbedding, QuantLinear, QuantTensor, quant_ops
+from pagedserve.services.worker.layers.quant_linear import (
+    QuantEmbedding,
+    QuantLinear,
+    QuantTensor,
+    activation_mode,
+    quant_ops,
+)
 from pagedserve.services.worker.models.llama import LlamaForCausalLM
 from pagedserve.services.worker.models.moe import MoeForCausalLM
 
 
 def install_quantized(
-    model: LlamaForCausalLM, tensors: dict[str, QuantTensor], *, keep_bias: bool = False
+    model: LlamaForCausalLM,
+    tensors: dict[str, QuantTensor],
+    *,
+    keep_bias: bool = False,
+    activations: str | None = None,
 ) -> set[str]:
     """Replace what `tensors` holds quantized (a GGUF's, or a GPTQ/AWQ/compressed-tensors checkpoint's
     repacked); -> the checkpoint names now held that way (the loader skips them in the folder).
     keep_bias: a projection with a bias is quantized too, its bias a float32 parameter the loader
-    fills (the kernel adds it); else it stays dense."""
+    fills (the kernel adds it); else it stays dense. activations: quant_activations (None: from the
+    environment)."""
     ops = quant_ops()
+    mode = activation_mode(activations)
     installed: set[str] = set()
     split = {v: k for k, v in model.fused_projections.items()}  # (fused, shard) -> checkpoint part
 
@@ -65,18 +77,18 @@ def install_quantized(
             bias = None
             if child.bias is not None:
                 bias = nn.Parameter(torch.empty(child.out_features, device="meta"), requires_grad=False)
-            setattr(module, child_name, QuantLinear(parts, bias, ops))
+            setattr(module, child_name, QuantLinear(parts, bias, ops, mode))
             installed.update(names)
 
     for path, module in list(model.named_modules()):
         if isinstance(module, Experts):
             assert isinstance(model, MoeForCausalLM)  # experts live only in the MoE architectures
-            installed |= _install_experts(model, path, module, tensors, ops)
+            installed |= _install_experts(model, path, module, tensors, ops, mode)
 
     embedding = tensors.get("model.embed_tokens.weight")
     if isinstance(embedding, QuantTensor):
         owned = QuantTensor(embedding.type_name, embedding.blocks.clone(), embedding.in_features)
-        model.embed_tokens = QuantEmbedding(owned, ops)
+        model.embed_tokens = QuantEmbedding(owned, ops, mode)
         installed.add("model.embed_tokens.weight")
         if model.lm_head is None:
             model.tied_head = model.embed_tokens.as_linear()
@@ -91,7 +103,7 @@ def _same_order(orders: list[torch.Tensor | None]) -> bool:
 
 
 def _install_experts(
-    model: MoeForCausalLM, path: str, experts: Experts, tensors: dict[str, QuantTensor], ops
+    model: MoeForCausalLM, path: str, experts: Experts, tensors: dict[str, QuantTensor], ops, mode: int
 ) -> set[str]:
     """The quantized projections of one layer's experts (`path`: layers.N.mlp.experts) -> the
     checkpoint names now held quantized. A projection whose tensors are missing or not kernel types
@@ -107,13 +119,13 @@ def _install_experts(
         blocks = torch.cat(per_expert, dim=1).reshape(-1, gate.blocks.shape[1])
         fused = QuantTensor(gate.type_name, blocks, gate.in_features, gate.source)
         _check_shape(fused, experts.gate_up_proj, count, path + ".gate_up_proj")
-        experts.gate_up_proj = QuantExpertLinear(fused, count, ops)
+        experts.gate_up_proj = QuantExpertLinear(fused, count, ops, mode)
         for part in ("gate_proj", "up_proj"):  # per expert, and the whole layer's 3-D form
             installed.update((*model.expert_checkpoint_names(layer, part), f"model.{path}.{part}.weight"))
     if isinstance(down, QuantTensor):
         owned = QuantTensor(down.type_name, down.blocks.clone(), down.in_features, down.source)
         _check_shape(owned, experts.down_proj, count, path + ".down_proj")
-        experts.down_proj = QuantExpertLinear(owned, count, ops)
+        experts.down_proj = QuantExpertLinear(owned, count, ops, mode)
         installed.update(
             (*model.expert_checkpoint_names(layer, "down_proj"), f"model.{path}.down_proj.weight")
         )

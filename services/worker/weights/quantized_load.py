@@ -138,7 +138,13 @@ def _zero_biases(model: LlamaForCausalLM, folder: Path, modules: set[str]) -> se
 
 
 def install_checkpoint_quantized(
-    model: LlamaForCausalLM, folder: Path, scheme: Scheme, keep: bool, *, strict: bool
+    model: LlamaForCausalLM,
+    folder: Path,
+    scheme: Scheme,
+    keep: bool,
+    *,
+    strict: bool,
+    activations: str | None = None,
 ) -> tuple[set[str], Iterator[tuple[str, torch.Tensor]]]:
     """Install the linears of a GPTQ/AWQ/compressed-tensors checkpoint that stay quantized (keep);
     -> (the stored tensor names now in the model or dequantized, the dequantized weights of the rest,
@@ -168,7 +174,7 @@ def install_checkpoint_quantized(
             if t == "Q4_0" and "Q4_1" in fused[_fused_key(model, name)]:
                 types[name] = "Q4_1"
         blocks = {n: to_blocks(weights[n], t, scheme.method) for n, t in types.items() if t is not None}
-        installed = install_quantized(model, blocks, keep_bias=True)
+        installed = install_quantized(model, blocks, keep_bias=True, activations=activations)
         for name in installed:
             del weights[name]
         left = sorted(weights)

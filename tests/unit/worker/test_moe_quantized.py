@@ -105,7 +105,7 @@ def test_experts_of_a_type_the_kernel_lacks_stay_dense(tiny_model, tmp_path):
     ("arch", "type_name", "overrides"), [CASES[2], CASES[4]], ids=["mixtral-Q4_0", "qwen3_moe-Q4_K"]
 )
 def test_int8_experts_take_the_interleaved_rows_where_the_kernel_runs_them(
-    tiny_model, tmp_path, monkeypatch, arch, type_name, overrides
+    tiny_model, tmp_path, arch, type_name, overrides
 ):
     """With int8 activations, Q4_0/Q4_K experts whose rows per expert are whole chunks of 8 take the kernel's
     interleaved layout where its path runs it (avx2, avx512; quant_linear.kernel_layout), each expert still its
@@ -114,9 +114,9 @@ def test_int8_experts_take_the_interleaved_rows_where_the_kernel_runs_them(
     from pagedserve.services.worker.layers.quant_linear import quant_ops, weight_layout
 
     folder = _quantized_copy(tiny_model, tmp_path, arch, type_name, overrides)
-    monkeypatch.setenv("PAGEDSERVE_QUANT_ACTIVATIONS", "int8")
-    quantized = load_model(folder, TorchAttentionBackend(), quantization="gguf").model
-    monkeypatch.delenv("PAGEDSERVE_QUANT_ACTIVATIONS")
+    quantized = load_model(
+        folder, TorchAttentionBackend(), quantization="gguf", quant_activations="int8"
+    ).model
     dense = load_model(folder, TorchAttentionBackend(), quantization="none").model
     stored = {"Q4_0": 2, "Q4_K": 12}[type_name]
     layout = quant_ops().interleaved_type(stored) or stored  # 100 + stored on the avx2 and avx512 paths

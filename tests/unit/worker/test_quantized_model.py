@@ -17,11 +17,18 @@ import torch
 from harness.gguf_models import quantize_checkpoint
 from harness.greedy_reference import random_prompts
 from harness.tiny_models import make_tiny_model
+from pydantic import ValidationError
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.kernels.torch_backend import TorchAttentionBackend
-from pagedserve.services.worker.layers.quant_linear import QuantEmbedding, QuantLinear, weight_layout
+from pagedserve.services.worker.layers.quant_linear import (
+    QuantEmbedding,
+    QuantLinear,
+    quant_ops,
+    weight_layout,
+)
 from pagedserve.services.worker.weights.loader import load_model
+from pagedserve.shared.config import config_of
 
 WIDE = {"hidden_size": 256, "intermediate_size": 512}  # the K-quants' super-blocks are 256 weights
 CASES = [
@@ -70,6 +77,7 @@ def test_greedy_outputs_match_the_dequantized_reference(tmp_path: Path, arch, ty
     # every matrix stays quantized but a projection with a bias (qwen2's q/k/v)
     assert runtime["dense_weights"] == ("2 matrices and norms" if arch == "qwen2" else "norms"), runtime
     assert dense_runtime["weights"] == "float32"
+    assert (runtime["quant_activations"], dense_runtime["quant_activations"]) == ("float32", "none")
     assert [q[0] for q in quantized] == [r[0] for r in reference]
     same = sum(q == r for q, r in zip(quantized, reference, strict=True))
     assert same >= 11, f"{same}/12 prompts matched token for token"
@@ -121,13 +129,13 @@ def test_auto_keeps_a_gguf_quantized_except_where_the_worker_cannot(tmp_path: Pa
         load_model(folder, TorchAttentionBackend(), quantization="gguf", dtype="bfloat16")
 
 
-def _int8_and_dense(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def _int8_and_dense(tmp_path: Path):
     """A tiny Llama as Q4_1, loaded with int8 activations, and its dequantized reference."""
     folder = make_tiny_model("llama", tmp_path / "m")
     quantize_checkpoint(folder, "Q4_1")
-    monkeypatch.setenv("PAGEDSERVE_QUANT_ACTIVATIONS", "int8")
-    quantized = load_model(folder, TorchAttentionBackend(), quantization="gguf").model
-    monkeypatch.delenv("PAGEDSERVE_QUANT_ACTIVATIONS")
+    quantized = load_model(
+        folder, TorchAttentionBackend(), quantization="gguf", quant_activations="int8"
+    ).model
     return quantized, load_model(folder, TorchAttentionBackend(), quantization="none").model
 
 
@@ -141,7 +149,7 @@ def test_int8_activations_keep_the_linears_and_logits_close(
     reference output (~0.6% measured), logits within 5% of their spread, and the same top-1 token for at
     least 90% of rows. Greedy decoding is not held token for token: near-ties flip and the sequences
     part (docs/cpu-performance.md)."""
-    quantized, dense = _int8_and_dense(tmp_path, monkeypatch)
+    quantized, dense = _int8_and_dense(tmp_path)
     assert quantized.layers[0].mlp.down_proj.mode == 1
     generator = torch.Generator().manual_seed(0)
     hidden = torch.randn(16, dense.config.hidden_size, generator=generator)
@@ -162,9 +170,7 @@ def test_int8_activations_take_the_interleaved_rows_where_the_kernel_runs_them(
     """With int8 activations, a Q4_1 linear whose rows are whole chunks of 8 takes the kernel's
     interleaved layout where its path has int8 tiles over it (avx2, avx512), and stays stored elsewhere; the tied
     head and the embedding still share one copy, and the embedding's rows decode exactly either way."""
-    from pagedserve.services.worker.layers.quant_linear import quant_ops
-
-    model, dense = _int8_and_dense(tmp_path, monkeypatch)
+    model, dense = _int8_and_dense(tmp_path)
     layout = quant_ops().interleaved_type(3) or 3  # 103 on the avx2 and avx512 paths
     linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
     assert linears and all(type_id == layout for m in linears for type_id, _, _ in m.runs)
@@ -185,5 +191,30 @@ def test_an_unknown_activation_mode_is_refused(monkeypatch: pytest.MonkeyPatch) 
 
     assert activation_mode() == 0
     monkeypatch.setenv("PAGEDSERVE_QUANT_ACTIVATIONS", "int4")
-    with pytest.raises(ValueError, match="must be one of float32, int8; got 'int4'"):
+    with pytest.raises(
+        ValueError, match="PAGEDSERVE_QUANT_ACTIVATIONS must be one of float32, int8; got 'int4'"
+    ):
         activation_mode()
+    assert activation_mode("int8") == 1  # a worker's configured value, whatever the variable says
+    with pytest.raises(ValueError, match="quant_activations must be one of float32, int8; got 'int4'"):
+        activation_mode("int4")
+    with pytest.raises(ValidationError, match="quant_activations"):  # the config names the field too
+        config_of(quant_activations="int4")
+
+
+def test_the_configured_activations_reach_every_quantized_linear(tmp_path: Path) -> None:
+    """--quant-activations (ServeConfig.quant_activations) is how a deployment picks int8 activations:
+    LLM and a worker hand it to the loader, every QuantLinear (the tied head too) takes it, and the
+    runtime facts (start log, /process) say so."""
+    folder = make_tiny_model("llama", tmp_path / "m")
+    quantize_checkpoint(folder, "Q4_1")
+    llm = LLM(str(folder), num_blocks=64, quantization="gguf", quant_activations="int8")
+    model = llm.runner.model
+    linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert linears and {m.mode for m in linears} == {1} and model.tied_head in linears
+    runtime = llm.runner.runtime
+    assert runtime["quant_activations"] == "int8", runtime
+    interleaved = quant_ops().interleaved_type(3) != 0  # the avx2 and avx512 paths
+    assert runtime["weight_layout"].startswith("rows interleaved by 8") == interleaved, runtime
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    assert len(llm.generate([[1, 2, 3]], params)[0].token_ids) == 4
