@@ -36,6 +36,7 @@ def machine_info() -> dict[str, Any]:
         "kernel_paths": kernel_paths(),
         # How quantized linears take their activations (services/worker/layers/quant_linear.py).
         "quant_activations": os.environ.get("PAGEDSERVE_QUANT_ACTIVATIONS") or "float32",
+        "kv_cache_dtype": os.environ.get("PAGEDSERVE_KV_CACHE_DTYPE") or "auto",  # a served run's, if set so
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

@@ -7,6 +7,7 @@ and the share of the machine's read bandwidth its weight reads reach (decode_ban
                                                                [--fused-layers on off]
                                                                [--quantization none gguf] [--no-breakdown]
                                                                [--layout kernel stored] [--model FOLDER]
+                                                               [--kv-cache-dtype auto bfloat16 int8]
 
 A ModelRunner on the bundled SmolLM2-135M (or `--model`, e.g. ops/models/random_moe_gguf.py's) holds
 `--batch` requests whose contexts are spread like the bench workload's (16-256 prompt tokens plus what
@@ -14,7 +15,7 @@ they generated), samples at temperature 0.6, and runs decode steps. Wall time pe
 un-profiled steps; the breakdown comes from one torch.profiler pass over a few more steps. Variants
 (dtype x backend x prepacked weights or not x fused C++ layer ops or the plain torch ones x whole
 decoder layers as one C++ call each or op by op x the bundled GGUF's weights dequantized or kept in
-their stored types x those blocks in the kernel's layout or as stored) are interleaved step by step in one process, so a shared, noisy machine moves them
+their stored types x those blocks in the kernel's layout or as stored x the KV cache's dtype) are interleaved step by step in one process, so a shared, noisy machine moves them
 alike.
 """
 
@@ -94,8 +95,10 @@ class Variant:
         quantization: str = "none",
         model: str = "smollm2-135m",
         layout: str = "kernel",
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.name = f"{dtype}/{backend}" + ("" if prepack else "/dense")
+        self.name += "" if kv_cache_dtype == "auto" else f"/kv-{kv_cache_dtype}"
         self.name += "" if quantization == "none" else f"/{quantization}"
         self.name += "" if layout == "kernel" else f"/{layout}"
         path = resolve_model(model)
@@ -115,6 +118,7 @@ class Variant:
                 attention_backend=backend,
                 prepack_weights=prepack,
                 quantization=quantization,
+                kv_cache_dtype=kv_cache_dtype,
             )
         if prepack and self.runner.num_prepacked:
             self.name += "/prepacked"
@@ -254,6 +258,7 @@ def main() -> None:
         default=["kernel"],
         help="quantized weights in the kernel's layout (rows interleaved where it runs them) or as stored",
     )
+    add_config_flag(ap, "kv_cache_dtype", ["auto"], nargs="+")  # variants, one per dtype
     ap.add_argument("--no-breakdown", action="store_true", help="step times only, no profiled pass")
     ap.add_argument("--out", type=Path, default=None, help="write the step times and breakdowns as JSON")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -275,6 +280,7 @@ def main() -> None:
             quantization=q,
             model=args.model,
             layout=lay,
+            kv_cache_dtype=kv,
         )
         for d in args.dtype
         for b in args.backend
@@ -283,6 +289,7 @@ def main() -> None:
         for fl in args.fused_layers
         for q in args.quantization
         for lay in args.layout
+        for kv in args.kv_cache_dtype
     ]
     for v in variants:
         v.decode()  # warm-up
