@@ -78,6 +78,7 @@ QUANT_LINEAR = Extension(
         HERE / "quant_formats.h",
         HERE / "quant_codes_x86.h",
         HERE / "int8_rows.h",
+        HERE / "claimed_pieces.h",
         LANE_SUM,
     ),
 )

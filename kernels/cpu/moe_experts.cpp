@@ -30,6 +30,8 @@
 #include "library.h"
 
 #include <cstdint>
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -117,8 +119,17 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const 
   };
   const int64_t count = static_cast<int64_t>(hit.size());
   if (count >= at::get_num_threads() && count > 1) {
-    at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) run(hit[i]);
+    // Each thread claims the next expert, the most rows first: a step's experts hold uneven rows (at 16
+    // requests 1 to ~8 of 64 pairs), and halves by count left one thread waiting on the other's larger
+    // experts. Each expert's outputs go to its own rows of ys, so which thread runs it changes nothing.
+    // (The 1B MoE Q4_K_M, AMD EPYC Zen 4, 2 threads, a 16-request decode step, medians of alternated
+    // steps: 72.1 -> 65.8 ms quiet, 76.0 -> 73.5 beside two processes spinning 0.2-0.3 ms every 2 ms,
+    // with the interleaved tiles' claims; 64 requests within the noise.)
+    std::stable_sort(hit.begin(), hit.end(),
+                     [&](int64_t a, int64_t b) { return start[a + 1] - start[a] > start[b + 1] - start[b]; });
+    std::atomic<int64_t> next{0};
+    at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+      for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) run(hit[i]);
     });
   } else {
     for (int64_t e : hit) run(e);
