@@ -83,12 +83,15 @@ class ModelSection(Section):
         "cannot; gptq/awq/compressed-tensors = keep such a checkpoint's int4/int8 linears quantized, "
         "repacked to Q4_0/Q4_1/Q8_0 (refused where any cannot be); none = dequantize to --dtype",
     )
-    quant_activations: Literal["float32", "int8"] = Field(
-        "float32",
-        description="how linears over quantized weights take their activations: float32 = within float "
-        "rounding of the dequantized weights; int8 = each 32-block of a row to int8 and integer dot products, "
-        "as llama.cpp does (faster at 1-512 rows, with llama.cpp's rounding: greedy tokens drift from the "
-        "float32 reference as its do; docs/cpu-performance.md)",
+    # None, not float32: LLM(...) takes no PAGEDSERVE_* variable for its fields, but this choice was the
+    # variable alone before it was a field, and in-process tools (bench speculative, the microbenchmarks)
+    # are run with it set; the loader reads it where nothing was configured.
+    quant_activations: Literal["float32", "int8"] | None = Field(
+        None,
+        description="how linears over quantized weights take their activations: float32 (the default) = "
+        "within float rounding of the dequantized weights; int8 = each 32-block of a row to int8 and integer "
+        "dot products, as llama.cpp does (faster at 1-512 rows, with llama.cpp's rounding: greedy tokens "
+        "drift from the float32 reference as its do; docs/cpu-performance.md)",
     )
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads of a CPU worker")
     worker_id: str | None = Field(None, max_length=64, description="this worker's name; default host-pid")

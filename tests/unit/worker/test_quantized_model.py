@@ -202,10 +202,13 @@ def test_an_unknown_activation_mode_is_refused(monkeypatch: pytest.MonkeyPatch) 
         config_of(quant_activations="int4")
 
 
-def test_the_configured_activations_reach_every_quantized_linear(tmp_path: Path) -> None:
+def test_the_configured_activations_reach_every_quantized_linear(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """--quant-activations (ServeConfig.quant_activations) is how a deployment picks int8 activations:
     LLM and a worker hand it to the loader, every QuantLinear (the tied head too) takes it, and the
-    runtime facts (start log, /process) say so."""
+    runtime facts (start log, /process) say so. Configured, it wins over the variable; not configured,
+    LLM's loader still reads the variable (the in-process tools are run with it)."""
     folder = make_tiny_model("llama", tmp_path / "m")
     quantize_checkpoint(folder, "Q4_1")
     llm = LLM(str(folder), num_blocks=64, quantization="gguf", quant_activations="int8")
@@ -218,3 +221,7 @@ def test_the_configured_activations_reach_every_quantized_linear(tmp_path: Path)
     assert runtime["weight_layout"].startswith("rows interleaved by 8") == interleaved, runtime
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     assert len(llm.generate([[1, 2, 3]], params)[0].token_ids) == 4
+    monkeypatch.setenv("PAGEDSERVE_QUANT_ACTIVATIONS", "int8")
+    configured = LLM(str(folder), num_blocks=64, quantization="gguf", quant_activations="float32")
+    assert configured.runner.runtime["quant_activations"] == "float32"
+    assert LLM(str(folder), num_blocks=64, quantization="gguf").runner.runtime["quant_activations"] == "int8"
