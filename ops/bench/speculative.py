@@ -38,6 +38,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="pagedserve bench speculative", description=__doc__)
     add_config_flag(ap, "model")
     add_config_flag(ap, "quantization", "auto")
+    add_config_flag(ap, "quant_activations")  # unset: PAGEDSERVE_QUANT_ACTIVATIONS, else float32
+    add_config_flag(ap, "kv_cache_dtype")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {', '.join(WORKLOADS)}")
     ap.add_argument("--concurrency", default="1,4,16", help="comma list: conversations submitted at once")
@@ -119,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         mode: LLM(
             args.model,
             quantization=args.quantization,
+            quant_activations=args.quant_activations,
+            kv_cache_dtype=args.kv_cache_dtype,
             pipeline_depth=args.pipeline_depth,
             speculative_config=spec if mode == "speculative" else None,
         )
