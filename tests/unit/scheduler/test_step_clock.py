@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pagedserve.services.scheduler.liveness import WorkerLiveness
-from pagedserve.services.scheduler.step_clock import StepClock
+from pagedserve.services.scheduler.step_clock import REFRESH_EVERY, StepClock
 from pagedserve.shared.protocol.control import Heartbeat
 
 
@@ -57,3 +59,16 @@ def test_liveness_declares_a_step_lost_at_its_measured_timeout_and_suspects_it_f
     assert live.suspected_hangs(5.2, sent.get) == []  # once per step
     beat(10.1)
     assert live.overdue(10.1, sent.get) == [("w0", "step unanswered for 10.1s")]
+
+
+def test_the_p99_is_computed_again_every_few_steps_not_every_step():
+    """A scheduler asks for the p99 on every step; it is computed again once REFRESH_EVERY steps came in."""
+    c = StepClock(floor_s=1.0, factor=4.0, cap_s=60.0, min_samples=16, window=64)
+    for _ in range(64):
+        c.observe("w", 0.1)
+    assert c.p99("w") == pytest.approx(0.1)
+    for _ in range(REFRESH_EVERY - 1):
+        c.observe("w", 5.0)  # slow steps, not yet looked at again
+    assert c.p99("w") == pytest.approx(0.1)
+    c.observe("w", 5.0)
+    assert c.p99("w") == pytest.approx(5.0)
