@@ -1,7 +1,7 @@
 // The avx2 and avx512 paths' int8 tiles over the interleaved layouts (quant_interleaved.cpp): Q4_0, Q4_1,
-// Q5_0, Q8_0, Q4_K and Q6_K with every 8 output rows interleaved. Both paths run the same 256-bit tiles; where the
-// CPU has AVX512-VNNI (checked at run time, as quant_int8.cpp does) one vpdpbusd takes the place of each
-// vpmaddubsw + vpmaddwd pair, with the same sums.
+// Q5_0, Q8_0, Q4_K, Q5_K and Q6_K with every 8 output rows interleaved. Both paths run the same 256-bit
+// tiles; where the CPU has AVX512-VNNI (checked at run time, as quant_int8.cpp does) one vpdpbusd takes the
+// place of each vpmaddubsw + vpmaddwd pair, with the same sums.
 //
 // Why: at one row the GGML layout's tiles (quant_int8.cpp's pair_tile, superblock_tile) decode each
 // output's blocks alone: its scales converted and spread, its nibbles split, the activations loaded
@@ -245,18 +245,19 @@ inline __m256 k_values(const uint8_t* packed, int kind, int s) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(values))));
 }
 
-// MT rows x one chunk of 8 outputs of Q4_K, a super-block at a time: each pair of groups' 8 x 64 codes
-// loaded once (low nibbles group 2p, high 2p + 1), each group's scales a * code + b per lane (a = d *
-// scale, b = -dmin * min) made once for the MT rows.
-template <int MT, bool Vnni>
+// MT rows x one chunk of 8 outputs of Q4_K or Q5_K, a super-block at a time: each pair of groups' 8 x 64
+// codes loaded once (low nibbles group 2p, high 2p + 1; Q5_K's fifth bits or'ed in as 16), each group's
+// scales a * code + b per lane (a = d * scale, b = -dmin * min) made once for the MT rows.
+template <int64_t T, int MT, bool Vnni>
 inline void k_chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chunk, const float* bias, float* out,
                          int64_t out_stride) {
+  static_assert(T == Q4_K || T == Q5_K, "Q4_K and Q5_K share the super-block tile");
   const int64_t G = xq.G;
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(0x10);
   __m256 acc[MT];
   for (auto& a : acc) a = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < G / 8; ++sb) {
-    const uint8_t* block = chunk_block<Q4_K>(chunk, sb);
+    const uint8_t* block = chunk_block<T>(chunk, sb);
     const __m256 d = lane_halves(block), minus_dmin = _mm256_sub_ps(_mm256_setzero_ps(), lane_halves(block + 16));
     for (int p = 0; p < 4; ++p) {
       __m256i raw[8];
@@ -267,13 +268,19 @@ inline void k_chunk_tile(const InterleavedX& xq, int64_t m0, const uint8_t* chun
         const __m256 a = _mm256_mul_ps(d, k_values(block + 32, 0, s));
         const __m256 b = _mm256_mul_ps(minus_dmin, k_values(block + 32, 1, s));
         __m256i codes[8];
-        for (int r = 0; r < 8; ++r)
+        for (int r = 0; r < 8; ++r) {
           codes[r] = _mm256_and_si256(h ? _mm256_srli_epi16(raw[r], 4) : raw[r], low4);
+          if constexpr (T == Q5_K) {  // bit s of the qh byte under each code, to bit 4 (16 + the nibble)
+            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 1152 + 32 * r));
+            const __m256i bit = s <= 4 ? _mm256_slli_epi16(qh, 4 - s) : _mm256_srli_epi16(qh, s - 4);
+            codes[r] = _mm256_or_si256(codes[r], _mm256_and_si256(bit, fifth));
+          }
+        }
         for (int i = 0; i < MT; ++i) {
           const int64_t at = (m0 + i) * G + 8 * sb + s;
           const int8_t* x = xq.q.data() + at * 128;  // wide
           const __m256i xs[4] = {x_run<true>(x, 0), x_run<true>(x, 1), x_run<true>(x, 2), x_run<true>(x, 3)};
-          // codes <= 15: four runs' pairs add in int16 without saturating (4 * 2 * 15 * 127 < 32767)
+          // codes <= 15 (Q5_K: 31): four runs' pairs add in int16 without saturating (4 * 2 * 31 * 127 < 32767)
           const __m256i quad[2] = {runs_dot<Vnni, 4>(codes, xs), runs_dot<Vnni, 4>(codes + 4, xs)};
           const __m256i dot = _mm256_hadd_epi32(quad[0], quad[1]);  // one int32 a row, kLaneRow's order
           acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(a, _mm256_set1_ps(xq.sx[at])), acc[i]);
@@ -353,7 +360,7 @@ constexpr int64_t kRowBlockBytes = 131072;
 template <int64_t T, bool Vnni>
 void interleaved_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias, float* out,
                       int64_t N) {
-  constexpr bool k_quant = T == Q4_K || T == Q6_K;
+  constexpr bool k_quant = T == Q4_K || T == Q5_K || T == Q6_K;
   const InterleavedX xq = interleaved_x(x, M, K, k_quant || M == 1);
   const int64_t chunks = N / kInterleavedRows, chunk_bytes = kInterleavedRows * K / block_weights(T) * block_bytes(T);
   const int64_t block_rows = std::max<int64_t>(4, kRowBlockBytes / (xq.G * xq.group_bytes()) / 4 * 4);
@@ -382,8 +389,8 @@ void interleaved_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, co
           const int64_t m = m_block + i;
           constexpr int MT = decltype(mt)::value;
           float* to = out + m * N + c * kInterleavedRows;
-          if constexpr (T == Q4_K)
-            k_chunk_tile<MT, Vnni>(xq, m, w + c * chunk_bytes, b, to, N);
+          if constexpr (T == Q4_K || T == Q5_K)
+            k_chunk_tile<T, MT, Vnni>(xq, m, w + c * chunk_bytes, b, to, N);
           else if constexpr (T == Q6_K)
             q6_chunk_tile<MT, Vnni>(xq, m, w + c * chunk_bytes, b, to, N);
           else if (xq.wide)

@@ -102,19 +102,23 @@ constexpr int64_t block_bytes(int64_t t) {
 constexpr int64_t kInterleavedBase = 100;
 constexpr int64_t Q4_0_R8 = kInterleavedBase + Q4_0, Q4_1_R8 = kInterleavedBase + Q4_1,
                   Q5_0_R8 = kInterleavedBase + Q5_0, Q8_0_R8 = kInterleavedBase + Q8_0,
-                  Q4_K_R8 = kInterleavedBase + Q4_K, Q6_K_R8 = kInterleavedBase + Q6_K;
+                  Q4_K_R8 = kInterleavedBase + Q4_K, Q5_K_R8 = kInterleavedBase + Q5_K,
+                  Q6_K_R8 = kInterleavedBase + Q6_K;
 constexpr int64_t kInterleavedRows = 8;
 // The row of a chunk each of 8 lanes holds: the order one hadd of rows 0-3's and rows 4-7's int32 pairs
 // leaves their 8 sums in (per 128-bit lane: rows 0 1 4 5 | 2 3 6 7). Per-row scales are stored in it.
 constexpr int64_t kLaneRow[8] = {0, 1, 4, 5, 2, 3, 6, 7};
 constexpr bool interleaved(int64_t t) {
-  return t == Q4_0_R8 || t == Q4_1_R8 || t == Q5_0_R8 || t == Q8_0_R8 || t == Q4_K_R8 || t == Q6_K_R8;
+  return t == Q4_0_R8 || t == Q4_1_R8 || t == Q5_0_R8 || t == Q8_0_R8 || t == Q4_K_R8 || t == Q5_K_R8 ||
+         t == Q6_K_R8;
 }
 // The GGML type whose blocks an interleaved layout holds (a GGML type: itself).
 constexpr int64_t stored_type(int64_t t) { return interleaved(t) ? t - kInterleavedBase : t; }
 // The interleaved layout of a GGML type, or 0 where it has none.
 constexpr int64_t interleaved_layout(int64_t t) {
-  return t == Q4_0 || t == Q4_1 || t == Q5_0 || t == Q8_0 || t == Q4_K || t == Q6_K ? t + kInterleavedBase : 0;
+  return t == Q4_0 || t == Q4_1 || t == Q5_0 || t == Q8_0 || t == Q4_K || t == Q5_K || t == Q6_K
+             ? t + kInterleavedBase
+             : 0;
 }
 
 // The weight types whose every code sits at a constant offset c from zero (weight = a * (code - c)), c;

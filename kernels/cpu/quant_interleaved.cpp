@@ -1,9 +1,9 @@
-// Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K with every 8 output rows interleaved (quant_formats.h's Q4_0_R8 ...):
+// Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K with every 8 output rows interleaved (quant_formats.h's Q4_0_R8 ...):
 // the byte layouts, made from the stored blocks and read back into them. The avx2 and avx512 paths' int8 tiles over
 // them, and why they pay: int8_interleaved.cpp.
 //
 // Chunk c (output rows 8c..8c+7) is 8 * row_bytes bytes, the same as the 8 stored rows; inside it,
-// block g of the 8 rows is 8 * B bytes (B: the stored block's 18, 20, 34, 144 or 210). kLaneRow
+// block g of the 8 rows is 8 * B bytes (B: the stored block's 18, 20, 22, 34, 144, 176 or 210). kLaneRow
 // (quant_formats.h) is the order the tiles' sums come out in; every per-row scale is stored in it.
 //   - Q4_0 / Q4_1 / Q8_0: the 8 rows' scales d (fp16; Q4_1: then their 8 minimums m, the same order);
 //   - Q4_0 / Q4_1: 128 bytes of nibbles, 4 runs of 32, run 2q + h holding, for rows 4q..4q+3 in turn,
@@ -16,6 +16,9 @@
 //     rows' 6-bit group scales and mins, value 8s + lane for group s (PackedScales below); then per pair
 //     of groups (2p, 2p + 1), which share stored bytes 32p..32p+31 (low nibbles group 2p, high 2p + 1),
 //     256 bytes: 8 runs of 32, run 4q + r holding stored bytes 32p + 8r..+7 of rows 4q..4q+3;
+//   - Q5_K: as Q4_K (its scales and nibbles are Q4_K's), then the fifth bits (qh, 32 bytes a row: bit s of
+//     byte l is code l of group s) in 8 runs of 32 at 1152, run 4q + r holding qh bytes 8r..8r+7 of rows
+//     4q..4q+3, so a run of them sits under the same codes as the nibbles' run r of every pair;
 //   - Q6_K (256 weights, 16 scales): d (16 bytes); the 8 rows' int8 scales, scale j's 8 at 16 + 8j; then
 //     each run of 8 stored bytes of the low nibbles (ql, 128 a row) and of the top two bits (qh, 64) in
 //     runs of 32 as above: 4 runs of ql (stored bytes 64n + 32h.., low nibbles group 4n + h, high ones
@@ -34,7 +37,7 @@ QUANT_BEGIN
 namespace {
 
 // Calls piece(offset in the chunk's block, row of the chunk, offset in that row's stored block, bytes)
-// for every run of bytes of one interleaved block (Q4_K: all but its packed scales): the layout above,
+// for every run of bytes of one interleaved block (Q4_K, Q5_K: all but the packed scales): the layout above,
 // once, for both directions.
 template <typename Piece>
 void block_pieces(int64_t type, const Piece& piece) {
@@ -52,16 +55,21 @@ void block_pieces(int64_t type, const Piece& piece) {
     }
     return;
   }
-  const bool two_scales = type == Q4_1 || type == Q4_K;  // d and m (Q4_K: d and dmin), or d
+  const bool k_quant = type == Q4_K || type == Q5_K;
+  const bool two_scales = type == Q4_1 || k_quant;  // d and m (Q4_K, Q5_K: d and dmin), or d
   for (int64_t lane = 0; lane < 8; ++lane) {
     piece(2 * lane, kLaneRow[lane], 0, 2);
     if (two_scales) piece(16 + 2 * lane, kLaneRow[lane], 2, 2);
   }
-  if (type == Q4_K) {
+  if (k_quant) {
+    const int64_t nibbles_from = type == Q5_K ? 48 : 16;  // Q5_K's 32 bytes of qh come first
     for (int64_t pair = 0; pair < 4; ++pair)
       for (int64_t run = 0; run < 8; ++run)
         for (int64_t i = 0; i < 4; ++i)
-          piece(128 + 256 * pair + 32 * run + 8 * i, 4 * (run / 4) + i, 16 + 32 * pair + 8 * (run % 4), 8);
+          piece(128 + 256 * pair + 32 * run + 8 * i, 4 * (run / 4) + i, nibbles_from + 32 * pair + 8 * (run % 4), 8);
+    if (type == Q5_K)
+      for (int64_t run = 0; run < 8; ++run)
+        for (int64_t i = 0; i < 4; ++i) piece(1152 + 32 * run + 8 * i, 4 * (run / 4) + i, 16 + 8 * (run % 4), 8);
     return;
   }
   const int64_t head = two_scales ? 4 : 2;
@@ -129,7 +137,7 @@ void interleave_rows(int64_t type, const uint8_t* w, int64_t N, int64_t row_byte
         block_pieces(type, [&](int64_t at, int64_t row, int64_t in_row, int64_t n) {
           std::memcpy(to + at, from + row * row_bytes + in_row, n);
         });
-        if (type == Q4_K) {
+        if (type == Q4_K || type == Q5_K) {  // the same 12 bytes of scales and mins, at 4
           const uint8_t* rows[8];
           for (int64_t r = 0; r < 8; ++r) rows[r] = from + r * row_bytes;
           pack_k_scales(rows, to + kPackedScalesAt);
@@ -152,7 +160,7 @@ void deinterleave_rows(int64_t type, const uint8_t* w, int64_t row_bytes, const 
         block_pieces(type, [&](int64_t at, int64_t row, int64_t in_row, int64_t n) {
           if (row == wanted) std::memcpy(to + in_row, from + at, n);
         });
-        if (type == Q4_K) unpack_k_scales(from + kPackedScalesAt, lane, to + 4);
+        if (type == Q4_K || type == Q5_K) unpack_k_scales(from + kPackedScalesAt, lane, to + 4);
       }
     }
   });

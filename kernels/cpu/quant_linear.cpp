@@ -10,11 +10,11 @@
 // a bigger tensor (one expert of a 3-D [experts, N, row_bytes] tensor, or part of its rows) is used in
 // place, with no copy.
 //
-// Types 102, 103, 106, 108, 112 and 114 are Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K with every 8 output rows
-// interleaved (quant_interleaved.cpp):
+// Types 102, 103, 106, 108, 112, 113 and 114 are Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K with every 8
+// output rows interleaved (quant_interleaved.cpp):
 //   interleave_rows(qweight [N, row_bytes] uint8, int type) -> the same bytes interleaved (N a multiple of 8)
 //   interleaved_type(int type) -> 100 + type where this build runs int8 tiles over that layout, else 0
-// The loader interleaves a Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K linear in int8 mode where interleaved_type says so;
+// The loader interleaves a Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K linear in int8 mode where interleaved_type says so;
 // every op takes the layouts on every path (elsewhere through the stored blocks, deinterleaved per call).
 //
 // Decoding is memory-bandwidth bound: a step reads every weight once, so Q4_1 reads 0.625 bytes a

@@ -14,8 +14,8 @@ Variants, run alternately in one process:
   gguf       quant_linear.cpp on the GGUF blocks (what the worker runs); with several --isa paths,
              one variant per path (gguf-avx512, gguf-avx2...), so the paths are compared in one process;
              with several --modes (float int8 int int-novnni tiles panels), one per mode too
-             (gguf-avx512-int...); with --layouts interleaved, the types that have one (Q4_0, Q4_1,
-             Q8_0, Q4_K, Q6_K) in the kernel's layout of 8 interleaved rows, one variant per layout
+             (gguf-avx512-int...); with --layouts interleaved, the types that have one (Q4_0, Q4_1, Q5_0,
+             Q8_0, Q4_K, Q5_K, Q6_K) in the kernel's layout of 8 interleaved rows, one variant per layout
              (gguf-...-interleaved: the avx2 path's int8 tiles; elsewhere read back through the stored
              blocks, as the worker never does)
   fp32       oneDNN's packed float32 GEMM on dense weights of the same shapes (a float32 load)
@@ -79,7 +79,7 @@ def random_blocks(rng: np.random.Generator, n: int, k: int, kind: Q) -> torch.Te
     return torch.from_numpy(blocks.reshape(n, -1))
 
 
-INTERLEAVED = {Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K}  # the types the kernel interleaves (100 + type)
+INTERLEAVED = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}  # the types the kernel interleaves (100 + type)
 
 
 def in_layout(ops, layout: str, blocks: torch.Tensor, kind: int) -> tuple[torch.Tensor, int]:

@@ -157,7 +157,7 @@ class QuantLinear(nn.Module):
 
 def kernel_layout(ops, mode: int, type_id: int, blocks: torch.Tensor) -> tuple[int, torch.Tensor]:
     """(type id, blocks) in the layout the kernel runs fastest. With int8 activations, on a path that has
-    int8 tiles over Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K with every 8 output rows interleaved (the avx2 and avx512
+    int8 tiles over Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K with every 8 output rows interleaved (the avx2 and avx512
     paths: kernels/cpu/int8_interleaved.cpp, 1.1-1.9x the stored layout's speed at 1-1000 rows), those types
     take that layout: the same bytes reordered, in place of the stored copy. Everything else, and a run
     whose rows are not whole chunks of 8, stays as stored."""

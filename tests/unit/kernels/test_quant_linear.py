@@ -275,9 +275,9 @@ def test_the_type_table_is_ggmls():
     assert {name: int(gguf.GGMLQuantizationType[name]) for name in KERNEL_TYPES} == KERNEL_TYPES
 
 
-# ---- Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K with every 8 output rows interleaved (kernels/cpu/quant_interleaved.cpp):
+# ---- Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K with every 8 output rows interleaved (kernels/cpu/quant_interleaved.cpp):
 # 100 + type.
-INTERLEAVED = {"Q4_0": 102, "Q4_1": 103, "Q5_0": 106, "Q8_0": 108, "Q4_K": 112, "Q6_K": 114}
+INTERLEAVED = {"Q4_0": 102, "Q4_1": 103, "Q5_0": 106, "Q8_0": 108, "Q4_K": 112, "Q5_K": 113, "Q6_K": 114}
 
 
 @pytest.mark.parametrize("type_name", INTERLEAVED)
@@ -332,10 +332,10 @@ def test_interleaved_int8_tiles_stay_within_the_bound_and_score_each_row_as_alon
 
 def test_interleaving_refuses_what_has_no_layout(ops: Any) -> None:
     blocks, _ = weights("Q4_1", 12, 64)
-    with pytest.raises(RuntimeError, match="type 13 has no interleaved layout"):
-        ops.interleave_rows(weights("Q5_K", 8, 256)[0], 13)
+    with pytest.raises(RuntimeError, match="type 7 has no interleaved layout"):
+        ops.interleave_rows(weights("Q5_1", 8, 256)[0], 7)
     with pytest.raises(RuntimeError, match="12 rows are not whole chunks of 8"):
         ops.interleave_rows(blocks, 3)
     with pytest.raises(RuntimeError, match="interleaved rows \\(type 103\\) come in whole chunks of 8"):
         ops.quant_linear(torch.randn(1, 64), blocks, 103, None)
-    assert ops.interleaved_type(13) == 0 and ops.interleaved_type(10) == 0
+    assert ops.interleaved_type(7) == 0 and ops.interleaved_type(10) == 0
