@@ -74,6 +74,7 @@ constexpr int64_t kSuperblockPanelRows = 96;
 // 1024x2048 13.5 / 23.7; Q4_K 2048x5632 at 1000 112 / 162, 3072x3072 92 / 124; Q8_0 3072x1024 at 512
 // 19.0 / 19.7, at 1000 43.9 / 37.3, 3072x3072 at 512 51.7 / 65.1; Q6_K 2048x5632 at 512 71 / 83,
 // 1024x2048 at 512 13.8 / 12.8, at 1000 26.0 / 23.9).
+// Q5_K (Q4_K's tile with a fifth bit) takes Q4_K's switch, not measured on its own.
 constexpr int64_t kInterleavedPanelRows = 1024, kInterleavedWidePanelRows = 512;
 
 // Mode 1's switch for the other types on the avx512 path: its stored-layout int8 tiles (8 rows x 2
