@@ -79,7 +79,8 @@ def random_blocks(rng: np.random.Generator, n: int, k: int, kind: Q) -> torch.Te
     return torch.from_numpy(blocks.reshape(n, -1))
 
 
-INTERLEAVED = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}  # the types the kernel interleaves (100 + type)
+# the types the kernel interleaves (100 + type)
+INTERLEAVED = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 
 
 def in_layout(ops, layout: str, blocks: torch.Tensor, kind: int) -> tuple[torch.Tensor, int]:
