@@ -108,18 +108,16 @@ constexpr int64_t kInterleavedRows = 8;
 // The row of a chunk each of 8 lanes holds: the order one hadd of rows 0-3's and rows 4-7's int32 pairs
 // leaves their 8 sums in (per 128-bit lane: rows 0 1 4 5 | 2 3 6 7). Per-row scales are stored in it.
 constexpr int64_t kLaneRow[8] = {0, 1, 4, 5, 2, 3, 6, 7};
-constexpr bool interleaved(int64_t t) {
-  return t == Q4_0_R8 || t == Q4_1_R8 || t == Q5_0_R8 || t == Q8_0_R8 || t == Q4_K_R8 || t == Q5_K_R8 ||
-         t == Q6_K_R8;
-}
-// The GGML type whose blocks an interleaved layout holds (a GGML type: itself).
-constexpr int64_t stored_type(int64_t t) { return interleaved(t) ? t - kInterleavedBase : t; }
-// The interleaved layout of a GGML type, or 0 where it has none.
+// The interleaved layout of a GGML type, or 0 where it has none (the one list of the types that have one).
 constexpr int64_t interleaved_layout(int64_t t) {
   return t == Q4_0 || t == Q4_1 || t == Q5_0 || t == Q8_0 || t == Q4_K || t == Q5_K || t == Q6_K
              ? t + kInterleavedBase
              : 0;
 }
+// Whether `t` is an interleaved layout: some GGML type's.
+constexpr bool interleaved(int64_t t) { return t > kInterleavedBase && interleaved_layout(t - kInterleavedBase) == t; }
+// The GGML type whose blocks an interleaved layout holds (a GGML type: itself).
+constexpr int64_t stored_type(int64_t t) { return interleaved(t) ? t - kInterleavedBase : t; }
 
 // The weight types whose every code sits at a constant offset c from zero (weight = a * (code - c)), c;
 // else 0.

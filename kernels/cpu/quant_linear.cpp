@@ -112,8 +112,8 @@ inline bool cpu_has_vnni() {
 void check_weight(const char* op, const at::Tensor& qweight, int64_t type, int64_t K) {
   TORCH_CHECK(supported(stored_type(type)), op, ": GGML type ", type,
               " is not supported (F16=1, Q4_0=2, Q4_1=3, Q5_0=6, Q5_1=7, Q8_0=8, Q2_K=10, Q3_K=11, Q4_K=12, "
-              "Q5_K=13, Q6_K=14, IQ4_NL=20, IQ4_XS=23, BF16=30; Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K interleaved "
-              "by 8 rows: 102, 103, 106, 108, 112, 114)");
+              "Q5_K=13, Q6_K=14, IQ4_NL=20, IQ4_XS=23, BF16=30; Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K "
+              "interleaved by 8 rows: 102, 103, 106, 108, 112, 113, 114)");
   TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kByte && qweight.stride(1) == 1 &&
                   (qweight.size(0) <= 1 || qweight.stride(0) >= qweight.size(1)),
               op, ": qweight must be a 2-D uint8 tensor whose rows are contiguous");
@@ -210,7 +210,7 @@ at::Tensor quant_rows(const at::Tensor& qweight, int64_t type, const at::Tensor&
 
 at::Tensor interleave_rows_op(const at::Tensor& qweight, int64_t type) {
   TORCH_CHECK(interleaved_layout(type) != 0, "interleave_rows: type ", type,
-              " has no interleaved layout (Q4_0=2, Q4_1=3, Q5_0=6, Q8_0=8, Q4_K=12 and Q6_K=14 have)");
+              " has no interleaved layout (Q4_0=2, Q4_1=3, Q5_0=6, Q8_0=8, Q4_K=12, Q5_K=13 and Q6_K=14 have)");
   TORCH_CHECK(qweight.dim() == 2 && qweight.size(1) % block_bytes(type) == 0, "interleave_rows: qweight must be ",
               "[rows, row_bytes] with whole blocks of type ", type);
   check_weight("interleave_rows", qweight, type, qweight.size(1) / block_bytes(type) * block_weights(type));

@@ -2,8 +2,8 @@
 //   quant_float.cpp  float32 activations: tiles that decode each group inside the dot products, panels
 //                    decoded into a scratch buffer for a float32 GEMM, and the embedding's row lookup
 //   quant_int8.cpp   int8 activations: integer dot products of codes with quantized rows
-//   quant_interleaved.cpp  Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K with 8 output rows interleaved (the byte layouts)
-//   int8_interleaved.cpp   the avx2 path's int8 tiles over them
+//   quant_interleaved.cpp  Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K with 8 output rows interleaved (the byte layouts)
+//   int8_interleaved.cpp   the avx2 and avx512 paths' int8 tiles over them
 //   quant_linear.cpp the ops (argument checks, which driver a call takes) and their registration
 // `type` is a GGML type number quant::supported accepts; `w` row n starts at w + n * w_stride bytes.
 #pragma once
